@@ -1,0 +1,27 @@
+"""swarmget: download very many files over HTTP(S), fast, on a non-blocking event loop."""
+
+from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
+from swarmget.options import Options
+from swarmget.report import FileResult, Report
+
+__version__ = "0.1.0"
+
+
+def download(urls, dest, **options):  # type: ignore[no-untyped-def]
+    """Download ``urls`` into directory ``dest``; see :func:`swarmget.api.download`."""
+    from swarmget.api import download as _download
+
+    return _download(urls, dest, **options)
+
+
+__all__ = [
+    "ErrorCode",
+    "FileResult",
+    "Options",
+    "Report",
+    "SwarmgetError",
+    "TransferError",
+    "UsageError",
+    "__version__",
+    "download",
+]

@@ -1,0 +1,3 @@
+from swarmget.cli import main
+
+raise SystemExit(main())

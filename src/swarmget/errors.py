@@ -1,0 +1,86 @@
+"""One exception root and the stable error codes that land in the manifest.
+
+Every failure a user can see carries a short code (``http_404``, ``timeout``,
+``truncated`` ...).  The codes are part of the public interface: they are
+documented in the README, written to ``manifest.jsonl`` and meant to be grepped
+for, so never rename one.  Exceptions pickle cleanly (worker processes send them
+across process boundaries), which is why every subclass keeps its constructor
+arguments in ``self.args``.
+"""
+
+from __future__ import annotations
+
+
+class ErrorCode:
+    """The stable error codes.  ``http_<status>`` is built by :func:`http_code`."""
+
+    TIMEOUT = "timeout"  # connect, idle-read or total deadline expired
+    CONNECT = "connect"  # TCP connect refused / unreachable / reset before a response
+    DNS = "dns"  # host name did not resolve
+    TRUNCATED = "truncated"  # connection ended before the body was complete
+    PROTOCOL = "protocol"  # malformed or over-limit response
+    TOO_LARGE = "too_large"  # body larger than --max-size
+    BAD_URL = "bad_url"  # not an absolute http(s) URL
+    BAD_PATH = "bad_path"  # output path would leave the output directory
+    EXISTS = "exists"  # a file not made by swarmget is already at the path
+    IO = "io"  # writing the output file failed (disk full, permissions)
+    TLS = "tls"  # TLS handshake or record-layer failure
+    TLS_VERIFY = "tls_verify"  # certificate verification failed
+    TOO_MANY_REDIRECTS = "too_many_redirects"
+    BAD_REDIRECT = "bad_redirect"
+    CHECKSUM = "checksum"
+    SIZE_MISMATCH = "size_mismatch"
+    CANCELLED = "cancelled"  # the run was interrupted before this row finished
+
+    ALL = frozenset(
+        {
+            TIMEOUT, CONNECT, DNS, TRUNCATED, PROTOCOL, TOO_LARGE, BAD_URL, BAD_PATH,
+            EXISTS, IO, TLS, TLS_VERIFY, TOO_MANY_REDIRECTS, BAD_REDIRECT, CHECKSUM,
+            SIZE_MISMATCH, CANCELLED,
+        }
+    )  # fmt: skip
+
+
+def http_code(status: int) -> str:
+    """The error code for a final HTTP status that is not a success."""
+    return f"http_{status}"
+
+
+class SwarmgetError(Exception):
+    """Root of every exception swarmget raises on purpose."""
+
+    code: str = "error"
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else self.code
+
+
+class UsageError(SwarmgetError):
+    """Bad options or unreadable input: the CLI exits with status 2."""
+
+    code = "usage"
+
+
+class TransferError(SwarmgetError):
+    """One file failed; ``code`` is one of :class:`ErrorCode` or ``http_<n>``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class ProtocolError(TransferError):
+    """The server sent something that is not valid HTTP/1.1, or exceeded a limit.
+
+    The connection it arrived on is never reused.
+    """
+
+    def __init__(self, message: str, code: str = ErrorCode.PROTOCOL) -> None:
+        super().__init__(code, message)
+
+    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str]]:
+        return (ProtocolError, (self.message, self.code))

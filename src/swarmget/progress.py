@@ -1,0 +1,1 @@
+"""Progress listeners (placeholder; the CLI helper replaces this module)."""

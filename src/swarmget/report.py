@@ -1,0 +1,106 @@
+"""What happened: one :class:`FileResult` per input row, summed up in a :class:`Report`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass(slots=True)
+class FileResult:
+    """One manifest record (``<out>/.swarmget/manifest.jsonl`` holds one per row)."""
+
+    url: str
+    path: str | None  # relative to the output dir; None when the row failed
+    status: str  # "ok" | "failed"
+    http_status: int | None = None
+    bytes: int = 0
+    error: str | None = None  # a stable code from swarmget.errors.ErrorCode or http_<n>
+    attempts: int = 0
+    elapsed_ms: int = 0
+    message: str | None = None  # human-readable detail for a failure
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "url": self.url,
+            "path": self.path,
+            "status": self.status,
+            "http_status": self.http_status,
+            "bytes": self.bytes,
+            "error": self.error,
+            "attempts": self.attempts,
+            "elapsed_ms": self.elapsed_ms,
+        }
+        if self.message is not None:
+            record["message"] = self.message
+        return record
+
+
+@dataclasses.dataclass(slots=True)
+class Report:
+    """Totals for a run, plus every failure with its error code."""
+
+    ok: int = 0
+    failed: int = 0
+    bytes: int = 0
+    elapsed: float = 0.0
+    failures: list[FileResult] = dataclasses.field(default_factory=list)
+    manifest: str | None = None
+
+    @property
+    def total(self) -> int:
+        return self.ok + self.failed
+
+    @property
+    def files_per_s(self) -> float:
+        return self.total / self.elapsed if self.elapsed > 0 else 0.0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.elapsed if self.elapsed > 0 else 0.0
+
+    def add(self, result: FileResult) -> None:
+        if result.ok:
+            self.ok += 1
+            self.bytes += result.bytes
+        else:
+            self.failed += 1
+            self.failures.append(result)
+
+    def error_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for failure in self.failures:
+            key = failure.error or "unknown"
+            counts[key] = counts.get(key, 0) + 1
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "failed": self.failed,
+            "total": self.total,
+            "bytes": self.bytes,
+            "elapsed_s": round(self.elapsed, 3),
+            "files_per_s": round(self.files_per_s, 1),
+            "mb_per_s": round(self.mb_per_s, 2),
+            "errors": self.error_counts(),
+            "failures": [f.to_json() for f in self.failures[:1000]],
+            "manifest": self.manifest,
+        }
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
+class Snapshot:
+    """Progress so far, handed to a progress listener a few times a second."""
+
+    done: int  # rows finished, ok or failed
+    failed: int
+    bytes: int  # body bytes received so far (including files still in flight)
+    elapsed: float  # seconds since the run started
+    rows_seen: int  # rows read from the input so far
+    input_done: bool  # True once the whole input has been read (rows_seen is the total)
+    active: int  # transfers in flight

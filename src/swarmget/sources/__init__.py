@@ -1,0 +1,5 @@
+"""Reading input rows lazily: text, CSV/TSV, JSONL, stdin, or URLs given directly."""
+
+from swarmget.sources.rows import Row
+
+__all__ = ["Row"]
