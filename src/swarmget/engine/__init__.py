@@ -1,0 +1,1 @@
+"""Scheduling jobs onto pooled connections, with retry and deadline policy."""

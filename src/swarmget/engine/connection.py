@@ -1,0 +1,317 @@
+"""One HTTP/1.1 client connection driven by the event loop.
+
+Theory of operation
+-------------------
+A connection is registered with the loop once, for writability while the TCP
+connect is in flight and then for readability for the rest of its life: a
+request is written with a plain ``send`` (an idle socket's send buffer is
+empty, so the whole request goes at once; a short write falls back to waiting
+for writability).  Staying registered for reading while idle in the pool is how
+we notice a server closing a keep-alive connection before we reuse it.
+
+Each readable event is one ``recv_into`` into the engine's shared receive
+buffer (one buffer for the whole loop: only one connection runs at a time), and
+the ``ResponseParser`` passes body slices of that buffer straight to
+``PartFile.write``.  Nothing here allocates per read beyond the memoryview
+slice itself.
+
+Timeouts are not timers: the engine sweeps all connections a few times a second
+and calls :meth:`HTTPConnection.check`, which compares ``loop.now`` with the
+connection's timestamps.  That keeps the per-read cost at one attribute store.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from typing import TYPE_CHECKING
+
+from swarmget.engine.job import Job
+from swarmget.engine.retry import parse_retry_after
+from swarmget.errors import ErrorCode, TransferError, http_code
+from swarmget.loop import EVENT_READ, EVENT_WRITE
+from swarmget.net.connect import connect_result
+from swarmget.protocol import ConnectionClosed, ResponseHead, ResponseParser
+from swarmget.sinks.files import PartFile
+
+if TYPE_CHECKING:
+    from swarmget.engine.core import Engine
+    from swarmget.engine.pool import HostPool
+
+CONNECTING, ACTIVE, IDLE, CLOSED = range(4)
+# An error response body larger than this is not worth reading to keep the
+# connection: we close it instead.
+_MAX_DISCARD = 256 * 1024
+
+
+class HTTPConnection:
+    __slots__ = (
+        "_pending_out",
+        "engine",
+        "fd",
+        "job",
+        "last_activity",
+        "parser",
+        "part",
+        "pool",
+        "served",
+        "sock",
+        "started",
+        "state",
+        "window_bytes",
+        "window_start",
+    )
+
+    def __init__(self, engine: Engine, pool: HostPool, sock: socket.socket, job: Job) -> None:
+        self.engine = engine
+        self.pool = pool
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.state = CONNECTING
+        self.job: Job | None = job
+        self.parser: ResponseParser | None = None
+        self.part: PartFile | None = None
+        self.served = 0  # responses completed on this connection
+        self._pending_out: memoryview | None = None
+        now = engine.loop.now
+        self.started = now  # when the current connect or request began
+        self.last_activity = now
+        self.window_start = now
+        self.window_bytes = 0
+        engine.loop.add(self.fd, EVENT_WRITE, self)
+
+    # -- events -------------------------------------------------------------------
+
+    def handle_io(self, mask: int) -> None:
+        state = self.state
+        if state == ACTIVE:
+            if mask & EVENT_WRITE and self._pending_out is not None:
+                self._send_pending()
+            if mask & EVENT_READ and self.state == ACTIVE:
+                self._readable()
+        elif state == CONNECTING:
+            self._connected()
+        elif state == IDLE:
+            self._idle_event()
+
+    def _connected(self) -> None:
+        err = connect_result(self.sock)
+        job = self.job
+        assert job is not None
+        if err:
+            self.job = None
+            self.engine.finish_failure(
+                job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
+            )
+            self.close()
+            return
+        self.engine.loop.modify(self.fd, EVENT_READ, self)
+        self.state = ACTIVE
+        self.start(job)
+
+    def start(self, job: Job) -> None:
+        """Send the request for ``job`` (the connection must be connected)."""
+        engine = self.engine
+        self.state = ACTIVE
+        self.job = job
+        self.parser = ResponseParser(self._on_head, self._on_body)
+        self.part = None
+        now = engine.loop.now
+        self.started = self.last_activity = self.window_start = now
+        self.window_bytes = 0
+        request = b"GET " + job.target.encode("ascii") + self.pool.request_tail
+        try:
+            sent = self.sock.send(request)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._transport_error(exc)
+            return
+        if sent < len(request):
+            self._pending_out = memoryview(request)[sent:]
+            engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
+
+    def _send_pending(self) -> None:
+        out = self._pending_out
+        assert out is not None
+        try:
+            sent = self.sock.send(out)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._transport_error(exc)
+            return
+        if sent < len(out):
+            self._pending_out = out[sent:]
+            return
+        self._pending_out = None
+        self.engine.loop.modify(self.fd, EVENT_READ, self)
+
+    def _readable(self) -> None:
+        engine = self.engine
+        buffer = engine.recv_view
+        parser = self.parser
+        assert parser is not None
+        while True:
+            try:
+                n = self.sock.recv_into(buffer)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._transport_error(exc)
+                return
+            self.last_activity = engine.loop.now
+            try:
+                done = parser.feed(buffer[:n]) if n else parser.feed_eof()
+            except TransferError as exc:
+                self._fail(exc)
+                return
+            if done:
+                self._complete(reusable=parser.reusable and n > 0)
+                return
+            if n < len(buffer):
+                return  # drained for now; a full buffer means more is likely waiting
+
+    def _idle_event(self) -> None:
+        # Readable while idle: the server closed (or sent junk).  Either way, done.
+        self.close()
+
+    # -- parser callbacks -----------------------------------------------------------
+
+    def _on_head(self, head: ResponseHead) -> None:
+        job = self.job
+        assert job is not None
+        status = head.status
+        engine = self.engine
+        if 200 <= status < 300 and status != 206:
+            limit = engine.options.max_size
+            if (
+                limit is not None
+                and head.content_length is not None
+                and head.content_length > limit
+            ):
+                raise TransferError(
+                    ErrorCode.TOO_LARGE,
+                    f"Content-Length {head.content_length} exceeds --max-size {limit}",
+                )
+            self.part = PartFile(job.final)
+            return
+        if status == 206:
+            raise TransferError(
+                ErrorCode.PROTOCOL, "206 Partial Content to a request without Range"
+            )
+        # An error status: read a small body to keep the connection, else give up on it.
+        length = head.content_length
+        if (head.chunked or length is None or length > _MAX_DISCARD) and not head.chunked:
+            raise TransferError(http_code(status), f"HTTP {status}")
+
+    def _on_body(self, data: memoryview | bytes) -> None:
+        part = self.part
+        if part is not None:
+            part.write(data)
+            limit = self.engine.options.max_size
+            if limit is not None and part.written > limit:
+                raise TransferError(ErrorCode.TOO_LARGE, f"body exceeds --max-size {limit}")
+
+    # -- outcomes -----------------------------------------------------------------
+
+    def _complete(self, reusable: bool) -> None:
+        job, parser, part = self.job, self.parser, self.part
+        assert job is not None and parser is not None and parser.head is not None
+        self.job = self.parser = self.part = None
+        self.served += 1
+        engine = self.engine
+        status = parser.head.status
+        if part is not None:
+            try:
+                part.commit()
+            except TransferError as exc:
+                part.abort()
+                engine.finish_failure(job, exc, status)
+            else:
+                engine.finish_success(job, status, parser.received)
+        else:
+            retry_after = parse_retry_after(parser.head.get(b"retry-after"))
+            engine.finish_failure(
+                job, TransferError(http_code(status), f"HTTP {status}"), status, retry_after
+            )
+        engine.release(self, reusable)
+
+    def _fail(self, error: TransferError) -> None:
+        """The current job failed on this connection; the connection is not reused."""
+        job, parser, part = self.job, self.parser, self.part
+        self.job = self.parser = self.part = None
+        if part is not None:
+            part.abort()
+        if job is not None:
+            stale = isinstance(error, ConnectionClosed) and self.served > 0
+            status = parser.head.status if parser is not None and parser.head else None
+            retry_after = None
+            if parser is not None and parser.head is not None and error.code.startswith("http_"):
+                retry_after = parse_retry_after(parser.head.get(b"retry-after"))
+            self.engine.finish_failure(job, error, status, retry_after, stale=stale)
+        self.close()
+
+    def _transport_error(self, exc: OSError) -> None:
+        parser = self.parser
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        if parser is not None and parser.started:
+            self._fail(
+                TransferError(ErrorCode.TRUNCATED, f"connection lost mid-response: {reason}")
+            )
+        elif self.served > 0 and exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            self._fail(ConnectionClosed(f"kept-alive connection was closed: {reason}"))
+        else:
+            self._fail(TransferError(ErrorCode.CONNECT, f"connection failed: {reason}"))
+
+    def check(self, now: float) -> None:
+        """Called by the engine's sweep: enforce connect/idle timeouts, deadline, min speed."""
+        state = self.state
+        options = self.engine.options
+        if state == IDLE:
+            if now - self.last_activity > self.engine.keepalive_idle:
+                self.close()
+            return
+        if state == CONNECTING:
+            if now - self.started > options.timeout:
+                self._fail(
+                    TransferError(
+                        ErrorCode.TIMEOUT, f"connect timed out after {options.timeout:g}s"
+                    )
+                )
+            return
+        if state != ACTIVE:
+            return
+        if now - self.last_activity > options.timeout:
+            self._fail(TransferError(ErrorCode.TIMEOUT, f"no data for {options.timeout:g}s"))
+            return
+        if now - self.started > options.deadline:
+            self._fail(
+                TransferError(ErrorCode.TIMEOUT, f"deadline of {options.deadline:g}s exceeded")
+            )
+            return
+        window = now - self.window_start
+        if options.min_speed and window >= options.min_speed_window:
+            parser = self.parser
+            received = parser.received if parser is not None else 0
+            rate = (received - self.window_bytes) / window
+            if rate < options.min_speed:
+                self._fail(
+                    TransferError(
+                        ErrorCode.TIMEOUT,
+                        f"slower than --min-speed {options.min_speed} B/s "
+                        f"({rate:.0f} B/s over {window:.0f}s)",
+                    )
+                )
+                return
+            self.window_start = now
+            self.window_bytes = received
+
+    def close(self) -> None:
+        if self.state == CLOSED:
+            return
+        self.state = CLOSED
+        self.engine.loop.remove(self.fd)
+        self.sock.close()
+        self.engine.connection_closed(self)

@@ -1,0 +1,372 @@
+"""The engine: turns rows into jobs, jobs into requests on pooled connections.
+
+Theory of operation
+-------------------
+Input is pulled lazily: the engine keeps at most ``2 * concurrency`` (at least
+256) jobs in memory (queued, in flight or waiting to retry) and reads the next
+row only when one finishes, so a list of 100 million URLs costs the same memory
+as one of a thousand.
+
+Connections are capped twice: ``concurrency`` in total and ``per_host`` per
+origin.  A connection that finishes a job takes the next queued job of its
+origin at once (no trip through the selector); with nothing queued it goes idle
+in its pool, unless another origin is starved for a connection slot, in which
+case it is closed to make room.  Jobs wait in their origin's queue while no
+connection may be opened.
+
+Failures go through :class:`~swarmget.engine.retry.RetryPolicy`; a retry waits
+on a loop timer, so it never blocks other transfers.  A reused keep-alive
+connection that turns out to be closed by the server gets the request again on
+a fresh connection once, without counting an attempt.
+
+Every row ends as exactly one manifest record.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Protocol
+
+from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
+from swarmget.engine.job import Job, split_url
+from swarmget.engine.pool import HostPool, request_tail
+from swarmget.engine.retry import RetryPolicy
+from swarmget.errors import ErrorCode, TransferError, UsageError
+from swarmget.loop import EventLoop
+from swarmget.manifest import ManifestWriter
+from swarmget.net.connect import start_connect
+from swarmget.net.dns import Address, ThreadedResolver
+from swarmget.options import Options
+from swarmget.report import FileResult, Report, Snapshot
+from swarmget.sinks.files import OutputDir, OutputError
+from swarmget.sinks.naming import NameAllocator
+from swarmget.sources.rows import Row
+
+RECV_BUFFER_SIZE = 256 * 1024
+PROGRESS_INTERVAL = 0.1
+MANIFEST_FLUSH_INTERVAL = 1.0
+
+
+class ProgressListener(Protocol):
+    def start(self) -> None: ...
+    def update(self, snapshot: Snapshot) -> None: ...
+    def finish(self, report: Report) -> None: ...
+
+
+class Engine:
+    def __init__(
+        self,
+        rows: Iterator[Row],
+        out_dir: str | os.PathLike[str],
+        options: Options,
+        *,
+        progress: ProgressListener | None = None,
+        loop: EventLoop | None = None,
+    ) -> None:
+        self.options = options
+        self.loop = loop or EventLoop()
+        self._own_loop = loop is None
+        self.output = OutputDir(out_dir)
+        self.names = NameAllocator()
+        self.policy = RetryPolicy(retries=options.retries)
+        self.resolver = ThreadedResolver(self.loop)
+        self.manifest = ManifestWriter(self.output.root)
+        self.report = Report(manifest=self.manifest.path)
+        self.progress = progress
+        self._rows = rows
+        self._input_done = False
+        self._input_error: UsageError | None = None
+        self.rows_seen = 0
+        self._in_memory = 0  # jobs read and not yet recorded
+        self._target = max(256, 2 * options.concurrency)
+        self.pools: dict[tuple[str, str, int], HostPool] = {}
+        self.connections: set[HTTPConnection] = set()
+        self._idle: dict[HTTPConnection, None] = {}  # all idle connections, oldest first
+        self._starved: dict[HostPool, None] = {}  # pools waiting for a global slot
+        self.keepalive_idle = 55.0  # close our idle connections before typical servers do
+        self._headers = {
+            "User-Agent": options.user_agent,
+            "Accept": "*/*",
+            "Accept-Encoding": "identity",
+            **dict(options.headers),
+        }
+        self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
+        self.recv_view = memoryview(self._recv_buffer)
+        self._fatal: OutputError | None = None
+        self._started_at = 0.0
+
+    # -- running -------------------------------------------------------------------
+
+    def run(self) -> Report:
+        loop = self.loop
+        self._started_at = loop.now = loop.time()
+        if self.progress is not None:
+            self.progress.start()
+            self._tick_progress()
+        sweep = min(self.options.timeout, self.options.min_speed_window, self.options.deadline) / 4
+        self._sweep_interval = min(1.0, max(0.02, sweep))
+        loop.call_later(self._sweep_interval, self._sweep)
+        loop.call_later(MANIFEST_FLUSH_INTERVAL, self._flush_manifest)
+        try:
+            self._refill()
+            while not self._finished():
+                loop.run_once()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            self.report.elapsed = loop.time() - self._started_at
+            self._shutdown()
+        if self.progress is not None:
+            self.progress.finish(self.report)
+        if self._fatal is not None:
+            raise self._fatal
+        if self._input_error is not None:
+            raise self._input_error
+        return self.report
+
+    def _finished(self) -> bool:
+        return self._in_memory == 0 and (self._input_done or self._fatal is not None)
+
+    def _shutdown(self) -> None:
+        for conn in list(self.connections):
+            conn.close()
+        self.manifest.close()
+        self.resolver.close()
+        if self._own_loop:
+            self.loop.close()
+
+    def _abort(self) -> None:
+        """Interrupted: drop in-flight work without recording it (a rerun redoes it)."""
+        self._input_done = True
+        for conn in list(self.connections):
+            if conn.part is not None:
+                conn.part.abort()
+                conn.part = None
+            conn.job = None
+            conn.close()
+
+    # -- input ----------------------------------------------------------------------
+
+    def _refill(self) -> None:
+        while self._in_memory < self._target and not self._input_done:
+            if self._fatal is not None:
+                return
+            try:
+                row = next(self._rows)
+            except StopIteration:
+                self._input_done = True
+                return
+            except UsageError as exc:
+                # Bad input mid-stream: finish what is in flight, then report it.
+                self._input_error = exc
+                self._input_done = True
+                return
+            self.rows_seen += 1
+            self._in_memory += 1
+            job = self._make_job(row)
+            if job is not None:
+                self._enqueue(job)
+
+    def _make_job(self, row: Row) -> Job | None:
+        try:
+            origin, target, host_header = split_url(row.url)
+            rel = self.names.allocate(row)
+            final = self.output.final_path(rel)
+        except TransferError as exc:
+            self._record(FileResult(row.url, None, "failed", error=exc.code, message=exc.message))
+            return None
+        job = Job(row, origin, target, rel, final)
+        if origin not in self.pools:
+            self.pools[origin] = HostPool(origin, request_tail(host_header, self._headers))
+        return job
+
+    # -- scheduling -------------------------------------------------------------------
+
+    def _enqueue(self, job: Job, front: bool = False) -> None:
+        pool = self.pools[job.origin]
+        if front:
+            pool.queue.appendleft(job)
+        else:
+            pool.queue.append(job)
+        self._dispatch(pool)
+
+    def _dispatch(self, pool: HostPool) -> None:
+        if pool.addresses is None:
+            if pool.dns_error is not None:
+                while pool.queue:
+                    self.finish_failure(pool.queue.popleft(), pool.dns_error)
+            elif not pool.resolving:
+                pool.resolving = True
+                _, host, port = pool.origin
+                self.resolver.resolve(host, port, lambda a, e: self._resolved(pool, a, e))
+            return
+        queue = pool.queue
+        per_host = self.options.per_host
+        while queue:
+            if pool.idle:
+                conn = pool.idle.pop()
+                del self._idle[conn]
+                self._begin(conn, queue.popleft())
+                continue
+            if pool.open >= per_host:
+                return
+            if len(self.connections) >= self.options.concurrency and not self._evict_idle():
+                self._starved[pool] = None
+                return
+            self._connect(pool, queue.popleft())
+
+    def _resolved(
+        self, pool: HostPool, addresses: list[Address] | None, error: TransferError | None
+    ) -> None:
+        pool.resolving = False
+        pool.addresses = addresses
+        pool.dns_error = error
+        self._dispatch(pool)
+        self._refill()
+
+    def _evict_idle(self) -> bool:
+        if not self._idle:
+            return False
+        conn = next(iter(self._idle))
+        conn.close()  # connection_closed() removes it from the idle maps
+        return True
+
+    def _begin(self, conn: HTTPConnection, job: Job) -> None:
+        self._count_attempt(job)
+        conn.start(job)
+
+    def _count_attempt(self, job: Job) -> None:
+        if job.first_start == 0.0:
+            job.first_start = self.loop.now
+        job.attempts += 1
+
+    def _connect(self, pool: HostPool, job: Job) -> None:
+        assert pool.addresses
+        self._count_attempt(job)
+        sock, err = start_connect(pool.addresses[0])
+        if err != 115:  # not EINPROGRESS: failed at once
+            self.finish_failure(
+                job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
+            )
+            return
+        conn = HTTPConnection(self, pool, sock, job)
+        pool.open += 1
+        self.connections.add(conn)
+
+    def release(self, conn: HTTPConnection, reusable: bool) -> None:
+        """A connection finished its job: give it the next one, park it, or close it."""
+        if not reusable or self._fatal is not None:
+            conn.close()
+        else:
+            pool = conn.pool
+            if pool.queue:
+                self._begin(conn, pool.queue.popleft())
+            elif self._starved:
+                conn.close()
+            else:
+                conn.state = IDLE
+                conn.last_activity = self.loop.now
+                pool.idle.append(conn)
+                self._idle[conn] = None
+        self._refill()
+
+    def connection_closed(self, conn: HTTPConnection) -> None:
+        self.connections.discard(conn)
+        pool = conn.pool
+        pool.open -= 1
+        if conn in self._idle:
+            del self._idle[conn]
+            pool.idle.remove(conn)
+        if pool.queue:
+            self._dispatch(pool)
+        while self._starved and len(self.connections) < self.options.concurrency:
+            starved = next(iter(self._starved))
+            del self._starved[starved]
+            self._dispatch(starved)
+
+    # -- outcomes ---------------------------------------------------------------------
+
+    def finish_success(self, job: Job, status: int, size: int) -> None:
+        elapsed_ms = int((self.loop.now - job.first_start) * 1000)
+        result = FileResult(
+            job.row.url, job.rel_path, "ok", status, size, None, job.attempts, elapsed_ms
+        )
+        self._record(result)
+
+    def finish_failure(
+        self,
+        job: Job,
+        error: TransferError,
+        status: int | None = None,
+        retry_after: float | None = None,
+        *,
+        stale: bool = False,
+    ) -> None:
+        if isinstance(error, OutputError) and error.fatal:
+            self._fatal = error
+        if stale and job.stale_retries == 0:
+            job.stale_retries = 1
+            job.attempts -= 1  # a dead kept-alive connection is not the server's failure
+            self.loop.call_soon(self._enqueue, job, True)
+            return
+        if self._fatal is None and self.policy.should_retry(error.code, job.attempts):
+            delay = self.policy.delay(job.attempts, retry_after)
+            self.loop.call_later(delay, self._enqueue, job, True)
+            return
+        elapsed_ms = int((self.loop.now - job.first_start) * 1000) if job.first_start else 0
+        self._record(
+            FileResult(
+                job.row.url,
+                None,
+                "failed",
+                status,
+                0,
+                error.code,
+                job.attempts,
+                elapsed_ms,
+                error.message,
+            )
+        )
+
+    def _record(self, result: FileResult) -> None:
+        self._in_memory -= 1
+        self.manifest.write(result)
+        self.report.add(result)
+
+    # -- periodic work ------------------------------------------------------------------
+
+    def _sweep(self) -> None:
+        now = self.loop.now
+        for conn in list(self.connections):
+            conn.check(now)
+        self.loop.call_later(self._sweep_interval, self._sweep)
+
+    def _flush_manifest(self) -> None:
+        self.manifest.flush()
+        self.loop.call_later(MANIFEST_FLUSH_INTERVAL, self._flush_manifest)
+
+    def snapshot(self) -> Snapshot:
+        in_flight = 0
+        active = 0
+        for conn in self.connections:
+            if conn.state == ACTIVE:
+                active += 1
+                if conn.part is not None:
+                    in_flight += conn.part.written
+        report = self.report
+        return Snapshot(
+            done=report.total,
+            failed=report.failed,
+            bytes=report.bytes + in_flight,
+            elapsed=self.loop.now - self._started_at,
+            rows_seen=self.rows_seen,
+            input_done=self._input_done,
+            active=active,
+        )
+
+    def _tick_progress(self) -> None:
+        assert self.progress is not None
+        self.progress.update(self.snapshot())
+        self.loop.call_later(PROGRESS_INTERVAL, self._tick_progress)

@@ -1,0 +1,68 @@
+"""A job: one input row on its way to becoming one file (or one failure)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote, urlsplit
+
+from swarmget.errors import ErrorCode, TransferError
+from swarmget.sources.rows import Row
+
+Origin = tuple[str, str, int]  # (scheme, host, port): the key of a connection pool
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+# Characters allowed unescaped in a request target; anything else (spaces,
+# controls, non-ASCII) is percent-encoded so a URL can never inject a header.
+_SAFE_TARGET = "/?#[]@!$&'()*+,;=:%-._~"
+
+
+def split_url(url: str) -> tuple[Origin, str, str]:
+    """(origin, request target, Host header value) for an absolute http(s) URL."""
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise TransferError(ErrorCode.BAD_URL, f"invalid URL {url!r}: {exc}") from None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        raise TransferError(ErrorCode.BAD_URL, f"not an http(s) URL: {url!r}")
+    host = parts.hostname
+    if not host:
+        raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {url!r}")
+    if scheme == "https":
+        raise TransferError(ErrorCode.BAD_URL, f"https is not supported yet: {url!r}")
+    default = _DEFAULT_PORTS[scheme]
+    port = port or default
+    target = parts.path or "/"
+    if parts.query:
+        target = f"{target}?{parts.query}"
+    if not (target.isascii() and target.isprintable()) or " " in target:
+        target = quote(target, safe=_SAFE_TARGET)
+    host_header = f"[{host}]" if ":" in host else host
+    if port != default:
+        host_header = f"{host_header}:{port}"
+    return (scheme, host, port), target, host_header
+
+
+class Job:
+    __slots__ = (
+        "attempts",
+        "final",
+        "first_start",
+        "origin",
+        "rel_path",
+        "retry_timer",
+        "row",
+        "stale_retries",
+        "target",
+    )
+
+    def __init__(self, row: Row, origin: Origin, target: str, rel_path: str, final: str) -> None:
+        self.row = row
+        self.origin = origin
+        self.target = target
+        self.rel_path = rel_path
+        self.final = final  # absolute final path
+        self.attempts = 0
+        self.stale_retries = 0
+        self.first_start = 0.0
+        self.retry_timer: object | None = None

@@ -1,0 +1,1 @@
+"""Transport: name resolution and non-blocking connect.  Nothing about HTTP."""

@@ -1,0 +1,107 @@
+"""Name resolution that never blocks the loop.
+
+``getaddrinfo`` blocks, sometimes for seconds (a slow or dead DNS server), so it
+runs on a small pool of resolver threads; the answer comes back to the loop
+thread through ``loop.call_soon_threadsafe``.  Answers are cached per
+``(host, port)`` for ``ttl`` seconds (getaddrinfo does not tell us the record's
+TTL), failures for ``negative_ttl``; concurrent lookups of one name share one
+query.  IP literals skip all of it.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from swarmget.errors import ErrorCode, TransferError
+from swarmget.loop import EventLoop
+
+Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
+ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
+
+
+def ip_literal(host: str) -> Address | None:
+    """(family, bare address) when ``host`` is an IPv4/IPv6 literal, else None."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, bare)
+        except (OSError, ValueError):
+            continue
+        return (family, (bare,))
+    return None
+
+
+def _sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
+    return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)
+
+
+class ThreadedResolver:
+    def __init__(
+        self, loop: EventLoop, *, workers: int = 4, ttl: float = 300.0, negative_ttl: float = 30.0
+    ) -> None:
+        self._loop = loop
+        self._ttl = ttl
+        self._negative_ttl = negative_ttl
+        self._executor: ThreadPoolExecutor | None = None
+        self._workers = workers
+        self._cache: dict[
+            tuple[str, int], tuple[float, list[Address] | None, TransferError | None]
+        ] = {}
+        self._waiting: dict[tuple[str, int], list[ResolveCallback]] = {}
+
+    def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
+        """Call ``callback(addresses, None)`` or ``callback(None, error)`` on the loop thread."""
+        literal = ip_literal(host)
+        if literal is not None:
+            family, (bare,) = literal
+            self._loop.call_soon(callback, [(family, _sockaddr(family, str(bare), port))], None)
+            return
+        key = (host, port)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] > self._loop.now:
+            self._loop.call_soon(callback, cached[1], cached[2])
+            return
+        waiters = self._waiting.get(key)
+        if waiters is not None:
+            waiters.append(callback)
+            return
+        self._waiting[key] = [callback]
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="swarmget-dns")
+        self._executor.submit(self._lookup, key)
+
+    def _lookup(self, key: tuple[str, int]) -> None:
+        # Runs on a resolver thread: touch nothing but the arguments.
+        host, port = key
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc.strerror}")
+            self._loop.call_soon_threadsafe(self._done, key, None, error)
+            return
+        except (OSError, UnicodeError) as exc:
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc}")
+            self._loop.call_soon_threadsafe(self._done, key, None, error)
+            return
+        seen: set[tuple[object, ...]] = set()
+        addresses: list[Address] = []
+        for family, _type, _proto, _canon, sockaddr in infos:
+            if sockaddr not in seen:
+                seen.add(sockaddr)
+                addresses.append((family, tuple(sockaddr)))
+        self._loop.call_soon_threadsafe(self._done, key, addresses, None)
+
+    def _done(
+        self, key: tuple[str, int], addresses: list[Address] | None, error: TransferError | None
+    ) -> None:
+        ttl = self._ttl if error is None else self._negative_ttl
+        self._cache[key] = (self._loop.now + ttl, addresses, error)
+        for callback in self._waiting.pop(key, []):
+            callback(addresses, error)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
