@@ -1,0 +1,103 @@
+"""Fixtures shared by every test module.
+
+- ``nginx_bin``: path of the nginx binary.  Skips when nginx is missing on a
+  developer's machine, but *fails* under CI (``CI`` set), where `.ci/run`
+  installs it and a silent skip would hide a broken setup.
+- ``nginx_server`` (session): a real nginx serving ``TREE_COUNT`` files of
+  ``TREE_SIZE`` bytes made by :func:`swarmget.testing.nginx.make_tree`.  It is a
+  :class:`~swarmget.testing.nginx.ServedTree`: ``.url(name)``, ``.base_url``,
+  ``.port``, ``.names``, ``.size``, ``.urls()``, ``.expected(name)`` (the
+  bytes a correct download of ``name`` must have), ``.root``, ``.nginx``.
+- ``out_dir``: a fresh empty directory per test, on tmpfs (/dev/shm) when
+  there is room, because disk speed is not what our tests measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmget.testing.nginx import Nginx, ServedTree, find_nginx, make_tree
+
+TREE_COUNT = 2500
+TREE_SIZE = 50 * 1024
+
+_SHM = "/dev/shm"
+_SHM_MIN_FREE = 1 << 30
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _raise_nofile_limit()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Anything that uses the shared server needs nginx: mark it so `-m "not nginx"` works.
+    for item in items:
+        if {"nginx_server", "nginx_bin"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.nginx)
+
+
+def _raise_nofile_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: tests open thousands of sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(OSError, ValueError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def under_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _fast_tmp_base() -> str | None:
+    """/dev/shm when it exists, is writable and has room; else None (the default tmp)."""
+    try:
+        stat = os.statvfs(_SHM)
+    except OSError:
+        return None
+    if not os.access(_SHM, os.W_OK) or stat.f_bavail * stat.f_frsize < _SHM_MIN_FREE:
+        return None
+    return _SHM
+
+
+@pytest.fixture(scope="session")
+def nginx_bin() -> str:
+    binary = find_nginx()
+    if binary is None:
+        reason = "nginx is not installed (`./dev test` installs it: apt-get install nginx-light)"
+        if under_ci():
+            pytest.fail(f"{reason}; under CI it is required, not skipped", pytrace=False)
+        pytest.skip(reason)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def nginx_server(nginx_bin: str) -> Iterator[ServedTree]:
+    root = Path(tempfile.mkdtemp(prefix="swarmget-www-", dir=_fast_tmp_base()))
+    try:
+        names = make_tree(root, TREE_COUNT, TREE_SIZE)
+        with Nginx(root) as nginx:
+            yield ServedTree(nginx=nginx, root=root, names=names, size=TREE_SIZE)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Iterator[Path]:
+    base = _fast_tmp_base()
+    if base is None:
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="swarmget-out-", dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
