@@ -1,0 +1,304 @@
+"""Progress listeners, driven by synthetic snapshots and a fake clock."""
+
+from __future__ import annotations
+
+import io
+import re
+import threading
+
+import pytest
+from rich.console import Console
+
+from swarmget.progress import (
+    Display,
+    NullProgress,
+    PlainProgress,
+    ProgressListener,
+    RateMeter,
+    RichProgress,
+    format_bytes,
+    format_eta,
+    make_progress,
+    summary_lines,
+)
+from swarmget.report import FileResult, Report, Snapshot
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def snap(
+    done: int,
+    elapsed: float,
+    *,
+    failed: int = 0,
+    nbytes: int | None = None,
+    rows_seen: int = 10000,
+    input_done: bool = True,
+) -> Snapshot:
+    return Snapshot(
+        done=done,
+        failed=failed,
+        bytes=done * 51200 if nbytes is None else nbytes,
+        elapsed=elapsed,
+        rows_seen=rows_seen,
+        input_done=input_done,
+        active=8,
+    )
+
+
+def test_listeners_satisfy_the_protocols() -> None:
+    listeners: list[Display] = [
+        NullProgress(),
+        PlainProgress(io.StringIO()),
+        RichProgress(Console(file=io.StringIO(), force_terminal=True)),
+    ]
+    for listener in listeners:
+        engine_side: ProgressListener = listener
+        engine_side.start()
+        engine_side.update(snap(1, 0.5))
+        engine_side.finish(Report(ok=1))
+        listener.close()
+
+
+# -- plain mode ---------------------------------------------------------------------------------
+
+
+def test_plain_line_format() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock)
+    progress.start()
+    clock.now += 2.0
+    progress.update(snap(1234, 2.0, nbytes=61_700_000))
+    assert out.getvalue() == "swarmget: 1234/10000 files, 0 failed, 61.7 MB, 617 files/s\n"
+
+
+def test_plain_total_is_a_lower_bound_until_input_is_read() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock)
+    progress.start()
+    clock.now += 2.0
+    progress.update(snap(4, 2.0, failed=3, rows_seen=5000, input_done=False, nbytes=999))
+    assert out.getvalue() == "swarmget: 4/5000+ files, 3 failed, 999 B, 2.0 files/s\n"
+
+
+def test_plain_throttles_to_one_line_per_interval() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock, interval=2.0)
+    progress.start()
+    # 4 updates a second for 10 s: the engine's cadence.
+    for tick in range(1, 41):
+        clock.now += 0.25
+        progress.update(snap(tick * 100, tick * 0.25))
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 5  # at 2, 4, 6, 8 and 10 s
+    assert lines[0].startswith("swarmget: 800/10000 files")
+    assert lines[-1].startswith("swarmget: 4000/10000 files")
+    # Steady 400 files/s, measured over each interval rather than since the start.
+    assert all(line.endswith(", 400 files/s") for line in lines)
+
+
+def test_plain_says_nothing_for_a_short_run() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock)
+    progress.start()
+    clock.now += 1.5
+    progress.update(snap(10, 1.5))
+    progress.finish(Report(ok=10, elapsed=1.6))
+    assert out.getvalue() == ""
+
+
+def test_plain_survives_a_closed_stream() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock)
+    progress.start()
+    out.close()
+    clock.now += 5
+    progress.update(snap(10, 5.0))  # must not raise into the engine's loop
+
+
+# -- rates and formatting -----------------------------------------------------------------------
+
+
+def test_rate_meter_follows_recent_changes() -> None:
+    meter = RateMeter(window=5.0)
+    assert meter.add(snap(100, 1.0)) == (100.0, 100 * 51200)
+    for t in range(2, 11):
+        meter.add(snap(100 * t, float(t)))
+    # The rate then halves: after a full window the meter shows only the new rate.
+    done = 1000
+    files_per_s = 0.0
+    for t in range(11, 17):
+        done += 50
+        files_per_s, _ = meter.add(snap(done, float(t)))
+    assert files_per_s == pytest.approx(50.0)
+
+
+def test_rate_meter_with_no_elapsed_time() -> None:
+    assert RateMeter().add(snap(0, 0.0)) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (0, "0 B"),
+        (999, "999 B"),
+        (51200, "51.2 kB"),
+        (61_700_000, "61.7 MB"),
+        (512_000_000, "512.0 MB"),
+        (1_500_000_000, "1.5 GB"),
+        (3e15, "3000.0 TB"),
+    ],
+)
+def test_format_bytes(n: float, text: str) -> None:
+    assert format_bytes(n) == text
+
+
+def test_format_eta() -> None:
+    assert format_eta(None, 10, 5.0) == "-:--"
+    assert format_eta(100, 10, 0.0) == "-:--"
+    assert format_eta(100, 10, 45.0) == "0:02"
+    assert format_eta(10_000, 0, 1.0) == "2:46:40"
+
+
+def test_summary_all_ok() -> None:
+    report = Report(ok=10000, bytes=512_000_000, elapsed=1.23)
+    assert summary_lines(report) == [
+        "10000 files ok, 0 failed, 512.0 MB in 1.23 s (8130 files/s, 416.3 MB/s)"
+    ]
+
+
+def test_summary_with_failures() -> None:
+    report = Report(elapsed=2.0, manifest="/out/.swarmget/manifest.jsonl")
+    report.add(FileResult(url="http://a/1", path="1", status="ok", bytes=10))
+    for i in range(7):
+        report.add(
+            FileResult(
+                url=f"http://a/missing{i}",
+                path=None,
+                status="failed",
+                error="http_404",
+                message="Not\nFound",
+            )
+        )
+    report.add(FileResult(url="http://b/x", path=None, status="failed", error="timeout"))
+    lines = summary_lines(report, show=3)
+    assert lines[0].startswith("1 files ok, 8 failed, 10 B in 2.00 s")
+    assert lines[1] == "errors: http_404 7, timeout 1"
+    assert lines[2] == "first 3 failures:"
+    assert lines[3] == "  http://a/missing0 -> http_404: Not Found"
+    assert len(lines) == 7
+    assert lines[-1] == "every row is listed in /out/.swarmget/manifest.jsonl"
+
+
+# -- rich mode ----------------------------------------------------------------------------------
+
+
+def rich_console() -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=True, width=140, color_system="truecolor"), buf
+
+
+def test_rich_renders_and_cleans_up() -> None:
+    console, buf = rich_console()
+    clock = FakeClock()
+    progress = RichProgress(console, clock=clock)
+    progress.start()
+    for i in range(1, 6):
+        clock.now += 0.2
+        progress.update(snap(i * 100, i * 0.2, failed=i, rows_seen=i * 300, input_done=i >= 3))
+    progress.finish(Report(ok=495, failed=5, elapsed=1.0))
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert "100/300+ files" in plain  # total unknown yet: pulsing bar, lower bound
+    assert "500/1500 files" in plain
+    assert "5 failed" in plain
+    assert "ETA" in plain
+    assert "files/s" in plain
+    assert "MB/s" in plain
+    # Transient: the live line is erased at the end, and the cursor is shown again.
+    assert buf.getvalue().endswith("\x1b[2K")
+    assert "\x1b[?25h" in buf.getvalue()
+
+
+def test_rich_throttles_renders() -> None:
+    console, buf = rich_console()
+    clock = FakeClock()
+    progress = RichProgress(console, clock=clock, interval=0.1)
+    progress.start()
+    for i in range(100):  # 100 updates in 0.5 s
+        clock.now += 0.005
+        progress.update(snap(i, i * 0.005))
+    renders = buf.getvalue().count("files/s")
+    assert 5 <= renders <= 6  # one every 0.1 s, give or take float rounding of the clock
+    progress.close()
+
+
+def test_rich_close_is_idempotent_and_late_updates_are_ignored() -> None:
+    console, buf = rich_console()
+    clock = FakeClock()
+    progress = RichProgress(console, clock=clock)
+    progress.start()
+    progress.close()
+    progress.close()
+    size = len(buf.getvalue())
+    clock.now += 10
+    progress.update(snap(5, 10.0))
+    progress.finish(Report())
+    assert len(buf.getvalue()) == size
+
+
+def test_rich_update_from_another_thread() -> None:
+    console, _ = rich_console()
+    progress = RichProgress(console, interval=0.0)
+    progress.start()
+    errors: list[BaseException] = []
+
+    def loop_thread() -> None:
+        try:
+            for i in range(200):
+                progress.update(snap(i, 0.01 * (i + 1)))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=loop_thread)
+    thread.start()
+    progress.close()  # may land mid-stream, as on Ctrl-C
+    thread.join()
+    assert errors == []
+
+
+# -- choosing a display -------------------------------------------------------------------------
+
+
+class TtyStringIO(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_make_progress_picks_by_stream() -> None:
+    assert isinstance(make_progress(io.StringIO(), quiet=True), NullProgress)
+    assert isinstance(make_progress(TtyStringIO(), quiet=True), NullProgress)
+    assert isinstance(make_progress(io.StringIO()), PlainProgress)
+    display = make_progress(TtyStringIO())
+    assert isinstance(display, RichProgress)
+    display.close()
+
+
+@pytest.mark.parametrize("width", [40, 80, 100, 200])
+def test_rich_stays_on_one_line(width: int) -> None:
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width)
+    clock = FakeClock()
+    progress = RichProgress(console, clock=clock)
+    progress.start()
+    clock.now += 1
+    progress.update(snap(123456, 30.0, failed=1234, nbytes=12_345_678_901, rows_seen=1_000_000))
+    frame = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert "\n" not in frame.strip("\r\n")
+    assert frame.startswith(("━", "123456/"))
+    progress.close()
