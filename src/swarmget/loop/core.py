@@ -28,6 +28,7 @@ loop with socketpairs and a fake clock.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import selectors
@@ -72,10 +73,9 @@ class _Waker:
         self.fd = self._rsock.fileno()
 
     def wake(self) -> None:
-        try:
+        # BlockingIOError: a byte is already waiting, so the loop wakes anyway.
+        with contextlib.suppress(OSError):
             self._wsock.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # already a byte waiting: the loop will wake anyway
 
     def handle_io(self, mask: int) -> None:
         try:

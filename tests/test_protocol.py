@@ -1,0 +1,289 @@
+"""The sans-I/O response parser, driven with bytes only (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarmget.errors import ErrorCode, ProtocolError, TransferError
+from swarmget.protocol import (
+    MAX_HEADER_BYTES,
+    MAX_HEADER_FIELDS,
+    MAX_INFORMATIONAL,
+    ConnectionClosed,
+    ResponseHead,
+    ResponseParser,
+    build_request,
+)
+
+
+class Collected:
+    def __init__(self) -> None:
+        self.heads: list[ResponseHead] = []
+        self.body = bytearray()
+        self.parser = ResponseParser(self.heads.append, self.body.extend)
+
+
+def feed(data: bytes, step: int | None = None, eof: bool = False) -> tuple[bool, Collected]:
+    c = Collected()
+    view = memoryview(data)
+    step = step or max(1, len(data))
+    done = False
+    for i in range(0, len(data), step):
+        done = c.parser.feed(view[i : i + step])
+    if eof:
+        done = c.parser.feed_eof()
+    return done, c
+
+
+RESP_CL = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\nETag: \"x\"\r\n\r\nhello world"
+RESP_CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("step", [None, 1, 2, 7, 64])
+def test_content_length_body_any_split(step: int | None) -> None:
+    done, c = feed(RESP_CL, step)
+    assert done and c.parser.complete
+    assert bytes(c.body) == b"hello world"
+    assert c.heads[0].status == 200
+    assert c.heads[0].content_length == 11
+    assert c.heads[0].get(b"etag") == b'"x"'
+    assert c.parser.reusable
+
+
+@pytest.mark.parametrize("step", [None, 1, 3, 16])
+def test_chunked_body_any_split(step: int | None) -> None:
+    done, c = feed(RESP_CHUNKED, step)
+    assert done
+    assert bytes(c.body) == b"hello world"
+    assert c.heads[0].chunked and c.heads[0].content_length is None
+    assert c.parser.reusable
+
+
+def test_body_slices_are_views_of_the_input_buffer() -> None:
+    # The zero-copy promise: Content-Length bodies reach the sink as memoryviews
+    # of the caller's buffer, not copies.
+    seen: list[object] = []
+    parser = ResponseParser(lambda h: None, seen.append)
+    buffer = bytearray(RESP_CL)
+    parser.feed(memoryview(buffer))
+    assert len(seen) == 1
+    piece = seen[0]
+    assert isinstance(piece, memoryview)
+    assert piece.obj is buffer
+    assert bytes(piece) == b"hello world"
+
+
+def test_close_delimited_body_completes_at_eof() -> None:
+    data = b"HTTP/1.1 200 OK\r\n\r\nuntil the end"
+    done, c = feed(data, 5)
+    assert not done
+    assert c.parser.feed_eof()
+    assert bytes(c.body) == b"until the end"
+    assert not c.parser.reusable
+
+
+def test_informational_responses_are_skipped() -> None:
+    data = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: x\r\n\r\n" + RESP_CL
+    done, c = feed(data, 4)
+    assert done
+    assert [h.status for h in c.heads] == [200]
+    assert c.parser.informational == 2
+
+
+def test_endless_informational_responses_are_a_protocol_error() -> None:
+    data = b"HTTP/1.1 100 Continue\r\n\r\n" * (MAX_INFORMATIONAL + 1)
+    with pytest.raises(ProtocolError, match="1xx"):
+        feed(data)
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: a\rb\r\n\r\n",
+        b"HTTX/1.1 200 OK\r\n\r\n",
+        b"HTTP/1.1 2000 OK\r\n\r\n",
+        b"garbage garbage\r\n\r\n",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+    ],
+)
+def test_malformed_heads_are_protocol_errors(head: bytes) -> None:
+    with pytest.raises(ProtocolError) as info:
+        feed(head + b"hello")
+    assert info.value.code == ErrorCode.PROTOCOL
+
+
+def test_header_block_over_64k_is_refused() -> None:
+    filler = b"X-Fill: " + b"a" * 1000 + b"\r\n"
+    head = b"HTTP/1.1 200 OK\r\n" + filler * (MAX_HEADER_BYTES // len(filler) + 1) + b"\r\n"
+    with pytest.raises(ProtocolError, match="larger than"):
+        feed(head, 4096)
+    with pytest.raises(ProtocolError, match="larger than"):
+        feed(head)
+
+
+def test_header_block_never_terminated_is_refused_at_the_limit() -> None:
+    c = Collected()
+    chunk = memoryview(b"X-Fill: " + b"a" * 4000 + b"\r\n")
+    c.parser.feed(memoryview(b"HTTP/1.1 200 OK\r\n"))
+    with pytest.raises(ProtocolError):
+        for _ in range(MAX_HEADER_BYTES // len(chunk) + 2):
+            c.parser.feed(chunk)
+
+
+def test_header_block_just_under_the_limit_is_fine() -> None:
+    start = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"
+    pad = MAX_HEADER_BYTES - len(start) - len(b"X: \r\n\r\n")
+    head = start + b"X: " + b"a" * pad + b"\r\n\r\n"
+    assert len(head) == MAX_HEADER_BYTES
+    done, c = feed(head + b"ok", 1000)
+    assert done and bytes(c.body) == b"ok"
+
+
+def test_too_many_header_fields() -> None:
+    fields = b"".join(b"X-%d: v\r\n" % i for i in range(MAX_HEADER_FIELDS + 1))
+    with pytest.raises(ProtocolError, match="header fields"):
+        feed(b"HTTP/1.1 200 OK\r\n" + fields + b"Content-Length: 0\r\n\r\n")
+    fields = b"".join(b"X-%d: v\r\n" % i for i in range(MAX_HEADER_FIELDS - 1))
+    done, _ = feed(b"HTTP/1.1 200 OK\r\n" + fields + b"Content-Length: 0\r\n\r\n")
+    assert done
+
+
+def test_short_body_then_close_is_truncated() -> None:
+    with pytest.raises(TransferError) as info:
+        feed(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\nhello", eof=True)
+    assert info.value.code == ErrorCode.TRUNCATED
+    assert "5 of 50" in info.value.message
+
+
+def test_chunked_cut_before_last_chunk_is_truncated() -> None:
+    with pytest.raises(TransferError) as info:
+        feed(RESP_CHUNKED[:-5], eof=True)
+    assert info.value.code == ErrorCode.TRUNCATED
+
+
+def test_close_inside_head_is_truncated_and_before_anything_is_connection_closed() -> None:
+    with pytest.raises(TransferError) as info:
+        feed(b"HTTP/1.1 200 OK\r\nContent-Le", eof=True)
+    assert info.value.code == ErrorCode.TRUNCATED
+    with pytest.raises(ConnectionClosed):
+        feed(b"", eof=True)
+
+
+def test_bytes_after_the_response_make_the_connection_unusable() -> None:
+    done, c = feed(RESP_CL + b"JUNK")
+    assert done and bytes(c.body) == b"hello world"
+    assert not c.parser.reusable
+    done, c = feed(RESP_CHUNKED + b"HTTP/1.1 200 OK\r\n")
+    assert done and bytes(c.body) == b"hello world"
+    assert not c.parser.reusable
+
+
+def test_connection_close_header_is_honoured() -> None:
+    done, c = feed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\nx")
+    assert done and not c.parser.reusable
+    done, c = feed(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\nx")
+    assert done and not c.parser.reusable
+
+
+def test_no_body_statuses() -> None:
+    done, c = feed(b"HTTP/1.1 204 No Content\r\n\r\n")
+    assert done and c.heads[0].status == 204 and not c.body
+    done, c = feed(b"HTTP/1.1 304 Not Modified\r\nContent-Length: 10\r\n\r\n")
+    assert done and not c.body
+
+
+def test_body_sink_errors_propagate_unwrapped() -> None:
+    class Full(TransferError):
+        pass
+
+    def sink(data: object) -> None:
+        raise Full(ErrorCode.IO, "disk full")
+
+    for data in (RESP_CL, RESP_CHUNKED):
+        parser = ResponseParser(lambda h: None, sink)
+        with pytest.raises(Full):
+            parser.feed(memoryview(data))
+
+
+def test_build_request() -> None:
+    req = build_request("/a?b=1", "example.com:8080", b"User-Agent: t\r\n")
+    assert req == b"GET /a?b=1 HTTP/1.1\r\nHost: example.com:8080\r\nUser-Agent: t\r\n\r\n"
+
+
+# -- properties -------------------------------------------------------------------
+
+VALID = [RESP_CL, RESP_CHUNKED, b"HTTP/1.1 100 Continue\r\n\r\n" + RESP_CL]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    base=st.sampled_from(VALID),
+    cuts=st.lists(st.integers(min_value=1, max_value=200), max_size=20),
+)
+def test_any_split_gives_the_same_result(base: bytes, cuts: list[int]) -> None:
+    c = Collected()
+    view = memoryview(base)
+    pos = 0
+    done = False
+    for cut in cuts:
+        if pos >= len(base):
+            break
+        done = c.parser.feed(view[pos : pos + cut])
+        pos += cut
+    if pos < len(base):
+        done = c.parser.feed(view[pos:])
+    assert done
+    assert bytes(c.body) == b"hello world"
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    base=st.sampled_from(VALID),
+    edits=st.lists(
+        st.tuples(st.integers(min_value=0, max_value=200), st.binary(min_size=0, max_size=4)),
+        max_size=5,
+    ),
+    cut=st.integers(min_value=1, max_value=64),
+    eof=st.booleans(),
+)
+def test_corrupted_streams_parse_or_raise_our_errors(
+    base: bytes, edits: list[tuple[int, bytes]], cut: int, eof: bool
+) -> None:
+    data = bytearray(base)
+    for pos, replacement in edits:
+        pos = min(pos, len(data))
+        data[pos : pos + len(replacement)] = replacement
+    c = Collected()
+    view = memoryview(bytes(data))
+    try:
+        for i in range(0, len(view), cut):
+            c.parser.feed(view[i : i + cut])
+        if eof:
+            c.parser.feed_eof()
+    except TransferError as exc:
+        assert exc.code in ErrorCode.ALL
+    # Whatever happened, the body never exceeds what was sent.
+    assert len(c.body) <= len(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(min_value=1, max_value=50))
+def test_random_bytes_never_escape_as_foreign_exceptions(data: bytes, cut: int) -> None:
+    c = Collected()
+    view = memoryview(data)
+    try:
+        for i in range(0, len(view), cut):
+            c.parser.feed(view[i : i + cut])
+        c.parser.feed_eof()
+    except TransferError as exc:
+        assert exc.code in ErrorCode.ALL
