@@ -37,10 +37,9 @@ def feed(data: bytes, step: int | None = None, eof: bool = False) -> tuple[bool,
     return done, c
 
 
-RESP_CL = b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\nETag: \"x\"\r\n\r\nhello world"
+RESP_CL = b'HTTP/1.1 200 OK\r\nContent-Length: 11\r\nETag: "x"\r\n\r\nhello world'
 RESP_CHUNKED = (
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-    b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
 )
 
 
