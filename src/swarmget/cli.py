@@ -1,0 +1,385 @@
+"""The ``swarmget`` command: parse arguments, run the engine, report the outcome.
+
+The contract scripts rely on is the exit status and the shape of the error
+line, so both are kept strict:
+
+* 0 every row succeeded, 1 some row failed, 2 usage error, 130 interrupted.
+* A usage error is ONE line on stderr, ``swarmget: error: ...``, never a
+  traceback and never argparse's multi-line usage dump: in a log of a thousand
+  jobs, the line that says what went wrong is the only one anybody reads.
+
+Everything that can be checked before the run starts (option values, source
+files that do not exist, ``-o`` pointing at a file) is checked here, so a typo
+fails in milliseconds instead of after the progress display has come up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+from typing import IO, Any, NoReturn
+
+from swarmget import __version__
+from swarmget.errors import ErrorCode, SwarmgetError, UsageError
+from swarmget.options import Options
+from swarmget.progress import ProgressListener, make_progress, summary_lines
+from swarmget.report import Report
+from swarmget.sources.rows import Row
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
+
+MANIFEST = os.path.join(".swarmget", "manifest.jsonl")
+
+# One line per stable code, for --help.  tests/test_cli.py checks that every
+# code in ErrorCode.ALL is here, so a new code cannot ship undocumented.
+ERROR_CODE_HELP: dict[str, str] = {
+    ErrorCode.TIMEOUT: "connect or idle-read timeout, deadline, or below --min-speed",
+    ErrorCode.CONNECT: "refused, unreachable, or reset before any response",
+    ErrorCode.DNS: "the host name did not resolve",
+    ErrorCode.TRUNCATED: "the connection ended before the body was complete",
+    ErrorCode.PROTOCOL: "malformed or over-limit HTTP response",
+    ErrorCode.TOO_LARGE: "body larger than --max-size",
+    ErrorCode.BAD_URL: "not an absolute http(s) URL",
+    ErrorCode.BAD_PATH: "the output path would leave the output directory",
+    ErrorCode.EXISTS: "a file swarmget did not write is at the path (--overwrite)",
+    ErrorCode.IO: "writing the output file failed (disk full, permissions)",
+    ErrorCode.TLS: "TLS handshake or record-layer failure",
+    ErrorCode.TLS_VERIFY: "the server's certificate failed verification",
+    ErrorCode.TOO_MANY_REDIRECTS: "redirect chain too long",
+    ErrorCode.BAD_REDIRECT: "redirect with no usable Location, or to a non-http(s) URL",
+    ErrorCode.CHECKSUM: "the body did not match the row's sha256/md5",
+    ErrorCode.SIZE_MISMATCH: "the body length did not match the row's size",
+    ErrorCode.CANCELLED: "the run was interrupted before this row finished",
+    "http_<status>": "the final HTTP status was not a success, e.g. http_404",
+}
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+_SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
+
+
+def parse_size(text: str) -> int:
+    """``512`` -> 512, ``512k`` -> 524288, ``1.5G`` -> 1610612736 (powers of 1024)."""
+    match = _SIZE_RE.fullmatch(text)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
+        )
+    number, suffix = match.groups()
+    return int(float(number) * _SIZE_SCALE[suffix.lower()])
+
+
+def parse_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}")
+    return value
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    """``"K: V"`` -> ``("K", "V")``; the name must be an HTTP token, the value one line."""
+    name, sep, value = text.partition(":")
+    name, value = name.strip(), value.strip()
+    if not sep or not _HEADER_NAME_RE.fullmatch(name):
+        raise argparse.ArgumentTypeError(f"invalid header {text!r} (expected 'Name: value')")
+    if "\r" in value or "\n" in value:
+        raise argparse.ArgumentTypeError(f"invalid header {text!r} (value has a line break)")
+    return name, value
+
+
+class _Exit(Exception):
+    """argparse wants to exit (``--help``, ``--version``): carry the status out of main."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and calling ``sys.exit``.
+
+    ``main`` turns the exception into the one-line error and exit status 2, and
+    tests can call ``main`` in-process without catching ``SystemExit``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        if message:
+            sys.stderr.write(message)
+        raise _Exit(status)
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:<20}{text}" for code, text in ERROR_CODE_HELP.items())
+    return f"""\
+sources:
+  A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv or .jsonl),
+  "-" to read such a list from standard input, or a URL given directly.
+  To download a URL list file literally named "demo", write ./demo.
+
+sizes:
+  --max-size and --min-speed take a number of bytes with an optional suffix
+  k, M, G or T in powers of 1024: 512k, 10M, 1.5G.
+
+output:
+  Files go under DIR.  Every input row, ok or failed, gets one record in
+  DIR/{MANIFEST.replace(os.sep, "/")}, with its error code when it failed.
+
+exit status:
+  0    every file was downloaded
+  1    at least one file failed (see the summary and the manifest)
+  2    usage error: bad option or value, unreadable input, missing -o
+  130  interrupted (Ctrl-C); rows that finished are already in the manifest
+
+error codes (in the summary, in --json and in the manifest):
+{codes}
+
+demo:
+  swarmget demo [--files N] [--size BYTES] ...   download from a built-in local
+  server and verify the files; see swarmget demo --help.
+"""
+
+
+def build_parser() -> ArgumentParser:
+    d = Options()
+    parser = ArgumentParser(
+        prog="swarmget",
+        usage="swarmget [options] -o DIR SOURCE [SOURCE ...]\n       swarmget demo [options]",
+        description="Download very many files over HTTP(S) into DIR.",
+        epilog=_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("sources", nargs="+", metavar="SOURCE", help="URL list file, -, or URL")
+    parser.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="output directory (required)"
+    )
+    run = parser.add_argument_group("transfer options")
+    run.add_argument(
+        "--concurrency",
+        type=int,
+        default=d.concurrency,
+        metavar="N",
+        help=f"connections open at once, in total (default: {d.concurrency})",
+    )
+    run.add_argument(
+        "--per-host",
+        type=int,
+        default=d.per_host,
+        metavar="N",
+        help=f"connections open at once to one host (default: {d.per_host})",
+    )
+    run.add_argument(
+        "--timeout",
+        type=parse_seconds,
+        default=d.timeout,
+        metavar="S",
+        help=f"seconds to connect, and of silence while reading (default: {d.timeout:g})",
+    )
+    run.add_argument(
+        "--deadline",
+        type=parse_seconds,
+        default=d.deadline,
+        metavar="S",
+        help=f"seconds one file may take in total (default: {d.deadline:g})",
+    )
+    run.add_argument(
+        "--min-speed",
+        type=parse_size,
+        default=d.min_speed,
+        metavar="B",
+        help=(
+            f"bytes/s a transfer must average over {d.min_speed_window:g} s, "
+            f"0 to disable (default: {d.min_speed})"
+        ),
+    )
+    run.add_argument(
+        "--max-size",
+        type=parse_size,
+        default=d.max_size,
+        metavar="BYTES",
+        help="fail files larger than this with too_large (default: no limit)",
+    )
+    run.add_argument(
+        "--retries",
+        type=int,
+        default=d.retries,
+        metavar="N",
+        help=f"extra attempts after a retryable failure (default: {d.retries})",
+    )
+    run.add_argument(
+        "--header",
+        type=parse_header,
+        action="append",
+        default=[],
+        metavar='"K: V"',
+        help="send this request header; repeat for more (default: none)",
+    )
+    run.add_argument(
+        "--user-agent",
+        default=d.user_agent,
+        metavar="UA",
+        help=f"User-Agent header (default: {d.user_agent})",
+    )
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace files already in DIR that swarmget did not write (default: off)",
+    )
+    add_output_flags(parser)
+    parser.add_argument("--version", action="version", version=f"swarmget {__version__}")
+    return parser
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """``--quiet`` and ``--json``, shared with ``swarmget demo``."""
+    out = parser.add_argument_group("display")
+    out.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress display and no summary"
+    )
+    out.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON on stdout instead of the summary (also with --quiet)",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine's keyword options, validated now so mistakes fail before the run."""
+    options: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "per_host": args.per_host,
+        "timeout": args.timeout,
+        "deadline": args.deadline,
+        "min_speed": args.min_speed,
+        "max_size": args.max_size,
+        "retries": args.retries,
+        "overwrite": args.overwrite,
+        "headers": dict(args.header),
+        "user_agent": args.user_agent,
+    }
+    Options.from_kwargs(options)  # raises UsageError naming the flag
+    return options
+
+
+def check_sources(sources: Sequence[str]) -> None:
+    """Fail fast on a source file that cannot be read; URLs and ``-`` are the reader's."""
+    for source in sources:
+        if source == "-" or "://" in source:
+            continue
+        if os.path.isdir(source):
+            raise UsageError(f"cannot read {source!r}: it is a directory")
+        if not os.path.exists(source):
+            raise UsageError(
+                f"cannot read {source!r}: no such file (URLs must start with http:// or https://)"
+            )
+        if not os.access(source, os.R_OK):
+            raise UsageError(f"cannot read {source!r}: permission denied")
+
+
+def check_output(dest: str) -> None:
+    if os.path.exists(dest) and not os.path.isdir(dest):
+        raise UsageError(f"-o {dest!r} exists and is not a directory")
+
+
+def run_engine(
+    urls: Iterable[str | Row] | None,
+    dest: str,
+    *,
+    sources: Sequence[str] | None,
+    progress: ProgressListener,
+    options: dict[str, Any],
+) -> Report:
+    """The one place the CLI calls the engine (tests replace it with a fake)."""
+    from swarmget.api import download
+
+    return download(urls, dest, sources=sources, progress=progress, **options)
+
+
+def download_with_display(
+    urls: Iterable[str | Row] | None,
+    dest: str,
+    *,
+    sources: Sequence[str] | None,
+    options: dict[str, Any],
+    quiet: bool,
+    stderr: IO[str],
+) -> Report:
+    """Run the engine under the progress display, and leave the terminal tidy however it ends."""
+    display = make_progress(stderr, quiet=quiet)
+    try:
+        return run_engine(urls, dest, sources=sources, progress=display, options=options)
+    finally:
+        display.close()
+
+
+def print_outcome(
+    report: Report, dest: str, *, quiet: bool, as_json: bool, stdout: IO[str]
+) -> None:
+    if as_json:
+        stdout.write(json.dumps(report.to_json()) + "\n")
+    elif not quiet:
+        manifest = os.path.join(dest, MANIFEST)
+        stdout.write("\n".join(summary_lines(report, manifest=manifest)) + "\n")
+    stdout.flush()
+
+
+def fail(message: str, status: int = EXIT_USAGE, prog: str = "swarmget") -> int:
+    """Print the one-line error and return the exit status."""
+    sys.stderr.write(f"{prog}: error: {' '.join(message.split())}\n")
+    return status
+
+
+def _download_command(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    options = options_from_args(args)
+    check_sources(args.sources)
+    check_output(args.output)
+    try:
+        report = download_with_display(
+            None,
+            args.output,
+            sources=args.sources,
+            options=options,
+            quiet=args.quiet,
+            stderr=sys.stderr,
+        )
+    except KeyboardInterrupt:
+        manifest = os.path.join(args.output, MANIFEST)
+        sys.stderr.write(f"swarmget: interrupted; rows that finished are listed in {manifest}\n")
+        return EXIT_INTERRUPTED
+    print_outcome(report, args.output, quiet=args.quiet, as_json=args.json, stdout=sys.stdout)
+    return EXIT_OK if report.failed == 0 else EXIT_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``swarmget`` script and ``python -m swarmget``; returns the status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv[:1] == ["demo"]:
+            from swarmget import demo
+
+            return demo.main(argv[1:])
+        return _download_command(argv)
+    except _Exit as exit_:
+        return exit_.status
+    except UsageError as exc:
+        return fail(str(exc))
+    except KeyboardInterrupt:
+        # Ctrl-C outside the run itself (while parsing, or in the demo's setup).
+        sys.stderr.write("swarmget: interrupted\n")
+        return EXIT_INTERRUPTED
+    except SwarmgetError as exc:
+        return fail(str(exc), EXIT_FAILED)

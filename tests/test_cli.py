@@ -1,0 +1,562 @@
+"""The ``swarmget`` command line: parsing, exit statuses, output, and ``swarmget demo``.
+
+Most tests run ``main()`` in-process with the engine replaced by a fake, so they
+check the CLI alone.  A few run ``python -m swarmget`` in a subprocess, because
+"one line and no traceback" is about what a user's terminal really shows; and
+the end-to-end tests at the bottom use the real engine and test server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget import cli
+from swarmget.errors import ErrorCode, UsageError
+from swarmget.options import Options
+from swarmget.progress import ProgressListener
+from swarmget.report import FileResult, Report, Snapshot
+from swarmget.sources.rows import Row
+from swarmget.testing.nginx import ServedTree
+
+SRC = str(Path(swarmget.__file__).resolve().parent.parent)
+
+
+def run_subprocess(
+    *args: str, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-m", "swarmget", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+class FakeEngine:
+    """Stands in for ``swarmget.api.download``; records how it was called."""
+
+    def __init__(self, report: Report | None = None, raises: BaseException | None = None) -> None:
+        self.report = report if report is not None else Report(ok=3, bytes=300, elapsed=0.5)
+        self.raises = raises
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(
+        self,
+        urls: Iterable[str | Row] | None,
+        dest: str,
+        *,
+        sources: Sequence[str] | None,
+        progress: ProgressListener,
+        options: dict[str, Any],
+    ) -> Report:
+        self.calls.append({"urls": urls, "dest": dest, "sources": sources, "options": options})
+        progress.start()
+        progress.update(Snapshot(1, 0, 100, 0.1, 3, True, 2))
+        if self.raises is not None:
+            raise self.raises
+        progress.finish(self.report)
+        return self.report
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> Callable[..., FakeEngine]:
+    def install(report: Report | None = None, raises: BaseException | None = None) -> FakeEngine:
+        fake = FakeEngine(report, raises)
+        monkeypatch.setattr(cli, "run_engine", fake)
+        return fake
+
+    install()  # every test gets a fake by default: no test here may reach the network
+    return install
+
+
+@pytest.fixture
+def urls_file(tmp_path: Path) -> str:
+    path = tmp_path / "urls.txt"
+    path.write_text("http://127.0.0.1:9/a\nhttp://127.0.0.1:9/b\n")
+    return str(path)
+
+
+# -- sizes and other value types ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("0", 0),
+        ("512", 512),
+        ("512k", 512 * 1024),
+        ("512K", 512 * 1024),
+        ("10M", 10 * 1024**2),
+        ("10MB", 10 * 1024**2),
+        ("10MiB", 10 * 1024**2),
+        ("1.5G", 3 * 1024**3 // 2),
+        ("2t", 2 * 1024**4),
+        (".5k", 512),
+        (" 7 ", 7),
+        ("100b", 100),
+    ],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert cli.parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(Exception, match="invalid size"):
+        cli.parse_size(text)
+
+
+def test_parse_header() -> None:
+    assert cli.parse_header("Authorization:  Bearer x:y ") == ("Authorization", "Bearer x:y")
+    assert cli.parse_header("X-Empty:") == ("X-Empty", "")
+    for bad in ["no colon", ": value", "Bad Name: v", "X: a\nb"]:
+        with pytest.raises(Exception, match="invalid header"):
+            cli.parse_header(bad)
+
+
+# -- --help and --version -----------------------------------------------------------------------
+
+
+def test_help_documents_options_defaults_exit_statuses_and_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    d = Options()
+    flat = " ".join(text.split())  # argparse wraps option help anywhere
+    for flag, default in [
+        ("--concurrency", d.concurrency),
+        ("--per-host", d.per_host),
+        ("--timeout", f"{d.timeout:g}"),
+        ("--deadline", f"{d.deadline:g}"),
+        ("--min-speed", d.min_speed),
+        ("--retries", d.retries),
+    ]:
+        assert f"{flag} " in flat
+        assert f"(default: {default})" in flat
+    for flag in ["--max-size", "--header", "--overwrite", "--quiet", "--json", "-o DIR"]:
+        assert flag in text
+    assert "10M" in text and "1024" in text
+    assert "DIR/.swarmget/manifest.jsonl" in text
+    for status in ["0 ", "1 ", "2 ", "130"]:
+        assert f"\n  {status}" in text
+    for code in ErrorCode.ALL:
+        assert f"\n  {code} " in text, code
+    assert "http_<status>" in text
+    assert "swarmget demo" in text
+
+
+def test_every_error_code_is_documented() -> None:
+    assert set(cli.ERROR_CODE_HELP) == ErrorCode.ALL | {"http_<status>"}
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"swarmget {swarmget.__version__}\n"
+
+
+def test_demo_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["demo", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    assert "--files" in text and "(default: 10000)" in text
+    assert "--size" in text and "(default: 51200)" in text
+    assert "--keep" in text
+
+
+# -- usage errors -------------------------------------------------------------------------------
+
+
+def usage_cases(urls: str, tmp: Path) -> list[list[str]]:
+    a_file = tmp / "not-a-dir"
+    a_file.write_text("x")
+    return [
+        [],
+        [urls],  # no -o
+        ["-o", str(tmp / "out")],  # no source
+        [urls, "-o", str(tmp / "out"), "--bogus"],
+        [urls, "-o", str(tmp / "out"), "--concurrency", "many"],
+        [urls, "-o", str(tmp / "out"), "--concurrency", "0"],
+        [urls, "-o", str(tmp / "out"), "--per-host", "-1"],
+        [urls, "-o", str(tmp / "out"), "--timeout", "0"],
+        [urls, "-o", str(tmp / "out"), "--deadline", "inf"],
+        [urls, "-o", str(tmp / "out"), "--timeout", "nan"],
+        [urls, "-o", str(tmp / "out"), "--max-size", "10X"],
+        [urls, "-o", str(tmp / "out"), "--min-speed", "fast"],
+        [urls, "-o", str(tmp / "out"), "--retries", "-1"],
+        [urls, "-o", str(tmp / "out"), "--header", "NoColon"],
+        [str(tmp / "missing.txt"), "-o", str(tmp / "out")],
+        [str(tmp), "-o", str(tmp / "out")],  # a directory as a source
+        [urls, "-o", str(a_file)],
+        ["demo", "--files", "lots"],
+        ["demo", "--size", "big"],
+        ["demo", "--bogus"],
+    ]
+
+
+def test_usage_errors_are_one_line_exit_2(
+    engine: Callable[..., FakeEngine],
+    urls_file: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake = engine()
+    for argv in usage_cases(urls_file, tmp_path):
+        assert cli.main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "", argv
+        assert err.count("\n") == 1 and err.startswith("swarmget: error: "), (argv, err)
+        assert "Traceback" not in err
+    assert fake.calls == []
+
+
+def test_usage_error_from_the_engine(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The reader finds out late that an input is malformed: still exit 2, one line.
+    engine(raises=UsageError("urls.txt line 3: not valid JSON"))
+    assert cli.main([urls_file, "-o", "out"]) == 2
+    assert capsys.readouterr().err == "swarmget: error: urls.txt line 3: not valid JSON\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ((), "the following arguments are required"),
+        (("http://x/a", "--max-size", "12Q", "-o", "o"), "invalid size '12Q'"),
+        (("no-such-file.txt", "-o", "o"), "cannot read 'no-such-file.txt'"),
+    ],
+)
+def test_usage_error_in_a_real_process(args: tuple[str, ...], message: str, tmp_path: Path) -> None:
+    proc = run_subprocess(*args, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("swarmget: error: ")
+    assert proc.stderr.count("\n") == 1
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_help_in_a_real_process() -> None:
+    proc = run_subprocess("--help")
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: swarmget")
+    assert proc.stderr == ""
+
+
+# -- what reaches the engine ---------------------------------------------------------------------
+
+
+def test_options_reach_the_engine(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = engine()
+    argv = [
+        urls_file,
+        "-",
+        "https://example.com/x.jpg",
+        "-o",
+        "out",
+        "--concurrency",
+        "64",
+        "--per-host",
+        "8",
+        "--timeout",
+        "2.5",
+        "--deadline",
+        "60",
+        "--min-speed",
+        "10k",
+        "--max-size",
+        "1.5M",
+        "--retries",
+        "0",
+        "--header",
+        "Authorization: Bearer t",
+        "--header",
+        "X-A: 1",
+        "--overwrite",
+    ]
+    assert cli.main(argv) == 0
+    (call,) = fake.calls
+    assert call["urls"] is None
+    assert call["dest"] == "out"
+    assert call["sources"] == [urls_file, "-", "https://example.com/x.jpg"]
+    assert call["options"] == {
+        "concurrency": 64,
+        "per_host": 8,
+        "timeout": 2.5,
+        "deadline": 60.0,
+        "min_speed": 10240,
+        "max_size": 1572864,
+        "retries": 0,
+        "overwrite": True,
+        "headers": {"Authorization": "Bearer t", "X-A": "1"},
+        "user_agent": Options().user_agent,
+    }
+    Options.from_kwargs(call["options"])  # the engine will accept them
+
+
+def test_defaults_reach_the_engine(engine: Callable[..., FakeEngine], urls_file: str) -> None:
+    fake = engine()
+    assert cli.main([urls_file, "-o", "out", "-q"]) == 0
+    assert Options.from_kwargs(fake.calls[0]["options"]) == Options()
+
+
+def test_a_file_named_demo_is_a_source(
+    engine: Callable[..., FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    Path("demo").write_text("http://127.0.0.1:9/a\n")
+    assert cli.main(["./demo", "-o", "out", "-q"]) == 0
+    assert fake.calls[0]["sources"] == ["./demo"]
+
+
+# -- output and exit statuses ---------------------------------------------------------------------
+
+
+def failing_report() -> Report:
+    report = Report(elapsed=1.0, manifest="out/.swarmget/manifest.jsonl")
+    report.add(FileResult(url="http://h/ok", path="ok", status="ok", bytes=100))
+    report.add(
+        FileResult(
+            url="http://h/gone",
+            path=None,
+            status="failed",
+            http_status=404,
+            error="http_404",
+            attempts=1,
+            message="Not Found",
+        )
+    )
+    return report
+
+
+def test_summary_when_all_ok(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine(Report(ok=10000, bytes=512_000_000, elapsed=1.23))
+    assert cli.main([urls_file, "-o", "out"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "10000 files ok, 0 failed, 512.0 MB in 1.23 s (8130 files/s, 416.3 MB/s)\n"
+    assert err == ""  # not a terminal, and too short for a plain progress line
+
+
+def test_exit_1_and_failures_in_the_summary(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine(failing_report())
+    assert cli.main([urls_file, "-o", "out"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("1 files ok, 1 failed, 100 B in 1.00 s")
+    assert "errors: http_404 1" in out
+    assert "  http://h/gone -> http_404: Not Found" in out
+    assert "out/.swarmget/manifest.jsonl" in out
+
+
+def test_json_output_shape(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine(failing_report())
+    for extra in ([], ["--quiet"]):
+        assert cli.main([urls_file, "-o", "out", "--json", *extra]) == 1
+        out, err = capsys.readouterr()
+        assert err == ""
+        data = json.loads(out)
+        assert out.count("\n") == 1  # one document, one line: easy to append to a log
+        assert data["ok"] == 1 and data["failed"] == 1 and data["total"] == 2
+        assert data["errors"] == {"http_404": 1}
+        assert data["failures"][0]["url"] == "http://h/gone"
+        assert data["failures"][0]["error"] == "http_404"
+        assert data["manifest"] == "out/.swarmget/manifest.jsonl"
+        assert set(data) >= {"bytes", "elapsed_s", "files_per_s", "mb_per_s"}
+
+
+def test_quiet_prints_nothing(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine(failing_report())
+    assert cli.main([urls_file, "-o", "out", "--quiet"]) == 1
+    assert capsys.readouterr() == ("", "")
+
+
+def test_ctrl_c_exits_130_with_one_line(
+    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine(raises=KeyboardInterrupt())
+    assert cli.main([urls_file, "-o", "out"]) == 130
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("swarmget: interrupted")
+    assert os.path.join("out", ".swarmget", "manifest.jsonl") in err
+
+
+def test_demo_dispatch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from swarmget import demo
+
+    seen: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setattr(demo, "main", fake_main)
+    assert cli.main(["demo", "--files", "5"]) == 0
+    assert seen == [["--files", "5"]]
+
+
+# -- end to end: the real engine ------------------------------------------------------------------
+
+
+def read_manifest(out: Path) -> list[dict[str, Any]]:
+    lines = (out / ".swarmget" / "manifest.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_real_download_with_a_failure_exits_1(
+    nginx_server: ServedTree, out_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = nginx_server.names[:20]
+    missing = nginx_server.url("no-such-file.jpg")
+    list_file = tmp_path / "urls.txt"
+    list_file.write_text("".join(nginx_server.url(n) + "\n" for n in names))
+    assert cli.main([str(list_file), missing, "-o", str(out_dir), "--json"]) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    report = json.loads(out)
+    assert (report["ok"], report["failed"], report["total"]) == (20, 1, 21)
+    assert report["bytes"] == 20 * nginx_server.size
+    assert report["errors"] == {"http_404": 1}
+    assert report["failures"][0]["url"] == missing
+    assert report["manifest"] == str(out_dir / ".swarmget" / "manifest.jsonl")
+    records = read_manifest(out_dir)
+    assert len(records) == 21
+    by_url = {r["url"]: r for r in records}
+    for name in names:
+        record = by_url[nginx_server.url(name)]
+        assert record["status"] == "ok"
+        assert (out_dir / record["path"]).read_bytes() == nginx_server.expected(name)
+
+
+def test_real_download_summary_in_a_real_process(nginx_server: ServedTree, out_dir: Path) -> None:
+    urls = [nginx_server.url(n) for n in nginx_server.names[:5]]
+    proc = run_subprocess(*urls, "-o", str(out_dir))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert re.fullmatch(
+        r"5 files ok, 0 failed, 256\.0 kB in \d+\.\d\d s \(\S+ files/s, \S+ \S?B/s\)\n",
+        proc.stdout,
+    )
+    # Run it again: the files are already there and the answer is still "all ok".
+    again = run_subprocess(*urls, "-o", str(out_dir), "--json", "--quiet")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["failed"] == 0
+
+
+# -- swarmget demo ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_demo_end_to_end_in_a_real_process() -> None:
+    """The whole path a new user takes first: server subprocess, engine, progress, check."""
+    proc = run_subprocess("demo", "--files", "300", "--size", "4k", timeout=110)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("swarmget demo: 300 files of 4.1 kB from http://127.0.0.1:")
+    assert lines[1].startswith("300 files ok, 0 failed, 1.2 MB in ")
+    assert lines[2] == ("verified 200 of 300 files byte for byte and the size of all: all good")
+    assert len(lines) == 3
+    # The temporary directory is gone.
+    dest = lines[0].rsplit(" into ", 1)[1]
+    assert not os.path.exists(dest)
+
+
+def test_demo_json_into_a_kept_directory(out_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["demo", "--files", "40", "--size", "1000", "-o", str(out_dir), "--json", "--verify-all"]
+    assert cli.main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["ok"], data["failed"], data["bytes"]) == (40, 0, 40_000)
+    assert data["demo"] == {
+        "files": 40,
+        "size": 1000,
+        "verified": 40,
+        "problems": [],
+        "output": str(out_dir),
+    }
+    from swarmget.testing import expected_body
+
+    assert (out_dir / "000007.bin").read_bytes() == expected_body("000007.bin", 1000)
+    assert len(read_manifest(out_dir)) == 40
+
+
+def test_demo_verify_finds_bad_files(tmp_path: Path) -> None:
+    from swarmget import demo
+    from swarmget.testing import expected_body
+
+    names = [demo.file_name(i, 5) for i in range(5)]
+    for name in names:
+        (tmp_path / name).write_bytes(expected_body(name, 100))
+    (tmp_path / names[1]).write_bytes(b"x" * 100)  # right size, wrong bytes
+    (tmp_path / names[2]).write_bytes(b"short")
+    (tmp_path / names[3]).unlink()
+    (tmp_path / names[4]).unlink()  # ... but the report already counts it as failed
+    problems = demo.verify(str(tmp_path), 5, 100, failed={names[4]}, sample=None)
+    assert problems == [
+        f"{names[1]}: content differs from what the server sent",
+        f"{names[2]}: 5 bytes, expected 100",
+        f"{names[3]}: No such file or directory",
+    ]
+
+
+@pytest.mark.timeout(60)
+def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        urls = [srv.file_url(f"slow{i}.bin", size=100, latency=30) for i in range(3)]
+        urls.append(srv.file_url("fast.bin", size=100))
+        env = dict(os.environ)
+        env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarmget", *urls, "-o", str(out_dir)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while srv.stats.requests < 4 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert srv.stats.requests == 4
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 130
+    assert out == ""
+    manifest = out_dir / ".swarmget" / "manifest.jsonl"
+    assert err == f"swarmget: interrupted; rows that finished are listed in {manifest}\n"
+    # The one row that finished is on record.
+    assert [r["url"] for r in read_manifest(out_dir) if r["status"] == "ok"] == [urls[-1]]
