@@ -7,10 +7,10 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from swarmget.engine.core import Engine, ProgressListener
+from swarmget.engine.core import Engine
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.options import Options
-from swarmget.report import Report
+from swarmget.report import ProgressListener, Report
 from swarmget.sources.rows import Row
 
 

@@ -27,8 +27,8 @@ from typing import IO, Any, NoReturn
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, UsageError
 from swarmget.options import Options
-from swarmget.progress import ProgressListener, make_progress, summary_lines
-from swarmget.report import Report
+from swarmget.progress import make_progress, summary_lines
+from swarmget.report import ProgressListener, Report
 from swarmget.sources.rows import Row
 
 EXIT_OK = 0

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Protocol
 
-from swarmget.report import Report, Snapshot
+from swarmget.report import ProgressListener, Report, Snapshot
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -34,18 +34,6 @@ Clock = Callable[[], float]
 PLAIN_INTERVAL = 2.0  # seconds between plain lines: often enough to see life in a CI log
 LIVE_INTERVAL = 0.1  # seconds between terminal renders: smooth to the eye, cheap for the loop
 RATE_WINDOW = 5.0  # seconds of history behind the live rate: steady, yet follows changes
-
-
-class ProgressListener(Protocol):
-    """What the engine reports to.  ``start`` once, ``update`` often, ``finish`` once."""
-
-    def start(self) -> None: ...
-
-    def update(self, snapshot: Snapshot) -> None:
-        """Called from the loop thread a few times a second; must never block."""
-        ...
-
-    def finish(self, report: Report) -> None: ...
 
 
 class Display(ProgressListener, Protocol):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclasses.dataclass(slots=True)
@@ -104,3 +104,15 @@ class Snapshot:
     rows_seen: int  # rows read from the input so far
     input_done: bool  # True once the whole input has been read (rows_seen is the total)
     active: int  # transfers in flight
+
+
+class ProgressListener(Protocol):
+    """What the engine reports to.  ``start`` once, ``update`` often, ``finish`` once."""
+
+    def start(self) -> None: ...
+
+    def update(self, snapshot: Snapshot) -> None:
+        """Called from the loop thread a few times a second; must never block."""
+        ...
+
+    def finish(self, report: Report) -> None: ...

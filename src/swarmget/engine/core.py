@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from typing import Protocol
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
 from swarmget.engine.job import Job, split_url
@@ -38,7 +37,7 @@ from swarmget.manifest import ManifestWriter
 from swarmget.net.connect import start_connect
 from swarmget.net.dns import Address, ThreadedResolver
 from swarmget.options import Options
-from swarmget.report import FileResult, Report, Snapshot
+from swarmget.report import FileResult, ProgressListener, Report, Snapshot
 from swarmget.sinks.files import OutputDir, OutputError
 from swarmget.sinks.naming import NameAllocator
 from swarmget.sources.rows import Row
@@ -46,12 +45,6 @@ from swarmget.sources.rows import Row
 RECV_BUFFER_SIZE = 256 * 1024
 PROGRESS_INTERVAL = 0.1
 MANIFEST_FLUSH_INTERVAL = 1.0
-
-
-class ProgressListener(Protocol):
-    def start(self) -> None: ...
-    def update(self, snapshot: Snapshot) -> None: ...
-    def finish(self, report: Report) -> None: ...
 
 
 class Engine:
