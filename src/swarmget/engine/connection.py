@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from swarmget.engine.job import Job
 from swarmget.engine.retry import parse_retry_after
-from swarmget.errors import ErrorCode, TransferError, http_code
+from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.connect import connect_result
 from swarmget.protocol import ConnectionClosed, ResponseHead, ResponseParser
@@ -245,7 +245,13 @@ class HTTPConnection:
         if part is not None:
             part.abort()
         if job is not None:
-            stale = isinstance(error, ConnectionClosed) and self.served > 0
+            # On a reused connection, a close or junk before our response's head
+            # is most likely left over from the previous exchange: try once more
+            # on a fresh connection before blaming the server.
+            stale = self.served > 0 and (
+                isinstance(error, ConnectionClosed)
+                or (isinstance(error, ProtocolError) and (parser is None or parser.head is None))
+            )
             status = parser.head.status if parser is not None and parser.head else None
             retry_after = None
             if parser is not None and parser.head is not None and error.code.startswith("http_"):

@@ -1,0 +1,214 @@
+"""Misbehaving servers (the scripted test server): every failure has its code, and
+no failed file is ever left at its final name (nor as a stray ``.part``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget.testing import TestServer, expected_body
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def run(urls: list[str], out: Path, **options: Any) -> swarmget.Report:
+    options.setdefault("retries", 0)
+    return swarmget.download(urls, out, **options)
+
+
+def assert_nothing_left(out: Path, name: str) -> None:
+    assert not (out / name).exists(), f"{name} must not exist after a failure"
+    assert not (out / (name + ".part")).exists(), f"{name}.part left behind"
+
+
+def manifest(out: Path) -> list[dict[str, Any]]:
+    text = (out / ".swarmget" / "manifest.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_2000_files_from_the_test_server_byte_for_byte(server: TestServer, out_dir: Path) -> None:
+    names = [f"img{i:05d}.jpg" for i in range(2000)]
+    sizes = {name: 1000 + (i * 37) % 60000 for i, name in enumerate(names)}
+    urls = [server.file_url(n, size=sizes[n]) for n in names]
+    report = run(urls, out_dir, concurrency=50, per_host=50)
+    assert (report.ok, report.failed) == (2000, 0)
+    for name in names:
+        assert (out_dir / name).read_bytes() == expected_body(name, sizes[name])
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{"chunked": 1, "chunk": 777}, {"close": 1}, {"chunked": 1, "chunk": 1}, {"latency": 0.05}],
+    ids=["chunked", "close-delimited", "one-byte-chunks", "latency"],
+)
+def test_framings_are_all_correct(server: TestServer, out_dir: Path, query: dict[str, Any]) -> None:
+    names = [f"f{i}.bin" for i in range(20)]
+    urls = [server.file_url(n, size=5000 + i, **query) for i, n in enumerate(names)]
+    report = run(urls, out_dir, concurrency=8)
+    assert (report.ok, report.failed) == (20, 0)
+    for i, name in enumerate(names):
+        assert (out_dir / name).read_bytes() == expected_body(name, 5000 + i)
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "options"),
+    [
+        ("truncate", "truncated", {}),
+        ("reset", "truncated", {}),
+        ("chunk_cut", "truncated", {}),
+        ("stall", "timeout", {"timeout": 0.5}),
+        ("stall_headers", "timeout", {"timeout": 0.5}),
+        ("drip", "timeout", {"min_speed": 5000, "min_speed_window": 0.5}),
+        ("huge_headers", "protocol", {}),
+        ("many_headers", "protocol", {}),
+        ("two_cl", "protocol", {}),
+        ("cl_and_chunked", "protocol", {}),
+        ("bad_status", "protocol", {}),
+        ("neg_cl", "protocol", {}),
+        ("nul_header", "protocol", {}),
+        ("bare_cr", "protocol", {}),
+        ("endless_1xx", "protocol", {}),
+    ],
+)
+def test_faults_fail_with_their_code_and_leave_no_file(
+    server: TestServer, out_dir: Path, fault: str, code: str, options: dict[str, Any]
+) -> None:
+    name = f"{fault}.bin"
+    good = server.file_url("good.bin", size=3000)
+    report = run([server.file_url(name, size=40000, fault=fault), good], out_dir, **options)
+    assert report.ok == 1 and report.failed == 1
+    failure = report.failures[0]
+    assert failure.error == code, failure
+    assert failure.message
+    assert_nothing_left(out_dir, name)
+    assert (out_dir / "good.bin").read_bytes() == expected_body("good.bin", 3000)
+    record = next(r for r in manifest(out_dir) if r["url"].endswith(f"fault={fault}"))
+    assert record["status"] == "failed" and record["error"] == code and record["path"] is None
+
+
+def test_drip_feed_is_cut_by_the_deadline(server: TestServer, out_dir: Path) -> None:
+    started = time.monotonic()
+    report = run(
+        [server.file_url("slow.bin", size=100000, fault="drip", drip_interval=0.01)],
+        out_dir,
+        deadline=0.8,
+        min_speed=0,
+    )
+    assert report.failures[0].error == "timeout"
+    assert "deadline" in (report.failures[0].message or "")
+    assert time.monotonic() - started < 5
+    assert_nothing_left(out_dir, "slow.bin")
+
+
+@pytest.mark.parametrize("status", [500, 503, 429, 403])
+def test_error_statuses(server: TestServer, out_dir: Path, status: int) -> None:
+    report = run([server.file_url("e.bin", status=status)], out_dir)
+    assert report.failures[0].error == f"http_{status}"
+    assert report.failures[0].http_status == status
+    assert_nothing_left(out_dir, "e.bin")
+
+
+def test_5xx_is_retried_and_429_honours_retry_after(server: TestServer, out_dir: Path) -> None:
+    started = time.monotonic()
+    report = run([server.file_url("r.bin", status=429, retry_after=1)], out_dir, retries=1)
+    elapsed = time.monotonic() - started
+    failure = report.failures[0]
+    assert failure.error == "http_429" and failure.attempts == 2
+    assert elapsed >= 0.9  # waited for Retry-After before the second attempt
+    report = run([server.file_url("s.bin", status=503)], out_dir, retries=2)
+    assert report.failures[0].attempts == 3
+
+
+def test_404_is_not_retried(server: TestServer, out_dir: Path) -> None:
+    report = run([server.file_url("n.bin", status=404)], out_dir, retries=3)
+    assert report.failures[0].attempts == 1
+
+
+def test_connection_refused_is_connect(out_dir: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    report = run([f"http://127.0.0.1:{port}/x.bin"], out_dir)
+    assert report.failures[0].error == "connect"
+    assert_nothing_left(out_dir, "x.bin")
+
+
+def test_unresolvable_host_is_dns(out_dir: Path) -> None:
+    report = run(["http://no-such-host.invalid/x.bin"], out_dir)
+    assert report.failures[0].error == "dns"
+
+
+@pytest.mark.parametrize(
+    "url", ["ftp://example.com/a", "not a url", "http:///nohost", "http://h:99999/x"]
+)
+def test_bad_urls(out_dir: Path, url: str) -> None:
+    report = run([url], out_dir)
+    assert report.failures[0].error == "bad_url"
+    assert manifest(out_dir)[0]["error"] == "bad_url"
+
+
+def test_extra_bytes_after_a_response_do_not_corrupt_the_file(
+    server: TestServer, out_dir: Path
+) -> None:
+    urls = [server.file_url(f"x{i}.bin", size=2000, fault="extra_bytes") for i in range(5)]
+    report = run(urls, out_dir, concurrency=1)
+    assert report.ok == 5
+    for i in range(5):
+        assert (out_dir / f"x{i}.bin").read_bytes() == expected_body(f"x{i}.bin", 2000)
+
+
+def test_server_closing_keep_alive_connections_is_transparent(
+    server: TestServer, out_dir: Path
+) -> None:
+    urls = [server.file_url(f"k{i}.bin", size=1500, fault="no_keepalive") for i in range(30)]
+    report = run(urls, out_dir, concurrency=2)
+    assert report.ok == 30
+    # Each close is noticed (or survived) without spending a retry attempt.
+    assert {r["attempts"] for r in manifest(out_dir)} == {1}
+
+
+def test_keep_alive_reuse_against_the_test_server(server: TestServer, out_dir: Path) -> None:
+    server.reset_stats()
+    urls = [server.file_url(f"ka{i}.bin", size=500) for i in range(200)]
+    report = run(urls, out_dir, concurrency=4, per_host=4)
+    assert report.ok == 200
+    stats = server.stats
+    assert stats.requests >= 200
+    assert stats.connections <= 4
+
+
+def test_names_collide_deterministically_and_paths_are_confined(
+    server: TestServer, out_dir: Path
+) -> None:
+    from swarmget.sources.rows import Row
+
+    rows = [
+        Row(0, server.url("/files/a/same.jpg", size=10)),
+        Row(1, server.url("/files/b/same.jpg", size=11)),
+        Row(2, server.url("/files/evil.jpg", size=12), path="../../etc/passwd"),
+        Row(3, server.url("/files/sub.jpg", size=13), path="deep/er/x.jpg"),
+        Row(4, server.url("/files/%2e%2e", size=14)),
+    ]
+    report = swarmget.download(rows, out_dir, retries=0)
+    assert report.ok == 4 and report.failed == 1
+    assert report.failures[0].error == "bad_path"
+    assert (out_dir / "same.jpg").stat().st_size == 10
+    assert (out_dir / "same-1.jpg").stat().st_size == 11
+    assert (out_dir / "deep/er/x.jpg").stat().st_size == 13
+    assert sorted(os.listdir(out_dir)) == sorted(
+        [".swarmget", "same.jpg", "same-1.jpg", "deep", "index"]
+    )
+    assert (out_dir / "index").read_bytes() == expected_body("..", 14)
