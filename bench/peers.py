@@ -1,0 +1,559 @@
+"""The downloaders under test, one ``prepare_<tool>`` function each, and the child
+process that runs exactly one of them.
+
+How a measurement works: ``bench/run.py`` starts a fresh process
+``python bench/peers.py TOOL JOBS OUT --concurrency N --result FILE``.  That
+process imports only its own tool's library, reads the job list (``url<TAB>path``
+lines), calls ``prepare_<tool>`` (untimed: building an aria2 input file, a curl
+config, handles), then times the returned ``run()`` and writes one JSON object:
+``elapsed`` (seconds, perf_counter around ``run()``), ``maxrss_kb`` and ``cpu_s``.
+For in-process tools those are this process's own (``VmHWM``, and CPU from
+RUSAGE_SELF; RSS includes the interpreter and the library, as a user would see
+it); for external programs they are the program's alone, not this wrapper's
+(see :class:`_External`).
+
+Each peer is written the way someone who knows that tool would write a bulk
+downloader: the same concurrency as swarmget, keep-alive connections reused for
+the whole run, no per-request session or handle creation, every body written to
+its own file.  ``run()`` returns a list of error strings (empty when every
+transfer reported success); the parent then checks the files on disk anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+Job = tuple[str, str]  # (url, output path relative to the output dir)
+Runner = Callable[[], list[str]]
+
+REPO = Path(__file__).resolve().parent.parent
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+
+
+def _make_dirs(out: Path, jobs: list[Job]) -> None:
+    """Create each distinct parent directory once (part of the timed work)."""
+    for parent in {os.path.dirname(path) for _, path in jobs}:
+        os.makedirs(out / parent, exist_ok=True)
+
+
+def _write_file(path: str, body: bytes) -> None:
+    fd = os.open(path, _FILE_FLAGS, 0o644)
+    try:
+        view = memoryview(body)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+# -- swarmget ---------------------------------------------------------------------------
+
+
+def prepare_swarmget(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """The library API in this process: ``swarmget.download(urls, dest, ...)``."""
+    import swarmget
+
+    urls = [url for url, _ in jobs]
+
+    def run() -> list[str]:
+        report = swarmget.download(urls, out, concurrency=concurrency, per_host=concurrency)
+        if report.failed:
+            counts = report.error_counts()
+            return [f"{report.failed} failed: {counts}"]
+        return []
+
+    return run
+
+
+def prepare_swarmget_cli(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """The command line, timed from exec to exit (interpreter start-up included)."""
+    url_file = work / "urls.txt"
+    url_file.write_text("".join(f"{url}\n" for url, _ in jobs))
+    argv = [sys.executable, "-m", "swarmget", str(url_file), "-o", str(out)]
+    argv += ["--concurrency", str(concurrency), "--per-host", str(concurrency), "--quiet"]
+    return _external(argv)
+
+
+# -- pycurl -----------------------------------------------------------------------------
+
+
+def _curl_handles(concurrency: int) -> list[object]:
+    import pycurl
+
+    handles = []
+    for _ in range(concurrency):
+        easy = pycurl.Curl()
+        easy.setopt(pycurl.NOSIGNAL, 1)
+        easy.setopt(pycurl.FOLLOWLOCATION, 0)
+        easy.setopt(pycurl.CONNECTTIMEOUT, 30)
+        easy.setopt(pycurl.LOW_SPEED_LIMIT, 1)
+        easy.setopt(pycurl.LOW_SPEED_TIME, 60)
+        # Bigger receive buffer: fewer recv() calls and write callbacks per body.
+        easy.setopt(pycurl.BUFFERSIZE, 128 * 1024)
+        handles.append(easy)
+    return handles
+
+
+def _curl_multi(concurrency: int) -> object:
+    import pycurl
+
+    multi = pycurl.CurlMulti()
+    # Keep every connection in the multi handle's cache between transfers.
+    multi.setopt(pycurl.M_MAXCONNECTS, concurrency)
+    return multi
+
+
+def prepare_pycurl(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """CurlMulti with ``concurrency`` easy handles reused for the whole run: the
+    perform/select loop from pycurl's own retriever-multi example, with the select
+    timeout taken from ``multi.timeout()`` as libcurl recommends.  Connections live
+    in the multi handle's cache, so every reused handle gets a kept-alive one."""
+    import pycurl
+
+    multi = _curl_multi(concurrency)
+    free = _curl_handles(concurrency)
+
+    def run() -> list[str]:
+        _make_dirs(out, jobs)
+        pending = iter(jobs)
+        errors: list[str] = []
+        active = 0
+        exhausted = False
+        while True:
+            while free and not exhausted:
+                job = next(pending, None)
+                if job is None:
+                    exhausted = True
+                    break
+                easy = free.pop()
+                _start_curl(easy, job, out)
+                multi.add_handle(easy)
+                active += 1
+            if not active:
+                break
+            while multi.perform()[0] == pycurl.E_CALL_MULTI_PERFORM:
+                pass
+            done = _collect_curl(multi, free, errors)
+            active -= done
+            if done:
+                continue  # hand the freed handles their next URL before waiting
+            timeout_ms = multi.timeout()
+            multi.select(1.0 if timeout_ms < 0 else timeout_ms / 1000)
+        return errors
+
+    return run
+
+
+def _start_curl(easy: object, job: Job, out: Path, *, lazy: bool = False) -> None:
+    import pycurl
+
+    url, path = job
+    sink: _LazyFile | io.FileIO
+    if lazy:
+        sink = _LazyFile(str(out / path))
+        easy.setopt(pycurl.WRITEFUNCTION, sink.write)  # type: ignore[attr-defined]
+    else:
+        sink = open(out / path, "wb", buffering=0)  # noqa: SIM115 - closed when the transfer ends
+        easy.setopt(pycurl.WRITEDATA, sink)  # type: ignore[attr-defined]
+    easy.setopt(pycurl.URL, url)  # type: ignore[attr-defined]
+    easy.sink = sink  # type: ignore[attr-defined]
+
+
+class _LazyFile:
+    """A sink that opens its file at the first body byte.  With 10,000 transfers in
+    flight, files opened up front would double the descriptors (10k sockets + 10k
+    files > the 20k limit) while every body is still 2 s away."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd = -1
+
+    def write(self, data: bytes) -> None:
+        if self.fd < 0:
+            self.fd = os.open(self.path, _FILE_FLAGS, 0o644)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+    def close(self) -> None:
+        if self.fd < 0:  # an empty body still makes an (empty) file
+            self.fd = os.open(self.path, _FILE_FLAGS, 0o644)
+        os.close(self.fd)
+        self.fd = -1
+
+
+def _collect_curl(multi: object, free: list[object], errors: list[str]) -> int:
+    """Finish every completed transfer; return how many completed."""
+    import pycurl
+
+    done = 0
+    while True:
+        queued, ok_list, err_list = multi.info_read()  # type: ignore[attr-defined]
+        for easy in ok_list:
+            status = easy.getinfo(pycurl.RESPONSE_CODE)
+            if status != 200:
+                errors.append(f"{easy.getinfo(pycurl.EFFECTIVE_URL)}: HTTP {status}")
+        for easy, errno, message in err_list:
+            errors.append(f"{easy.getinfo(pycurl.EFFECTIVE_URL)}: curl {errno} {message}")
+        for easy in [*ok_list, *(e for e, _, _ in err_list)]:
+            easy.sink.close()
+            multi.remove_handle(easy)  # type: ignore[attr-defined]
+            free.append(easy)
+            done += 1
+        if not queued:
+            return done
+
+
+def prepare_pycurl_epoll(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """CurlMulti driven by ``socket_action`` and epoll (libcurl's event API): the
+    variant for thousands of connections, where select() stops at fd 1024 and
+    perform() walks every handle on every call.  Files open at the first body byte
+    (:class:`_LazyFile`)."""
+    import selectors
+
+    import pycurl
+
+    multi = _curl_multi(concurrency)
+    free = _curl_handles(concurrency)
+    selector = selectors.DefaultSelector()
+    timeout: list[float | None] = [None]
+    masks = {
+        pycurl.POLL_IN: selectors.EVENT_READ,
+        pycurl.POLL_OUT: selectors.EVENT_WRITE,
+        pycurl.POLL_INOUT: selectors.EVENT_READ | selectors.EVENT_WRITE,
+    }
+
+    def on_socket(what: int, fd: int, _multi: object, _data: object) -> None:
+        if what == pycurl.POLL_REMOVE:
+            if fd in selector.get_map():
+                selector.unregister(fd)
+        elif fd in selector.get_map():
+            selector.modify(fd, masks[what])
+        else:
+            selector.register(fd, masks[what])
+
+    def on_timer(ms: int) -> None:
+        timeout[0] = None if ms < 0 else ms / 1000
+
+    multi.setopt(pycurl.M_SOCKETFUNCTION, on_socket)  # type: ignore[attr-defined]
+    multi.setopt(pycurl.M_TIMERFUNCTION, on_timer)  # type: ignore[attr-defined]
+
+    def run() -> list[str]:
+        _make_dirs(out, jobs)
+        pending = iter(jobs)
+        errors: list[str] = []
+        active = 0
+        exhausted = False
+        while True:
+            while free and not exhausted:
+                job = next(pending, None)
+                if job is None:
+                    exhausted = True
+                    break
+                easy = free.pop()
+                _start_curl(easy, job, out, lazy=True)
+                multi.add_handle(easy)  # type: ignore[attr-defined]
+                active += 1
+            if not active:
+                break
+            events = selector.select(timeout[0])
+            if not events:
+                multi.socket_action(pycurl.SOCKET_TIMEOUT, 0)  # type: ignore[attr-defined]
+            for key, mask in events:
+                flags = (pycurl.CSELECT_IN if mask & selectors.EVENT_READ else 0) | (
+                    pycurl.CSELECT_OUT if mask & selectors.EVENT_WRITE else 0
+                )
+                multi.socket_action(key.fd, flags)  # type: ignore[attr-defined]
+            active -= _collect_curl(multi, free, errors)
+        return errors
+
+    return run
+
+
+# -- aiohttp ----------------------------------------------------------------------------
+
+
+def prepare_aiohttp(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """One ClientSession, TCPConnector(limit=concurrency), ``concurrency`` worker tasks
+    pulling from one shared iterator (no task or semaphore per URL).  Each body is
+    read whole (50 KB) and written with one ``os.write``: on tmpfs that is faster
+    than any thread-offloaded file API and does not stall the loop."""
+    import asyncio
+
+    import aiohttp
+
+    async def main() -> list[str]:
+        errors: list[str] = []
+        pending = iter(jobs)
+        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=False
+        ) as session:
+
+            async def worker() -> None:
+                for url, path in pending:
+                    try:
+                        async with session.get(url) as response:
+                            if response.status != 200:
+                                errors.append(f"{url}: HTTP {response.status}")
+                                continue
+                            body = await response.read()
+                        _write_file(str(out / path), body)
+                    except Exception as exc:
+                        errors.append(f"{url}: {exc!r}")
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return errors
+
+    def run() -> list[str]:
+        _make_dirs(out, jobs)
+        return asyncio.run(main())
+
+    return run
+
+
+# -- requests ---------------------------------------------------------------------------
+
+
+def prepare_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """ThreadPoolExecutor(concurrency), one requests.Session per thread (thread-local,
+    created on first use, then kept with its one kept-alive connection)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+    from requests.adapters import HTTPAdapter
+
+    local = threading.local()
+
+    def session() -> requests.Session:
+        current: requests.Session | None = getattr(local, "session", None)
+        if current is None:
+            current = requests.Session()
+            current.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=1))
+            local.session = current
+        return current
+
+    def fetch(job: Job) -> str | None:
+        url, path = job
+        try:
+            response = session().get(url, timeout=(30, 60))
+            if response.status_code != 200:
+                return f"{url}: HTTP {response.status_code}"
+            _write_file(str(out / path), response.content)
+        except Exception as exc:
+            return f"{url}: {exc!r}"
+        return None
+
+    def run() -> list[str]:
+        _make_dirs(out, jobs)
+        with ThreadPoolExecutor(concurrency) as pool:
+            return [error for error in pool.map(fetch, jobs) if error is not None]
+
+    return run
+
+
+# -- external programs ------------------------------------------------------------------
+
+
+class _External:
+    """Runs a program to completion while a thread samples its memory every 10 ms.
+
+    Why sample /proc rather than read ``RUSAGE_CHILDREN``: Linux carries the
+    high-water RSS of the address space that called ``execve`` into the new
+    program's ``ru_maxrss``, so a tool spawned by a 20 MiB Python process reports
+    at least 20 MiB.  ``VmHWM`` in ``/proc/<pid>/status`` belongs to the new
+    address space alone and is monotonic, so the last sample is the peak (to
+    within the final 10 ms).  A tool that forks helpers is counted as the largest
+    sum of VmRSS over its process tree seen in any sample."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv
+        self.peak_kb = 0
+
+    def __call__(self) -> list[str]:
+        proc = subprocess.Popen(
+            self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )  # fmt: skip
+        stop = threading.Event()
+        sampler = threading.Thread(target=self._sample, args=(proc.pid, stop), daemon=True)
+        sampler.start()
+        _, stderr = proc.communicate()
+        stop.set()
+        sampler.join()
+        if proc.returncode != 0:
+            tail = stderr.decode(errors="replace").strip().splitlines()[-3:]
+            return [f"{Path(self.argv[0]).name} exited {proc.returncode}: {' | '.join(tail)}"]
+        return []
+
+    def _sample(self, pid: int, stop: threading.Event) -> None:
+        while True:
+            hwm = proc_status_kb(pid, "VmHWM")
+            tree = sum(proc_status_kb(p, "VmRSS") or 0 for p in _process_tree(pid))
+            self.peak_kb = max(self.peak_kb, hwm or 0, tree)
+            if stop.wait(0.01):
+                return
+
+
+def proc_status_kb(pid: int | str, field: str) -> int | None:
+    """A ``kB`` field of ``/proc/<pid>/status`` (None once the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _process_tree(pid: int) -> list[int]:
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as children:
+                todo += [int(child) for child in children.read().split()]
+        except OSError:
+            pass
+    return tree
+
+
+def _external(argv: list[str]) -> Runner:
+    return _External(argv)
+
+
+def prepare_aria2(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """``aria2c -i LIST -j N``: N downloads at once, one connection each (``-x 1
+    -s 1``: files this small gain nothing from splitting), keep-alive on, no file
+    pre-allocation, no console output."""
+    binary = shutil.which("aria2c")
+    if binary is None:
+        raise RuntimeError("aria2c not installed (apt-get install -y aria2)")
+    listing = work / "aria2.txt"
+    listing.write_text("".join(f"{url}\n  out={path}\n" for url, path in jobs))
+    argv = [
+        binary, "--no-conf", f"--input-file={listing}", f"--dir={out}",
+        f"--max-concurrent-downloads={concurrency}",
+        "--max-connection-per-server=1", "--split=1",
+        "--enable-http-keep-alive=true", "--enable-http-pipelining=false",
+        "--file-allocation=none", "--allow-overwrite=true", "--auto-file-renaming=false",
+        "--deferred-input=true", "--summary-interval=0", "--download-result=hide",
+        "--console-log-level=error", "--quiet=true", "--max-tries=3", "--retry-wait=0",
+        "--connect-timeout=30", "--timeout=60",
+    ]  # fmt: skip
+    return _external(argv)
+
+
+def prepare_curl(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """``curl --parallel --parallel-max N`` with a config file of url/output pairs;
+    ``--parallel-immediate`` so it opens its N connections at once instead of
+    waiting to learn whether the first one multiplexes (HTTP/1.1 never does)."""
+    binary = shutil.which("curl")
+    if binary is None:
+        raise RuntimeError("curl not installed")
+    help_text = subprocess.run([binary, "--help", "all"], capture_output=True, text=True).stdout
+    if "--parallel-immediate" not in help_text:
+        raise RuntimeError("this curl has no --parallel")
+    config = work / "curl.cfg"
+    config.write_text("".join(f'url = "{url}"\noutput = "{path}"\n' for url, path in jobs))
+    argv = [
+        binary, "-q", "--parallel", "--parallel-immediate", "--parallel-max", str(concurrency),
+        "--config", str(config), "--output-dir", str(out), "--create-dirs",
+        "--fail", "--silent", "--show-error", "--connect-timeout", "30",
+    ]  # fmt: skip
+    return _external(argv)
+
+
+TOOLS: dict[str, tuple[Callable[[list[Job], Path, int, Path], Runner], bool]] = {
+    # name: (prepare function, runs as an external program)
+    "swarmget": (prepare_swarmget, False),
+    "swarmget-cli": (prepare_swarmget_cli, True),
+    "pycurl": (prepare_pycurl, False),
+    "pycurl-epoll": (prepare_pycurl_epoll, False),
+    "aiohttp": (prepare_aiohttp, False),
+    "requests": (prepare_requests, False),
+    "aria2c": (prepare_aria2, True),
+    "curl": (prepare_curl, True),
+}
+
+
+# -- the child process ------------------------------------------------------------------
+
+
+def read_jobs(path: Path) -> list[Job]:
+    jobs = []
+    with open(path) as lines:
+        for line in lines:
+            url, _, rel = line.rstrip("\n").partition("\t")
+            jobs.append((url, rel))
+    return jobs
+
+
+def measure(tool: str, jobs_file: Path, out: Path, concurrency: int) -> dict[str, object]:
+    prepare, external = TOOLS[tool]
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    jobs = read_jobs(jobs_file)
+    work = out.parent / f".{out.name}-work"
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        run = prepare(jobs, out, concurrency, work)
+        who = resource.RUSAGE_CHILDREN if external else resource.RUSAGE_SELF
+        before = resource.getrusage(who)
+        start = time.perf_counter()
+        errors = run()
+        elapsed = time.perf_counter() - start
+        after = resource.getrusage(who)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    # Peak RSS of the downloading address space (see _External for why not ru_maxrss).
+    peak_kb = getattr(run, "peak_kb", 0) if external else proc_status_kb("self", "VmHWM")
+    return {
+        "elapsed": elapsed,
+        "maxrss_kb": peak_kb,
+        "ru_maxrss_kb": after.ru_maxrss,
+        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "errors": errors[:5],
+        "error_count": len(errors),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="run one downloader once (used by run.py)")
+    parser.add_argument("tool", choices=sorted(TOOLS))
+    parser.add_argument("jobs", type=Path, help="file of url<TAB>path lines")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--concurrency", type=int, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        result = measure(args.tool, args.jobs, args.out, args.concurrency)
+    except BaseException as exc:
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        args.result.write_text(json.dumps({"crash": text, "traceback": traceback.format_exc()}))
+        return 1
+    args.result.write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,567 @@
+"""swarmget's benchmark: wall time, files/s, MB/s and peak RSS against peer tools.
+
+Usage (from the repository root, with the venv's python)::
+
+    .venv/bin/python bench/run.py [--scenario nginx-50k|latency-100ms|scale-10k|all]
+        [--rounds 5] [--tools swarmget,pycurl,...] [--files N] [--timeout S]
+
+Method (``bench/README.md`` says why): every run of every tool is a fresh process
+(``bench/peers.py``) so its RSS is its own; output goes to tmpfs under
+``/dev/shm`` and is deleted between runs; tools are interleaved round-robin within
+each round so machine noise hits all of them alike; the table reports medians over
+rounds.  Every run is verified on disk (file count, total bytes, spot-checked
+content): a tool that did not fetch everything is marked failed, not fast.
+Raw results go to ``bench/results/<time>-<scenario>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import servers
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+RESULTS = BENCH / "results"
+TMPFS = Path("/dev/shm")
+SIZE = 51200
+BASELINE = "pycurl"
+
+Job = tuple[str, str]
+
+
+@dataclasses.dataclass
+class Case:
+    """One workload: the job list every tool gets, and how to check a result."""
+
+    label: str
+    concurrency: int
+    jobs: list[Job]
+    size: int
+    expected: Callable[[str], bytes]  # content of the file at a job's output path
+    jobs_file: Path = Path()
+
+
+Setup = tuple[servers.BenchServer, list[Case]]
+
+
+@dataclasses.dataclass
+class Scenario:
+    name: str
+    title: str
+    tools: list[str]  # default tool set
+    default_files: int
+    timeout: float  # per tool run, seconds
+    setup: Callable[[Path, int], contextlib.AbstractContextManager[Setup]]
+
+
+# -- scenarios --------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def setup_nginx(work: Path, files: int) -> Iterator[Setup]:
+    from swarmget.testing.nginx import make_tree
+
+    root = work / "srv"
+    root.mkdir()
+    names = make_tree(root, files, SIZE)
+    with servers.nginx(root) as server:
+        jobs = [(server.url(name), name) for name in names]
+        yield server, [Case("", 100, jobs, SIZE, lambda rel: (root / rel).read_bytes())]
+
+
+def _latency_jobs(server: servers.ScriptedServer, files: int, latency: float) -> list[Job]:
+    names = [f"f{i:06d}.bin" for i in range(files)]
+    return [(server.file_url(name, SIZE, latency), name) for name in names]
+
+
+def _latency_body(rel: str) -> bytes:
+    from swarmget.testing import expected_body
+
+    return expected_body(os.path.basename(rel), SIZE)
+
+
+@contextlib.contextmanager
+def setup_latency(work: Path, files: int) -> Iterator[Setup]:
+    with servers.scripted_server() as server:
+        jobs = _latency_jobs(server, files, 0.1)
+        yield server, [Case("", 200, jobs, SIZE, _latency_body)]
+
+
+@contextlib.contextmanager
+def setup_scale(work: Path, files: int) -> Iterator[Setup]:
+    # All connections at once: one file per connection, each answered after 2 s.
+    # The baseline fetches the same files over 100 connections; a shorter delay
+    # keeps it short and does not change what a connection costs in memory.
+    with servers.scripted_server() as server:
+        wide = min(files, 10_000)
+        yield (
+            server,
+            [
+                Case(f"{wide} conns", wide, _latency_jobs(server, files, 2.0), SIZE, _latency_body),
+                Case("100 conns", 100, _latency_jobs(server, files, 0.02), SIZE, _latency_body),
+            ],
+        )
+
+
+SCENARIOS = {
+    "nginx-50k": Scenario(
+        "nginx-50k",
+        "{files:,} x 50 KB from nginx (1 worker) on loopback, concurrency 100",
+        ["swarmget", "swarmget-cli", "pycurl", "aiohttp", "requests", "aria2c", "curl"],
+        10_000,
+        180.0,
+        setup_nginx,
+    ),
+    "latency-100ms": Scenario(
+        "latency-100ms",
+        "{files:,} x 50 KB, every response delayed 100 ms, concurrency 200 "
+        "(ideal: files / 200 x 0.1 s)",
+        ["swarmget", "swarmget-cli", "pycurl", "aiohttp", "aria2c", "curl"],
+        2_000,
+        120.0,
+        setup_latency,
+    ),
+    "scale-10k": Scenario(
+        "scale-10k",
+        "{files:,} x 50 KB, every response delayed 2 s, all connections at once vs 100",
+        ["swarmget"],
+        10_000,
+        300.0,
+        setup_scale,
+    ),
+}
+
+NOTES = {
+    "swarmget-cli": "swarmget-cli is timed from exec to exit: interpreter start-up and "
+    "imports included. Every other Python tool is timed around its download call.",
+    "aria2c": "aria2c: `-j N -x 1 -s 1` (N downloads at once, one connection each); "
+    "aria2's `-x`/--max-connection-per-server caps connections *per download* at 16, "
+    "not per host, so `-j N` still opens N connections to one host (see the conns column).",
+    "curl": "curl: `--parallel --parallel-immediate --parallel-max N` with a config file of "
+    "url/output pairs (curl caps --parallel-max at 300).",
+    "requests": "requests: ThreadPoolExecutor(N), one Session per thread.",
+}
+
+
+# -- running one tool once --------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Run:
+    tool: str
+    case: str
+    round: int
+    ok: bool
+    elapsed: float | None = None
+    maxrss_kb: int | None = None
+    cpu_s: float | None = None
+    files: int = 0
+    bytes: int = 0
+    conns_opened: int | None = None
+    conns_peak: int | None = None
+    problem: str = ""
+
+
+def run_once(
+    tool: str, case: Case, round_no: int, work: Path, server: servers.BenchServer, timeout: float
+) -> Run:
+    out = work / "out" / tool
+    result_file = work / f"result-{tool}.json"
+    stderr_file = work / f"stderr-{tool}.txt"
+    _clear(out)
+    result_file.unlink(missing_ok=True)
+    _counters(server, reset=True)
+    argv = [sys.executable, str(BENCH / "peers.py"), tool, str(case.jobs_file), str(out)]
+    argv += ["--concurrency", str(case.concurrency), "--result", str(result_file)]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    run = Run(tool, case.label, round_no, ok=False)
+    with open(stderr_file, "wb") as stderr:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, env=env,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            run.problem = f"timed out after {timeout:g} s"
+        finally:  # also on Ctrl-C: nothing the tool started may linger
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    counters = _counters(server)
+    if counters:
+        run.conns_opened, run.conns_peak = counters["opened"], counters["peak_open"]
+    result = _read_json(result_file)
+    if run.problem:
+        pass
+    elif result is None:
+        run.problem = f"exited {proc.returncode} without a result: {_tail(stderr_file)}"
+    elif "crash" in result:
+        run.problem = f"crashed: {result['crash']}"
+    else:
+        run.elapsed = result["elapsed"]
+        run.maxrss_kb = result["maxrss_kb"]
+        run.cpu_s = result["cpu_s"]
+        if result["error_count"]:
+            run.problem = f"{result['error_count']} errors, e.g. {result['errors'][0]}"
+    run.files, run.bytes, disk_problem = verify(out, case)
+    if disk_problem and not run.problem:
+        run.problem = disk_problem
+    run.ok = not run.problem
+    _clear(out)
+    return run
+
+
+def verify(out: Path, case: Case) -> tuple[int, int, str]:
+    """Count files and bytes under ``out`` (ignoring a ``.swarmget`` state dir) and
+    spot-check content; return (files, bytes, problem or "")."""
+    files = total = 0
+    by_name: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(out):
+        dirnames[:] = [d for d in dirnames if d != ".swarmget"]
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            files += 1
+            total += os.stat(path).st_size
+            by_name.setdefault(name, path)
+    want_files, want_bytes = len(case.jobs), len(case.jobs) * case.size
+    if files != want_files or total != want_bytes:
+        return files, total, f"on disk: {files:,}/{want_files:,} files, {total:,}/{want_bytes:,} B"
+    step = max(1, len(case.jobs) // 20)
+    for _, rel in case.jobs[::step]:
+        # Peers write the path they were given; swarmget names files itself, so fall
+        # back to the base name, and skip the check when that is not found either.
+        path = out / rel if (out / rel).is_file() else by_name.get(os.path.basename(rel))
+        if path is not None and Path(path).read_bytes() != case.expected(rel):
+            return files, total, f"wrong content in {rel}"
+    return files, total, ""
+
+
+def _counters(server: servers.BenchServer, reset: bool = False) -> dict[str, int | None] | None:
+    """The server's connection counters; None (an empty cell) if it cannot answer."""
+    try:
+        if reset:
+            server.reset_counters()
+            return None
+        return server.counters()
+    except Exception:
+        return None
+
+
+def _clear(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+# -- a scenario -------------------------------------------------------------------------
+
+
+def run_scenario(
+    scenario: Scenario, tools: list[str], rounds: int, files: int, timeout: float | None
+) -> dict[str, Any]:
+    work = Path(f"{TMPFS}/swarmget-bench-{os.getpid()}")
+    _clear(work)
+    work.mkdir(parents=True)
+    runs: list[Run] = []
+    title = scenario.title.format(files=files)
+    print(f"\n== {scenario.name}: {title}; {rounds} rounds", file=sys.stderr, flush=True)
+    try:
+        with scenario.setup(work, files) as (server, cases):
+            for index, case in enumerate(cases):
+                case.jobs_file = work / f"jobs-{index}.tsv"
+                case.jobs_file.write_text("".join(f"{u}\t{p}\n" for u, p in case.jobs))
+            units = [(tool, case) for tool in tools for case in cases]
+            # One untimed pass first, so no tool pays for cold server caches.
+            warm = BASELINE if BASELINE in tools else tools[0]
+            for case in cases:
+                run = run_once(warm, case, -1, work, server, timeout or scenario.timeout)
+                _progress(run)
+            for round_no in range(rounds):
+                shift = round_no % len(units)
+                for tool, case in units[shift:] + units[:shift]:
+                    run = run_once(tool, case, round_no, work, server, timeout or scenario.timeout)
+                    runs.append(run)
+                    _progress(run)
+    finally:
+        _clear(work)
+    return {
+        "scenario": scenario.name,
+        "title": title,
+        "files": files,
+        "rounds": rounds,
+        "tools": tools,
+        "cases": [{"label": c.label, "concurrency": c.concurrency, "size": c.size} for c in cases],
+        "runs": [dataclasses.asdict(r) for r in runs],
+    }
+
+
+def _progress(run: Run) -> None:
+    label = f"{run.tool}{' @ ' + run.case if run.case else ''}"
+    if run.ok:
+        assert run.elapsed is not None and run.maxrss_kb is not None
+        line = f"{run.elapsed:7.3f} s  {run.maxrss_kb / 1024:7.1f} MiB  conns {run.conns_opened}"
+    else:
+        line = f"FAILED: {run.problem}"
+    when = "warm-up" if run.round < 0 else f"round {run.round + 1}"
+    print(f"  {when:<8} {label:<28} {line}", file=sys.stderr, flush=True)
+
+
+# -- summaries --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Summary:
+    tool: str
+    case: str
+    ok_runs: int
+    runs: int
+    elapsed: float | None
+    elapsed_min: float | None
+    elapsed_max: float | None
+    maxrss_mib: float | None
+    cpu_s: float | None
+    conns_opened: int | None
+    conns_peak: int | None
+    files_per_s: float | None
+    mb_per_s: float | None
+    problem: str
+
+
+def summarize(data: dict[str, Any]) -> list[Summary]:
+    runs = [Run(**r) for r in data["runs"]]
+    sizes = {c["label"]: c["size"] for c in data["cases"]}
+    summaries = []
+    for case in (c["label"] for c in data["cases"]):
+        for tool in data["tools"]:
+            mine = [r for r in runs if r.tool == tool and r.case == case]
+            good = [r for r in mine if r.ok]
+            problem = next((r.problem for r in mine if not r.ok), "")
+            if not good:
+                summaries.append(Summary(tool, case, 0, len(mine), *([None] * 9), problem=problem))
+                continue
+            wall = statistics.median(r.elapsed for r in good if r.elapsed is not None)
+            count = data["files"]
+            summaries.append(
+                Summary(
+                    tool,
+                    case,
+                    len(good),
+                    len(mine),
+                    wall,
+                    min(r.elapsed for r in good if r.elapsed is not None),
+                    max(r.elapsed for r in good if r.elapsed is not None),
+                    statistics.median(r.maxrss_kb / 1024 for r in good if r.maxrss_kb),
+                    statistics.median(r.cpu_s for r in good if r.cpu_s is not None),
+                    _median_int([r.conns_opened for r in good]),
+                    _median_int([r.conns_peak for r in good]),
+                    count / wall,
+                    count * sizes[case] / 1e6 / wall,
+                    problem,
+                )
+            )
+    return summaries
+
+
+def _median_int(values: list[int | None]) -> int | None:
+    present = [v for v in values if v is not None]
+    return int(statistics.median(present)) if present else None
+
+
+def markdown(data: dict[str, Any]) -> str:
+    summaries = summarize(data)
+    lines = [f"### {data['scenario']}: {data['title']}", ""]
+    lines.append(
+        f"Median of {data['rounds']} rounds; {_machine_line(data['machine'])}; "
+        f"output on tmpfs; {data['date']}."
+    )
+    lines.append("")
+    if data["scenario"] == "scale-10k":
+        lines += _scale_table(summaries)
+    else:
+        lines += _speed_table(summaries)
+    notes = [NOTES[t] for t in data["tools"] if t in NOTES]
+    if notes:
+        lines.append("")
+        lines += [f"- {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def _speed_table(summaries: list[Summary]) -> list[str]:
+    base = next((s for s in summaries if s.tool == BASELINE and s.files_per_s), None)
+    peak = any(s.conns_peak is not None for s in summaries)
+    head = "| tool | wall s (min-max) | files/s | MB/s | vs pycurl | peak RSS MiB | CPU s | conns"
+    head += " (peak open) |" if peak else " |"
+    lines = [head + " result |", "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for s in summaries:
+        if s.elapsed is None:
+            lines.append(f"| {s.tool} | - | - | - | - | - | - | - | FAILED: {_cell(s.problem)} |")
+            continue
+        assert s.files_per_s is not None and s.mb_per_s is not None
+        ratio = f"{s.files_per_s / base.files_per_s:.2f}x" if base and base.files_per_s else "-"
+        conns = "-" if s.conns_opened is None else f"{s.conns_opened:,}"
+        if peak and s.conns_peak is not None:
+            conns += f" ({s.conns_peak:,})"
+        result = "ok" if s.ok_runs == s.runs else f"{s.ok_runs}/{s.runs} ok: {_cell(s.problem)}"
+        lines.append(
+            f"| {s.tool} | {s.elapsed:.3f} ({s.elapsed_min:.3f}-{s.elapsed_max:.3f}) "
+            f"| {s.files_per_s:,.0f} | {s.mb_per_s:,.1f} | {ratio} | {s.maxrss_mib:,.1f} "
+            f"| {s.cpu_s:.2f} | {conns} | {result} |"
+        )
+    return lines
+
+
+def _scale_table(summaries: list[Summary]) -> list[str]:
+    lines = [
+        "| tool | connections | wall s (min-max) | files/s | peak RSS MiB | CPU s "
+        "| peak open at server | result |",
+        "|---|--:|--:|--:|--:|--:|--:|---|",
+    ]
+    by_tool: dict[str, list[Summary]] = {}
+    for s in summaries:
+        by_tool.setdefault(s.tool, []).append(s)
+        if s.elapsed is None:
+            lines.append(f"| {s.tool} | {s.case} | - | - | - | - | - | FAILED: {s.problem} |")
+            continue
+        result = "ok" if s.ok_runs == s.runs else f"{s.ok_runs}/{s.runs} ok: {_cell(s.problem)}"
+        lines.append(
+            f"| {s.tool} | {s.case} | {s.elapsed:.3f} ({s.elapsed_min:.3f}-{s.elapsed_max:.3f}) "
+            f"| {s.files_per_s:,.0f} | {s.maxrss_mib:,.1f} | {s.cpu_s:.2f} "
+            f"| {s.conns_peak if s.conns_peak is not None else '-'} | {result} |"
+        )
+    lines.append("")
+    for tool, (wide, narrow) in ((t, pair) for t, pair in by_tool.items() if len(pair) == 2):
+        if wide.maxrss_mib is None or narrow.maxrss_mib is None:
+            continue
+        n_wide, n_narrow = int(wide.case.split()[0]), int(narrow.case.split()[0])
+        per_conn = (wide.maxrss_mib - narrow.maxrss_mib) * 1024 / (n_wide - n_narrow)
+        lines.append(
+            f"- {tool}: memory per connection = (peak RSS at {n_wide:,} - at {n_narrow:,}) "
+            f"/ {n_wide - n_narrow:,} = **{per_conn:.1f} KiB**"
+        )
+    return lines
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")[:160]
+
+
+def _machine_line(machine: dict[str, Any]) -> str:
+    return f"{machine['cpus']} CPUs ({machine['cpu']}), Linux {machine['kernel']}"
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cpus": os.cpu_count(),
+        "cpu": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "versions": _versions(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    versions = {}
+    commands = {
+        "aria2c": ["aria2c", "--version"],
+        "curl": ["curl", "--version"],
+        "nginx": ["nginx", "-v"],
+        "swarmget": ["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+    }
+    for name, argv in commands.items():
+        with contextlib.suppress(OSError):
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+            text = (proc.stdout or proc.stderr).strip().splitlines()
+            versions[name] = text[0] if text else ""
+    probe = (
+        "import importlib.metadata as m\n"
+        "for p in ('pycurl', 'aiohttp', 'requests'):\n"
+        "    try: print(p, m.version(p))\n"
+        "    except Exception: pass\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    for line in proc.stdout.splitlines():
+        name, version = line.split()
+        versions[name] = version
+    return versions
+
+
+# -- command line -----------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", default="all", choices=[*SCENARIOS, "all"])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tools", help="comma-separated (default: the scenario's set)")
+    parser.add_argument("--files", type=int, help="files per run (default: the scenario's)")
+    parser.add_argument("--timeout", type=float, help="seconds per tool run")
+    args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so servers stop and temp dirs go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if not TMPFS.is_dir():
+        parser.error(f"{TMPFS} (tmpfs) is missing")
+    from peers import TOOLS
+
+    chosen = [SCENARIOS[args.scenario]] if args.scenario != "all" else list(SCENARIOS.values())
+    RESULTS.mkdir(exist_ok=True)
+    machine = machine_info()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    for scenario in chosen:
+        tools = args.tools.split(",") if args.tools else scenario.tools
+        unknown = [t for t in tools if t not in TOOLS]
+        if unknown:
+            parser.error(f"unknown tool(s) {unknown}; known: {', '.join(TOOLS)}")
+        started = time.time()
+        data = run_scenario(scenario, tools, args.rounds, args.files or scenario.default_files,
+                            args.timeout)  # fmt: skip
+        data["machine"] = machine
+        data["date"] = datetime.date.today().isoformat()
+        data["bench_seconds"] = round(time.time() - started, 1)
+        data["summary"] = [dataclasses.asdict(s) for s in summarize(data)]
+        path = RESULTS / f"{stamp}-{scenario.name}.json"
+        path.write_text(json.dumps(data, indent=1))
+        print("\n" + markdown(data))
+        print(f"(raw results: {path.relative_to(REPO)})\n", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

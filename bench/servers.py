@@ -1,0 +1,100 @@
+"""The servers a scenario downloads from, each a context manager that always stops.
+
+* :func:`nginx`: ``swarmget.testing.nginx.Nginx`` (one worker) with a stub_status
+  location added, for the throughput scenario.
+* :func:`scripted_server`: the scripted test server ``swarmget.testing`` in its own
+  process (so it shares neither the GIL nor the CPU accounting of the tool under
+  test), for the scenarios that need every response delayed: stock nginx cannot
+  delay a response.
+
+Both are wrapped to expose the same two calls, :meth:`reset_counters` before a
+tool runs and :meth:`counters` after it: how many connections the tool opened
+(the keep-alive check: it should be about the concurrency, not the file count)
+and, where the server can tell, how many it held open at once.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+STATUS_PATH = "/_bench_status"
+
+
+class BenchServer:
+    """What run.py needs from a server: URLs, expected bodies and connection counters."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def url(self, path: str) -> str:
+        return str(self.inner.url(path))
+
+    def reset_counters(self) -> None:
+        raise NotImplementedError
+
+    def counters(self) -> dict[str, int | None]:
+        """``opened``: connections accepted since the reset; ``peak_open``: most open
+        at once since the reset (None when the server cannot tell)."""
+        raise NotImplementedError
+
+
+# -- nginx ------------------------------------------------------------------------------
+
+
+class NginxServer(BenchServer):
+    """Counters from nginx's stub_status (accepts since the reset; no peak)."""
+
+    _accepts_at_reset = 0
+
+    def _accepts(self) -> int:
+        with urllib.request.urlopen(self.url(STATUS_PATH), timeout=10) as response:
+            lines = response.read().decode().splitlines()
+        # "Active connections: N" / "server accepts handled requests" / "A H R"
+        return int(lines[2].split()[0])
+
+    def reset_counters(self) -> None:
+        self._accepts_at_reset = self._accepts()
+
+    def counters(self) -> dict[str, int | None]:
+        # The status request made now is one accept of its own.
+        return {"opened": self._accepts() - self._accepts_at_reset - 1, "peak_open": None}
+
+
+@contextmanager
+def nginx(root: Path, *, worker_connections: int = 16384) -> Iterator[NginxServer]:
+    from swarmget.testing.nginx import Nginx
+
+    extra = f"location = {STATUS_PATH} {{ stub_status; access_log off; }}"
+    with Nginx(
+        root, workers=1, worker_connections=worker_connections, extra_locations=extra
+    ) as server:
+        yield NginxServer(server)
+
+
+# -- the scripted test server -----------------------------------------------------------
+
+
+class ScriptedServer(BenchServer):
+    """``swarmget.testing.serve_in_subprocess()``: counters from its ``/_stats``."""
+
+    def file_url(self, name: str, size: int, latency: float) -> str:
+        return str(self.inner.file_url(name, size=size, latency=latency))
+
+    def reset_counters(self) -> None:
+        self.inner.reset_stats()
+
+    def counters(self) -> dict[str, int | None]:
+        stats = self.inner.stats
+        return {"opened": stats.connections, "peak_open": stats.peak_active}
+
+
+@contextmanager
+def scripted_server() -> Iterator[ScriptedServer]:
+    from swarmget.testing import serve_in_subprocess
+
+    with serve_in_subprocess() as server:
+        yield ScriptedServer(server)
