@@ -296,14 +296,16 @@ def test_stall_headers_sends_nothing(srv: TestServer) -> None:
 
 
 def test_drip_sends_one_byte_at_a_time(srv: TestServer) -> None:
+    with connect(srv) as sock:
+        sock.sendall(request("/files/d?size=3&fault=drip&drip_interval=0.2"))
+        assert sock.recv(100) == b"H"
+        assert sock.recv(100) == b"T"
     start = time.monotonic()
     with connect(srv) as sock:
-        sock.sendall(request("/files/d?size=3&fault=drip&drip_interval=0.002", "Connection: close"))
-        first = sock.recv(100)
-        raw = first + read_until_eof(sock)
-    assert first == b"H"
+        sock.sendall(request("/files/d?size=3&fault=drip&drip_interval=0.001", "Connection: close"))
+        raw = read_until_eof(sock)
     assert split(raw)[1] == expected_body("d", 3)
-    assert time.monotonic() - start >= len(raw) * 0.002
+    assert time.monotonic() - start >= len(raw) * 0.001
 
 
 def test_header_faults(srv: TestServer) -> None:
@@ -380,6 +382,22 @@ def test_200_concurrent_latency_requests_finish_together(srv: TestServer) -> Non
         sock.close()
     assert not open_
     assert 0.1 <= elapsed < 0.6, elapsed
+
+
+def test_1000_concurrent_connections() -> None:
+    with serve_in_subprocess() as server:
+        socks = [connect(server) for _ in range(1000)]
+        try:
+            for i, sock in enumerate(socks):
+                sock.sendall(request(f"/files/c{i}?size=10&latency=0.3", "Connection: close"))
+            assert wait_for(lambda: server.stats.peak_active == 1000)
+            for i, sock in enumerate(socks):
+                assert split(read_until_eof(sock))[1] == expected_body(f"c{i}", 10)
+        finally:
+            for sock in socks:
+                sock.close()
+        stats = server.stats
+        assert (stats.connections, stats.requests, stats.peak_active) == (1000, 1000, 1000)
 
 
 # -- scripted routes ----------------------------------------------------------

@@ -69,8 +69,7 @@ async def _forever() -> None:
 
 async def _truncate(conn: ServerConnection, req: Request, name: str, opts: FileOptions) -> bool:
     fh = _window(req, name, opts)
-    conn.write(_cl_head(req, fh))
-    await send_pieces(conn, name, fh.start, fh.start + fh.length // 2)
+    await send_pieces(conn, name, fh.start, fh.start + fh.length // 2, head=_cl_head(req, fh))
     return False
 
 
@@ -106,8 +105,7 @@ async def _with_headers(
     conn: ServerConnection, req: Request, name: str, opts: FileOptions, extra: list[str]
 ) -> bool:
     fh = _window(req, name, opts)
-    conn.write(_cl_head(req, fh, extra))
-    await send_pieces(conn, name, fh.start, fh.stop)
+    await send_pieces(conn, name, fh.start, fh.stop, head=_cl_head(req, fh, extra))
     return req.keep_alive
 
 
@@ -129,8 +127,7 @@ async def _malformed(
     conn: ServerConnection, req: Request, name: str, opts: FileOptions, head: bytes
 ) -> bool:
     fh = _window(req, name, opts)
-    conn.write(head)
-    await send_pieces(conn, name, fh.start, fh.stop)
+    await send_pieces(conn, name, fh.start, fh.stop, head=head)
     return False
 
 
@@ -198,8 +195,7 @@ async def _extra_bytes(conn: ServerConnection, req: Request, name: str, opts: Fi
 
 async def _no_keepalive(conn: ServerConnection, req: Request, name: str, opts: FileOptions) -> bool:
     fh = _window(req, name, opts)
-    conn.write(_cl_head(req, fh, keep=False))
-    await send_pieces(conn, name, fh.start, fh.stop)
+    await send_pieces(conn, name, fh.start, fh.stop, head=_cl_head(req, fh, keep=False))
     return False
 
 

@@ -215,13 +215,14 @@ async def send_file(
         headers.append("Transfer-Encoding: chunked")
     elif not opts.close:
         headers.append(f"Content-Length: {fh.length}")
-    conn.write(build_head(fh.status, headers, request, keep))
+    head = build_head(fh.status, headers, request, keep)
     if request.method == "HEAD":
-        return keep
-    if opts.chunked:
+        conn.write(head)
+    elif opts.chunked:
+        conn.write(head)
         await send_chunked(conn, name, fh.start, fh.stop, opts.chunk)
     else:
-        await send_pieces(conn, name, fh.start, fh.stop)
+        await send_pieces(conn, name, fh.start, fh.stop, head=head)
     return keep
 
 

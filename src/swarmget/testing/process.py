@@ -2,7 +2,9 @@
 
 Benchmarks and the demo measure our client, so the server must not share its
 GIL (or its CPU time accounting).  The child prints its URL on stdout once it
-is listening; we read that one line and then leave the pipe alone.  Stats come
+is listening; we read that one line and then leave the pipe alone.  We hold
+the child's stdin open and never write to it: when this process dies, for any
+reason, the child sees EOF there and exits, so no server outlives its test.  Stats come
 back over HTTP from the child's ``/_stats`` endpoint, which does not count
 itself.  Routes (Python callables) cannot cross the process boundary: a
 subprocess server only has the URL-driven behaviour of ``/files``.
@@ -19,10 +21,11 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from swarmget.testing.content import DEFAULT_SIZE
 from swarmget.testing.state import ServerStats
@@ -53,6 +56,7 @@ class ProcessServer(ServerUrls):
         self.default_size = default_size
         self.startup_timeout = startup_timeout
         self._proc: subprocess.Popen[bytes] | None = None
+        self._finalizer: weakref.finalize[Any, Any] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -63,12 +67,12 @@ class ProcessServer(ServerUrls):
             raise RuntimeError("ProcessServer already started")
         cmd = [sys.executable, "-m", "swarmget.testing", "--host", self.host]
         cmd += ["--port", str(self.port), "--latency", repr(self.latency)]
-        cmd += ["--default-size", str(self.default_size)]
+        cmd += ["--default-size", str(self.default_size), "--exit-on-stdin-eof"]
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
-        self._proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env
-        )
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, env=env)
+        # A handle dropped without stop() must not leave a server running.
+        self._finalizer = weakref.finalize(self, _terminate, self._proc)
         try:
             self.port = _read_port(self._proc, self.startup_timeout)
         except BaseException:
@@ -79,17 +83,10 @@ class ProcessServer(ServerUrls):
     def stop(self) -> None:
         """SIGTERM the child (it closes its sockets and exits), then reap it."""
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            if self._finalizer is not None:
+                self._finalizer.detach()
+            _terminate(proc)
 
     def __enter__(self) -> Self:
         return self.start()
@@ -117,6 +114,19 @@ class ProcessServer(ServerUrls):
             return data
         finally:
             conn.close()
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 def _read_port(proc: subprocess.Popen[bytes], timeout: float) -> int:

@@ -108,11 +108,23 @@ def parse_range(spec: str, size: int) -> tuple[int, int] | None:
     return (start, stop) if start < size else (0, 0)
 
 
-async def send_pieces(conn: ServerConnection, name: str, start: int, stop: int) -> None:
-    """Write bytes [start, stop) of file ``name``, honouring write flow control."""
+async def send_pieces(
+    conn: ServerConnection, name: str, start: int, stop: int, *, head: bytes = b""
+) -> None:
+    """Write ``head`` then bytes [start, stop) of file ``name``, honouring flow control.
+
+    The head goes out in the same ``writev`` as the first piece: one syscall,
+    and a client sees head and body together as it would from a real server.
+    """
     for piece in body_pieces(name, start, stop):
-        conn.write(piece)
+        if head:
+            conn.write(head, piece)
+            head = b""
+        else:
+            conn.write(piece)
         await conn.drain()
+    if head:
+        conn.write(head)
 
 
 async def send_chunked(

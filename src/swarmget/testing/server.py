@@ -114,9 +114,10 @@ class TestServer(ServerUrls):
     def stop(self, *, raise_errors: bool = True) -> None:
         """Close every socket and end the thread; then re-raise the first handler error."""
         loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join()
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
         self._loop = None
         if raise_errors and self.state.errors:
             raise self.state.errors[0]
