@@ -2,7 +2,9 @@
 
 ``/files/<name>?size=N&...`` serves deterministic content (``expected_body``)
 with behaviour spelled in the query (see :mod:`swarmget.testing.files` and
-:mod:`swarmget.testing.faults`); ``route()`` scripts arbitrary bytes.
+:mod:`swarmget.testing.faults`); ``route()`` scripts arbitrary bytes
+(:mod:`swarmget.testing.script`); ``GET /_stats`` returns the counters as JSON
+(``?reset=1`` also zeroes them) without counting itself.
 
     with TestServer() as srv:                 # asyncio on a background thread
         srv.file_url("a.jpg", size=100, fault="truncate")

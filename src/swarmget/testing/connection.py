@@ -203,15 +203,21 @@ class ServerConnection(asyncio.Protocol):
             self._process()
 
     async def next_head(self) -> bytes | None:
-        """The next request head on this connection, or ``None`` at end of input."""
+        """The next request head on this connection, or ``None`` at end of input.
+
+        For scripts that hold the connection; counted and logged like any request.
+        """
         head = self._take_head()
-        if head is not None or self.eof or self.closed:
-            return head
-        self._head_waiter = asyncio.get_running_loop().create_future()
-        try:
-            return await self._head_waiter
-        finally:
-            self._head_waiter = None
+        if head is None and not self.eof and not self.closed:
+            self._head_waiter = asyncio.get_running_loop().create_future()
+            try:
+                head = await self._head_waiter
+            finally:
+                self._head_waiter = None
+        if head is not None:
+            self.state.requests += 1
+            self.state.log.append(head)
+        return head
 
     def _feed_waiter(self) -> None:
         waiter = self._head_waiter
