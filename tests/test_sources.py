@@ -153,6 +153,13 @@ def test_csv_without_header(tmp_path: Path) -> None:
     assert "has no 'url' column (columns found: 'http://h/a', 'a.jpg')" in usage_error(path)
 
 
+def test_csv_more_fields_than_header(tmp_path: Path) -> None:
+    path = write(tmp_path / "in.csv", "url\nhttp://h/a,\nhttp://h/a,b\n")
+    assert usage_error(path) == f"input {path!r}, line 3: 2 fields but the header has 1"
+    path = write(tmp_path / "in.tsv", "url\tpath\nhttp://h/a\tb\tc\n")
+    assert usage_error(path) == f"input {path!r}, line 2: 3 fields but the header has 2"
+
+
 def test_csv_duplicate_column(tmp_path: Path) -> None:
     path = write(tmp_path / "in.csv", "url,URL\nhttp://h/a,http://h/b\n")
     assert usage_error(path) == f"input {path!r}: column 'url' appears more than once"

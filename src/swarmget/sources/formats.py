@@ -71,9 +71,15 @@ def parse_delimited(
         if header is None:
             return  # an empty file is an empty list, not an error
         columns = _column_positions(header, name)
+        width = len(header)
         for record in records:
             if not any(cell.strip() for cell in record):
                 continue  # blank line, or the ",,,," rows spreadsheets leave at the end
+            if len(record) > width and any(cell.strip() for cell in record[width:]):
+                # Most likely an unquoted delimiter inside a URL: taking the
+                # first cells would quietly download something else.
+                problem = f"{len(record)} fields but the header has {width}"
+                raise _at(name, records.line_num, problem)
             fields = {col: record[i] for col, i in columns.items() if i < len(record)}
             try:
                 row = build_row(next(counter), fields)
