@@ -31,6 +31,7 @@ class Options:
     max_size: int | None = None
     retries: int = 3
     overwrite: bool = False
+    hash: str | None = None  # "sha256" or "md5": record each file's digest in the manifest
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     user_agent: str = "swarmget/0.1"
 
@@ -47,6 +48,8 @@ class Options:
             raise UsageError("--min-speed must be >= 0 with a positive window")
         if self.max_size is not None and self.max_size < 0:
             raise UsageError("--max-size must be >= 0")
+        if self.hash not in (None, "sha256", "md5"):
+            raise UsageError("--hash must be sha256 or md5")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
 

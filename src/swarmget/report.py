@@ -19,6 +19,7 @@ class FileResult:
     attempts: int = 0
     elapsed_ms: int = 0
     message: str | None = None  # human-readable detail for a failure
+    digests: dict[str, str] | None = None  # e.g. {"sha256": "..."} with --hash
 
     @property
     def ok(self) -> bool:
@@ -37,6 +38,8 @@ class FileResult:
         }
         if self.message is not None:
             record["message"] = self.message
+        if self.digests:
+            record.update(self.digests)
         return record
 
 
@@ -46,6 +49,7 @@ class Report:
 
     ok: int = 0
     failed: int = 0
+    skipped: int = 0  # rows already complete from an earlier run (not counted in ok)
     bytes: int = 0
     elapsed: float = 0.0
     failures: list[FileResult] = dataclasses.field(default_factory=list)
@@ -82,6 +86,7 @@ class Report:
         return {
             "ok": self.ok,
             "failed": self.failed,
+            "skipped": self.skipped,
             "total": self.total,
             "bytes": self.bytes,
             "elapsed_s": round(self.elapsed, 3),

@@ -27,7 +27,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from swarmget.engine.job import Job
+from swarmget.engine.job import Job, RestartTransfer, content_range_ok
 from swarmget.engine.retry import parse_retry_after
 from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
@@ -120,7 +120,13 @@ class HTTPConnection:
         now = engine.loop.now
         self.started = self.last_activity = self.window_start = now
         self.window_bytes = 0
-        request = b"GET " + job.target.encode("ascii") + self.pool.request_tail
+        tail = self.pool.request_tail
+        if job.resume_from:
+            # Continue a .part: ask for the rest, but only of the same entity.
+            tail = tail[:-2] + (
+                f"Range: bytes={job.resume_from}-\r\nIf-Range: {job.validator}\r\n\r\n"
+            ).encode("latin-1")
+        request = b"GET " + job.target.encode("ascii") + tail
         try:
             sent = self.sock.send(request)
         except BlockingIOError:
@@ -184,27 +190,40 @@ class HTTPConnection:
         assert job is not None
         status = head.status
         engine = self.engine
-        if 200 <= status < 300 and status != 206:
-            limit = engine.options.max_size
-            if (
-                limit is not None
-                and head.content_length is not None
-                and head.content_length > limit
-            ):
-                raise TransferError(
-                    ErrorCode.TOO_LARGE,
-                    f"Content-Length {head.content_length} exceeds --max-size {limit}",
-                )
-            self.part = PartFile(job.final)
-            return
         if status == 206:
-            raise TransferError(
-                ErrorCode.PROTOCOL, "206 Partial Content to a request without Range"
+            if not job.resume_from:
+                raise TransferError(ErrorCode.PROTOCOL, "206 Partial Content to a plain GET")
+            expected = content_range_ok(head.get(b"content-range"), job.resume_from)
+            if not expected:
+                raise RestartTransfer(
+                    f"Content-Range {head.get(b'content-range')!r} does not continue "
+                    f"at byte {job.resume_from}"
+                )
+            self._check_size(job.resume_from + (head.content_length or 0))
+            self.part = PartFile(
+                job.final, resume_from=job.resume_from, hashers=engine.hashers_for(job)
             )
+            return
+        if 200 <= status < 300:
+            # The whole entity: the server ignored our Range or the validator
+            # changed; either way any .part is overwritten from zero.
+            job.resume_from = 0
+            if head.content_length is not None:
+                self._check_size(head.content_length)
+            self.part = PartFile(job.final, hashers=engine.hashers_for(job))
+            engine.note_partial(job, head)
+            return
         # An error status: read a small body to keep the connection, else give up on it.
         length = head.content_length
-        if (head.chunked or length is None or length > _MAX_DISCARD) and not head.chunked:
+        if not head.chunked and (length is None or length > _MAX_DISCARD):
             raise TransferError(http_code(status), f"HTTP {status}")
+
+    def _check_size(self, total: int) -> None:
+        limit = self.engine.options.max_size
+        if limit is not None and total > limit:
+            raise TransferError(
+                ErrorCode.TOO_LARGE, f"the file has {total} bytes, over --max-size {limit}"
+            )
 
     def _on_body(self, data: memoryview | bytes) -> None:
         part = self.part
@@ -225,12 +244,11 @@ class HTTPConnection:
         status = parser.head.status
         if part is not None:
             try:
-                part.commit()
+                part.verify(job.row.size, job.expected_digests())
+                engine.finish_success(job, status, part)  # journals, then renames
             except TransferError as exc:
                 part.abort()
                 engine.finish_failure(job, exc, status)
-            else:
-                engine.finish_success(job, status, parser.received)
         else:
             retry_after = parse_retry_after(parser.head.get(b"retry-after"))
             engine.finish_failure(
@@ -243,7 +261,8 @@ class HTTPConnection:
         job, parser, part = self.job, self.parser, self.part
         self.job = self.parser = self.part = None
         if part is not None:
-            part.abort()
+            keep = job is not None and self.engine.keep_part(job, part)
+            part.abort(keep=keep)
         if job is not None:
             # On a reused connection, a close or junk before our response's head
             # is most likely left over from the previous exchange: try once more

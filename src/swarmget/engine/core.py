@@ -24,25 +24,30 @@ Every row ends as exactly one manifest record.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 from collections.abc import Iterator
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
-from swarmget.engine.job import Job, split_url
+from swarmget.engine.job import Job, RestartTransfer, split_url
 from swarmget.engine.pool import HostPool, request_tail
 from swarmget.engine.retry import RetryPolicy
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
-from swarmget.manifest import ManifestWriter
+from swarmget.manifest import ManifestWriter, load_journal
 from swarmget.net.connect import start_connect
 from swarmget.net.dns import Address, ThreadedResolver
 from swarmget.options import Options
+from swarmget.protocol import ResponseHead
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
-from swarmget.sinks.files import OutputDir, OutputError
+from swarmget.sinks.files import PART_SUFFIX, Hasher, OutputDir, OutputError, PartFile
 from swarmget.sinks.naming import NameAllocator
 from swarmget.sources.rows import Row
 
 RECV_BUFFER_SIZE = 256 * 1024
+# Bodies at least this large keep their .part on failure and resume with Range.
+RESUME_MIN_BYTES = 1 << 20
 PROGRESS_INTERVAL = 0.1
 MANIFEST_FLUSH_INTERVAL = 1.0
 
@@ -64,6 +69,7 @@ class Engine:
         self.names = NameAllocator()
         self.policy = RetryPolicy(retries=options.retries)
         self.resolver = ThreadedResolver(self.loop)
+        self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
         self.manifest = ManifestWriter(self.output.root)
         self.report = Report(manifest=self.manifest.path)
         self.progress = progress
@@ -111,6 +117,8 @@ class Engine:
         finally:
             self.report.elapsed = loop.time() - self._started_at
             self._shutdown()
+        if self._fatal is None and self._input_error is None:
+            self.manifest.compact()
         if self.progress is not None:
             self.progress.finish(self.report)
         if self._fatal is not None:
@@ -135,7 +143,8 @@ class Engine:
         self._input_done = True
         for conn in list(self.connections):
             if conn.part is not None:
-                conn.part.abort()
+                keep = conn.job is not None and self.keep_part(conn.job, conn.part)
+                conn.part.abort(keep=keep)
                 conn.part = None
             conn.job = None
             conn.close()
@@ -167,13 +176,70 @@ class Engine:
             origin, target, host_header = split_url(row.url)
             rel = self.names.allocate(row)
             final = self.output.final_path(rel)
+            job = Job(row, origin, target, rel, final)
+            if self._already_done(job):
+                self._in_memory -= 1
+                self.report.skipped += 1
+                return None
         except TransferError as exc:
             self._record(FileResult(row.url, None, "failed", error=exc.code, message=exc.message))
             return None
-        job = Job(row, origin, target, rel, final)
         if origin not in self.pools:
             self.pools[origin] = HostPool(origin, request_tail(host_header, self._headers))
         return job
+
+    def _already_done(self, job: Job) -> bool:
+        """Resume bookkeeping for a new job: True to skip it; may set ``resume_from``.
+
+        Raises ``exists`` for a file at the final path that no run of ours made.
+        """
+        previous = self.journal.get(job.row.url)
+        ours = previous is not None and previous.path == job.rel_path
+        overwrite = self.options.overwrite
+        if ours and previous is not None and not overwrite:
+            if previous.status == "ok":
+                with contextlib.suppress(OSError):
+                    if os.stat(job.final).st_size == previous.bytes:
+                        return True
+            elif previous.status == "partial" and previous.validator:
+                with contextlib.suppress(OSError):
+                    job.resume_from = os.stat(job.final + PART_SUFFIX).st_size
+                    job.validator = previous.validator
+        if not ours and not overwrite and os.path.lexists(job.final):
+            raise TransferError(
+                ErrorCode.EXISTS,
+                f"{job.rel_path} already exists and was not downloaded by swarmget "
+                "(use --overwrite to replace it)",
+            )
+        return False
+
+    def hashers_for(self, job: Job) -> dict[str, Hasher] | None:
+        names = set(job.expected_digests())
+        if self.options.hash:
+            names.add(self.options.hash)
+        return {name: hashlib.new(name) for name in sorted(names)} or None
+
+    def note_partial(self, job: Job, head: ResponseHead) -> None:
+        """A large body is starting: journal its validator so a later run can resume it."""
+        length = head.content_length
+        if length is None or length < RESUME_MIN_BYTES:
+            return
+        validator = head.get(b"etag")
+        if validator is None or validator.startswith(b"W/"):  # If-Range needs a strong one
+            validator = head.get(b"last-modified")
+        if validator is None:
+            job.validator = None
+            return
+        job.validator = validator.decode("latin-1")
+        self.manifest.write_partial(job.row.url, job.rel_path, job.validator)
+
+    def keep_part(self, job: Job, part: PartFile) -> bool:
+        """Keep a failed or interrupted ``.part`` for resuming?  Only large, validated ones."""
+        if job.validator is None or part.written < RESUME_MIN_BYTES:
+            job.resume_from = 0
+            return False
+        job.resume_from = part.written
+        return True
 
     # -- scheduling -------------------------------------------------------------------
 
@@ -198,6 +264,10 @@ class Engine:
         queue = pool.queue
         per_host = self.options.per_host
         while queue:
+            if pool.idle and queue[0].fresh:
+                # A job that met a dead or junk-carrying kept-alive connection goes
+                # on a brand-new one: close an idle connection to make room.
+                pool.idle[0].close()
             if pool.idle:
                 conn = pool.idle.pop()
                 del self._idle[conn]
@@ -238,6 +308,7 @@ class Engine:
     def _connect(self, pool: HostPool, job: Job) -> None:
         assert pool.addresses
         self._count_attempt(job)
+        job.fresh = False
         sock, err = start_connect(pool.addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
             self.finish_failure(
@@ -281,12 +352,18 @@ class Engine:
 
     # -- outcomes ---------------------------------------------------------------------
 
-    def finish_success(self, job: Job, status: int, size: int) -> None:
+    def finish_success(self, job: Job, status: int, part: PartFile) -> None:
+        """Journal the file as done, then move it into place (see manifest.py for why)."""
         elapsed_ms = int((self.loop.now - job.first_start) * 1000)
+        digests = part.digests() if part.hashers else None
         result = FileResult(
-            job.row.url, job.rel_path, "ok", status, size, None, job.attempts, elapsed_ms
-        )
-        self._record(result)
+            job.row.url, job.rel_path, "ok", status, part.written, None, job.attempts,
+            elapsed_ms, digests=digests,
+        )  # fmt: skip
+        self.manifest.write(result)
+        part.commit()
+        self._in_memory -= 1
+        self.report.add(result)
 
     def finish_failure(
         self,
@@ -299,10 +376,17 @@ class Engine:
     ) -> None:
         if isinstance(error, OutputError) and error.fatal:
             self._fatal = error
+        if isinstance(error, RestartTransfer):
+            job.resume_from = 0
+            job.attempts -= 1
+            self.loop.call_soon(self._enqueue, job, True)
+            return
         if stale and job.stale_retries == 0:
             job.stale_retries = 1
+            job.fresh = True
             job.attempts -= 1  # a dead kept-alive connection is not the server's failure
-            self.loop.call_soon(self._enqueue, job, True)
+            # Synchronously, so it is first in line when the connection's slot frees.
+            self._enqueue(job, True)
             return
         if self._fatal is None and self.policy.should_retry(error.code, job.attempts):
             delay = self.policy.delay(job.attempts, retry_after)

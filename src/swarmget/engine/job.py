@@ -43,17 +43,46 @@ def split_url(url: str) -> tuple[Origin, str, str]:
     return (scheme, host, port), target, host_header
 
 
+def content_range_ok(value: bytes | None, start: int) -> bool:
+    """Does ``Content-Range: bytes START-END/TOTAL`` continue exactly at ``start``?"""
+    if not value or not value.startswith(b"bytes "):
+        return False
+    span, _, total = value[6:].partition(b"/")
+    first, _, last = span.partition(b"-")
+    try:
+        first_i, last_i = int(first), int(last)
+        total_i = None if total.strip() == b"*" else int(total)
+    except ValueError:
+        return False
+    return first_i == start and last_i >= first_i and total_i in (None, last_i + 1)
+
+
+class RestartTransfer(TransferError):
+    """A resumed transfer cannot continue (mismatched Content-Range): start over from zero.
+
+    Not the server's failure and not counted as an attempt.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.PROTOCOL, message)
+
+    def __reduce__(self) -> tuple[type[RestartTransfer], tuple[str]]:
+        return (RestartTransfer, (self.message,))
+
+
 class Job:
     __slots__ = (
         "attempts",
         "final",
         "first_start",
+        "fresh",
         "origin",
         "rel_path",
-        "retry_timer",
+        "resume_from",
         "row",
         "stale_retries",
         "target",
+        "validator",
     )
 
     def __init__(self, row: Row, origin: Origin, target: str, rel_path: str, final: str) -> None:
@@ -64,5 +93,16 @@ class Job:
         self.final = final  # absolute final path
         self.attempts = 0
         self.stale_retries = 0
+        self.fresh = False  # must not reuse a kept-alive connection (see Engine._dispatch)
         self.first_start = 0.0
-        self.retry_timer: object | None = None
+        self.resume_from = 0  # bytes already in the .part: ask for the rest with Range
+        self.validator: str | None = None  # ETag / Last-Modified for If-Range
+
+    def expected_digests(self) -> dict[str, str]:
+        row = self.row
+        digests = {}
+        if row.sha256:
+            digests["sha256"] = row.sha256
+        if row.md5:
+            digests["md5"] = row.md5
+        return digests

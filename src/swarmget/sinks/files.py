@@ -12,13 +12,20 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from typing import Protocol
 
 from swarmget.errors import ErrorCode, TransferError
 
 PART_SUFFIX = ".part"
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 # Errors that will hit every other file too: the run should stop, not grind on.
 FATAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+class Hasher(Protocol):
+    def update(self, data: memoryview | bytes, /) -> None: ...
+    def hexdigest(self) -> str: ...
 
 
 class OutputError(TransferError):
@@ -37,19 +44,51 @@ def _io_error(action: str, path: str, exc: OSError) -> OutputError:
 
 
 class PartFile:
-    """One output file being written.  ``write`` takes memoryviews without copying."""
+    """One output file being written.  ``write`` takes memoryviews without copying.
 
-    __slots__ = ("fd", "final", "part", "written")
+    ``resume_from`` continues an existing ``.part`` of exactly that size (the
+    bytes already there are fed to the hashers first); otherwise the part is
+    created or truncated.  ``hashers`` (name -> hashlib object) see every byte,
+    so checksums are verified while streaming, not by reading the file again.
+    """
 
-    def __init__(self, final: str) -> None:
+    __slots__ = ("fd", "final", "hashers", "part", "written")
+
+    def __init__(
+        self,
+        final: str,
+        *,
+        resume_from: int = 0,
+        hashers: dict[str, Hasher] | None = None,
+    ) -> None:
         self.final = final
         self.part = final + PART_SUFFIX
+        self.hashers = hashers
         self.written = 0
+        self.fd = -1
         try:
-            self.fd = os.open(self.part, _OPEN_FLAGS, 0o644)
+            if resume_from:
+                self.fd = os.open(self.part, _APPEND_FLAGS)
+                if os.fstat(self.fd).st_size != resume_from:
+                    raise OutputError(f"{self.part} changed size while resuming")
+                if hashers:
+                    self._hash_existing()
+                self.written = resume_from
+            else:
+                self.fd = os.open(self.part, _OPEN_FLAGS, 0o644)
         except OSError as exc:
-            self.fd = -1
+            self._close_fd()
             raise _io_error("create", self.part, exc) from None
+        except OutputError:
+            self._close_fd()
+            raise
+
+    def _hash_existing(self) -> None:
+        assert self.hashers
+        with open(self.part, "rb") as existing:
+            while chunk := existing.read(1 << 20):
+                for hasher in self.hashers.values():
+                    hasher.update(chunk)
 
     def write(self, data: memoryview | bytes) -> None:
         size = len(data)
@@ -60,7 +99,26 @@ class PartFile:
                 n = os.write(self.fd, data)
         except OSError as exc:
             raise _io_error("write", self.part, exc) from None
+        if self.hashers is not None:
+            for hasher in self.hashers.values():
+                hasher.update(data)
         self.written += size
+
+    def digests(self) -> dict[str, str]:
+        return {name: h.hexdigest() for name, h in (self.hashers or {}).items()}
+
+    def verify(self, size: int | None, expected: dict[str, str]) -> None:
+        """Raise ``size_mismatch`` / ``checksum`` when the content is not what the row says."""
+        if size is not None and self.written != size:
+            raise TransferError(
+                ErrorCode.SIZE_MISMATCH, f"got {self.written} bytes, the input says {size}"
+            )
+        actual = self.digests()
+        for name, want in expected.items():
+            if actual.get(name) != want:
+                raise TransferError(
+                    ErrorCode.CHECKSUM, f"{name} is {actual.get(name)}, the input says {want}"
+                )
 
     def commit(self) -> None:
         """Close and rename into place."""
@@ -73,12 +131,15 @@ class PartFile:
 
     def abort(self, keep: bool = False) -> None:
         """Close; remove the part unless ``keep`` (for resuming later)."""
-        if self.fd >= 0:
-            fd, self.fd = self.fd, -1
-            os.close(fd)
+        self._close_fd()
         if not keep:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.part)
+
+    def _close_fd(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 class OutputDir:

@@ -1,0 +1,274 @@
+"""Reruns resume; large files continue with Range; integrity checks; safety."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget.sources.rows import Row
+from swarmget.testing import ScriptedConnection, TestServer, expected_body
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def run(urls: list[Any], out: Path, **options: Any) -> swarmget.Report:
+    options.setdefault("retries", 0)
+    return swarmget.download(urls, out, **options)
+
+
+def journal(out: Path) -> list[dict[str, Any]]:
+    text = (out / ".swarmget" / "manifest.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def range_requests(server: TestServer, since: int = 0) -> list[bytes]:
+    return [r for r in server.requests[since:] if b"\r\nrange:" in r.lower()]
+
+
+def test_rerun_skips_completed_rows_and_overwrite_redoes_them(
+    server: TestServer, out_dir: Path
+) -> None:
+    urls = [server.file_url(f"s{i}.bin", size=1000 + i) for i in range(50)]
+    assert run(urls, out_dir).ok == 50
+    server.reset_stats()
+    again = run(urls, out_dir)
+    assert (again.ok, again.failed, again.skipped) == (0, 0, 50)
+    assert server.stats.requests == 0
+    records = journal(out_dir)
+    assert len(records) == 50 and {r["status"] for r in records} == {"ok"}
+    redo = run(urls, out_dir, overwrite=True)
+    assert (redo.ok, redo.skipped) == (50, 0)
+    assert len(journal(out_dir)) == 50  # compacted: one line per URL
+
+
+def test_rerun_redoes_failed_rows_and_missing_files(server: TestServer, out_dir: Path) -> None:
+    urls = [server.file_url(f"f{i}.bin", size=500, status=503, times=1) for i in range(5)]
+    urls += [server.file_url("gone.bin", size=700)]
+    first = run(urls, out_dir)
+    assert (first.ok, first.failed) == (1, 5)
+    (out_dir / "gone.bin").unlink()
+    second = run(urls, out_dir)
+    assert (second.ok, second.failed, second.skipped) == (6, 0, 0)
+    assert (out_dir / "gone.bin").read_bytes() == expected_body("gone.bin", 700)
+
+
+def test_a_file_not_made_by_swarmget_is_not_overwritten(server: TestServer, out_dir: Path) -> None:
+    (out_dir / "mine.txt").write_bytes(b"precious")
+    url = server.file_url("mine.txt", size=100)
+    report = run([url], out_dir)
+    assert report.failures[0].error == "exists"
+    assert (out_dir / "mine.txt").read_bytes() == b"precious"
+    report = run([url], out_dir, overwrite=True)
+    assert report.ok == 1
+    assert (out_dir / "mine.txt").read_bytes() == expected_body("mine.txt", 100)
+
+
+def test_symlink_at_the_final_name_is_not_followed(server: TestServer, out_dir: Path) -> None:
+    target = out_dir.parent / f"{out_dir.name}-outside"
+    target.write_bytes(b"outside")
+    try:
+        (out_dir / "link.bin").symlink_to(target)
+        report = run([server.file_url("link.bin", size=10)], out_dir)
+        assert report.failures[0].error == "exists"
+        report = run([server.file_url("link.bin", size=10)], out_dir, overwrite=True)
+        assert report.ok == 1
+        assert target.read_bytes() == b"outside"  # the link was replaced, not followed
+        assert not (out_dir / "link.bin").is_symlink()
+    finally:
+        target.unlink()
+
+
+def test_symlinked_part_is_refused(server: TestServer, out_dir: Path) -> None:
+    target = out_dir.parent / f"{out_dir.name}-victim"
+    target.write_bytes(b"victim")
+    try:
+        (out_dir / "p.bin.part").symlink_to(target)
+        report = run([server.file_url("p.bin", size=10)], out_dir)
+        assert report.failures[0].error == "io"
+        assert target.read_bytes() == b"victim"
+    finally:
+        target.unlink()
+
+
+def test_symlinked_directory_escape_is_refused(server: TestServer, out_dir: Path) -> None:
+    outside = out_dir.parent / f"{out_dir.name}-dir"
+    outside.mkdir()
+    try:
+        (out_dir / "sub").symlink_to(outside)
+        rows = [Row(0, server.file_url("x.bin", size=10), path="sub/x.bin")]
+        report = run(rows, out_dir)
+        assert report.failures[0].error == "bad_path"
+        assert list(outside.iterdir()) == []
+    finally:
+        outside.rmdir()
+
+
+def test_large_file_keeps_its_part_and_resumes_with_range(
+    server: TestServer, out_dir: Path
+) -> None:
+    size = 3 * MiB
+    url = server.file_url("big.bin", size=size, fault="truncate", times=1)
+    first = run([url], out_dir)
+    assert first.failures[0].error == "truncated"
+    part = out_dir / "big.bin.part"
+    assert part.stat().st_size == size // 2
+    assert not (out_dir / "big.bin").exists()
+    assert any(r["status"] == "partial" for r in journal(out_dir))
+    seen = len(server.requests)  # (reset_stats would also reset the times=1 counter)
+    second = run([url], out_dir)
+    assert second.ok == 1
+    assert (out_dir / "big.bin").read_bytes() == expected_body("big.bin", size)
+    assert not part.exists()
+    ranged = range_requests(server, seen)
+    assert len(ranged) == 1 and f"bytes={size // 2}-".encode() in ranged[0]
+    assert b"if-range:" in ranged[0].lower()
+
+
+def test_retry_within_a_run_continues_the_part(server: TestServer, out_dir: Path) -> None:
+    size = 3 * MiB
+    seen = len(server.requests)
+    report = run([server.file_url("r.bin", size=size, fault="reset", times=1)], out_dir, retries=2)
+    assert report.ok == 1
+    assert (out_dir / "r.bin").read_bytes() == expected_body("r.bin", size)
+    assert len(range_requests(server, seen)) == 1
+
+
+def test_server_ignoring_range_restarts_from_zero(server: TestServer, out_dir: Path) -> None:
+    size = 2 * MiB
+    url = server.file_url("nr.bin", size=size, fault="truncate", times=1, norange=1)
+    assert run([url], out_dir).failed == 1
+    report = run([url], out_dir)
+    assert report.ok == 1
+    assert (out_dir / "nr.bin").read_bytes() == expected_body("nr.bin", size)
+
+
+def test_changed_validator_restarts_from_zero(server: TestServer, out_dir: Path) -> None:
+    size = 2 * MiB
+    url = server.file_url("cv.bin", size=size, fault="truncate", times=1)
+    assert run([url], out_dir).failed == 1
+    # Pretend the earlier run saw another version of the file.
+    path = out_dir / ".swarmget" / "manifest.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in lines:
+        if record["status"] == "partial":
+            record["validator"] = '"another-version"'
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (out_dir / "cv.bin.part").write_bytes(b"X" * (size // 2))  # and other bytes
+    report = run([url], out_dir)
+    assert report.ok == 1
+    assert (out_dir / "cv.bin").read_bytes() == expected_body("cv.bin", size)
+
+
+def test_mismatched_content_range_restarts_from_zero(server: TestServer, out_dir: Path) -> None:
+    body = bytes(range(256)) * 8192  # 2 MiB
+    head = (f'HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nETag: "v1"\r\n\r\n').encode()
+    calls: list[bytes] = []
+
+    def handler(request: bytes, conn: ScriptedConnection) -> None:
+        calls.append(request)
+        if b"range:" in request.lower():
+            conn.send(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-9/2097152\r\n"
+                b'Content-Length: 10\r\nETag: "v1"\r\n\r\n' + body[:10]
+            )
+        elif len(calls) == 1:
+            conn.send(head + body[: len(body) // 2])
+            conn.close()
+        else:
+            conn.send(head + body)
+
+    server.route("/cr.bin", handler)
+    try:
+        url = server.url("/cr.bin")
+        assert run([url], out_dir).failed == 1
+        report = run([url], out_dir)
+        assert report.ok == 1
+        assert report.bytes == len(body)
+        assert (out_dir / "cr.bin").read_bytes() == body
+        assert report.failures == []
+    finally:
+        server.unroute("/cr.bin")
+
+
+def test_checksums_and_sizes_are_verified_while_streaming(
+    server: TestServer, out_dir: Path
+) -> None:
+    good = hashlib.sha256(expected_body("a.bin", 3000)).hexdigest()
+    good_md5 = hashlib.md5(expected_body("c.bin", 3000)).hexdigest()
+    rows = [
+        Row(0, server.file_url("a.bin", size=3000), sha256=good),
+        Row(1, server.file_url("b.bin", size=3000), sha256="0" * 64),
+        Row(2, server.file_url("c.bin", size=3000), md5=good_md5, size=3000),
+        Row(3, server.file_url("d.bin", size=3000), size=2999),
+        Row(4, server.file_url("e.bin", size=3000), md5="f" * 32),
+    ]
+    report = run(rows, out_dir)
+    assert report.ok == 2
+    errors = {f.url.split("/")[-1].split("?")[0]: f.error for f in report.failures}
+    assert errors == {"b.bin": "checksum", "d.bin": "size_mismatch", "e.bin": "checksum"}
+    for name in ("b.bin", "d.bin", "e.bin"):
+        assert not (out_dir / name).exists() and not (out_dir / f"{name}.part").exists()
+    assert (out_dir / "a.bin").read_bytes() == expected_body("a.bin", 3000)
+
+
+def test_hash_option_records_digests(server: TestServer, out_dir: Path) -> None:
+    report = run([server.file_url("h.bin", size=5000)], out_dir, hash="sha256")
+    assert report.ok == 1
+    record = journal(out_dir)[0]
+    assert record["sha256"] == hashlib.sha256(expected_body("h.bin", 5000)).hexdigest()
+
+
+def test_checksum_verified_across_a_resume(server: TestServer, out_dir: Path) -> None:
+    size = 2 * MiB
+    digest = hashlib.sha256(expected_body("hr.bin", size)).hexdigest()
+    row = Row(0, server.file_url("hr.bin", size=size, fault="truncate", times=1), sha256=digest)
+    assert run([row], out_dir).failed == 1
+    report = run([row], out_dir)
+    assert report.ok == 1
+
+
+def test_max_size_refuses_before_and_during_transfer(server: TestServer, out_dir: Path) -> None:
+    urls = [
+        server.file_url("cl.bin", size=10000),
+        server.file_url("ch.bin", size=10000, chunked=1, chunk=1000),
+        server.file_url("ok.bin", size=100),
+    ]
+    report = run(urls, out_dir, max_size=5000)
+    assert report.ok == 1
+    assert {f.error for f in report.failures} == {"too_large"}
+    for name in ("cl.bin", "ch.bin"):
+        assert not (out_dir / name).exists() and not (out_dir / f"{name}.part").exists()
+
+
+def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> None:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=1m tmpfs {mount} 2>/dev/null"):
+        pytest.skip("needs root to mount a 1 MiB tmpfs")
+    try:
+        urls = [server.file_url(f"d{i}.bin", size=200_000) for i in range(40)]
+        with pytest.raises(swarmget.TransferError) as info:
+            run(urls, mount, concurrency=4)
+        assert info.value.code == "io"
+        records = journal(mount)
+        assert all(r["status"] in ("ok", "failed", "partial") for r in records)
+        for record in records:
+            if record["status"] == "ok":
+                assert (mount / record["path"]).stat().st_size == 200_000
+        assert len([r for r in records if r["status"] == "ok"]) < 40
+        assert not [p for p in os.listdir(mount) if p.endswith(".part")]
+    finally:
+        os.system(f"umount {mount}")
