@@ -20,6 +20,7 @@ class FileResult:
     elapsed_ms: int = 0
     message: str | None = None  # human-readable detail for a failure
     digests: dict[str, str] | None = None  # e.g. {"sha256": "..."} with --hash
+    final_url: str | None = None  # where redirects led, when not ``url``
 
     @property
     def ok(self) -> bool:
@@ -38,6 +39,8 @@ class FileResult:
         }
         if self.message is not None:
             record["message"] = self.message
+        if self.final_url is not None:
+            record["final_url"] = self.final_url
         if self.digests:
             record.update(self.digests)
         return record

@@ -27,7 +27,7 @@ import os
 import socket
 from typing import TYPE_CHECKING
 
-from swarmget.engine.job import Job, RestartTransfer, content_range_ok
+from swarmget.engine.job import Job, Redirected, RestartTransfer, content_range_ok
 from swarmget.engine.retry import parse_retry_after
 from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
@@ -43,6 +43,7 @@ CONNECTING, ACTIVE, IDLE, CLOSED = range(4)
 # An error response body larger than this is not worth reading to keep the
 # connection: we close it instead.
 _MAX_DISCARD = 256 * 1024
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 
 class HTTPConnection:
@@ -121,11 +122,15 @@ class HTTPConnection:
         self.started = self.last_activity = self.window_start = now
         self.window_bytes = 0
         tail = self.pool.request_tail
-        if job.resume_from:
-            # Continue a .part: ask for the rest, but only of the same entity.
-            tail = tail[:-2] + (
-                f"Range: bytes={job.resume_from}-\r\nIf-Range: {job.validator}\r\n\r\n"
-            ).encode("latin-1")
+        credentials = engine.credential_headers
+        if job.resume_from or (credentials and not job.cross_origin):
+            extra = b"" if job.cross_origin else credentials
+            if job.resume_from:
+                # Continue a .part: ask for the rest, but only of the same entity.
+                extra += (
+                    f"Range: bytes={job.resume_from}-\r\nIf-Range: {job.validator}\r\n"
+                ).encode("latin-1")
+            tail = tail[:-2] + extra + b"\r\n"
         request = b"GET " + job.target.encode("ascii") + tail
         try:
             sent = self.sock.send(request)
@@ -213,9 +218,16 @@ class HTTPConnection:
             self.part = PartFile(job.final, hashers=engine.hashers_for(job))
             engine.note_partial(job, head)
             return
-        # An error status: read a small body to keep the connection, else give up on it.
+        if status in REDIRECT_STATUSES:
+            location = head.get(b"location")
+            if location is not None:
+                job.redirect_to = engine.redirect_target(job, location)
+        # An error status or a redirect: read a small body to keep the connection,
+        # else give up on the connection.
         length = head.content_length
         if not head.chunked and (length is None or length > _MAX_DISCARD):
+            if job.redirect_to is not None:
+                raise Redirected(job.redirect_to)
             raise TransferError(http_code(status), f"HTTP {status}")
 
     def _check_size(self, total: int) -> None:
@@ -249,6 +261,8 @@ class HTTPConnection:
             except TransferError as exc:
                 part.abort()
                 engine.finish_failure(job, exc, status)
+        elif job.redirect_to is not None:
+            engine.follow_redirect(job)
         else:
             retry_after = parse_retry_after(parser.head.get(b"retry-after"))
             engine.finish_failure(

@@ -28,9 +28,10 @@ import contextlib
 import hashlib
 import os
 from collections.abc import Iterator
+from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
-from swarmget.engine.job import Job, RestartTransfer, split_url
+from swarmget.engine.job import Job, Redirected, RestartTransfer, split_url
 from swarmget.engine.pool import HostPool, request_tail
 from swarmget.engine.retry import RetryPolicy
 from swarmget.errors import ErrorCode, TransferError, UsageError
@@ -46,6 +47,7 @@ from swarmget.sinks.naming import NameAllocator
 from swarmget.sources.rows import Row
 
 RECV_BUFFER_SIZE = 256 * 1024
+CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Bodies at least this large keep their .part on failure and resume with Range.
 RESUME_MIN_BYTES = 1 << 20
 PROGRESS_INTERVAL = 0.1
@@ -84,11 +86,17 @@ class Engine:
         self._idle: dict[HTTPConnection, None] = {}  # all idle connections, oldest first
         self._starved: dict[HostPool, None] = {}  # pools waiting for a global slot
         self.keepalive_idle = 55.0  # close our idle connections before typical servers do
+        user_headers = dict(options.headers)
+        # Credentials go only to the first origin of each job (see follow_redirect).
+        credentials = {k: v for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS}
+        self.credential_headers = "".join(f"{k}: {v}\r\n" for k, v in credentials.items()).encode(
+            "latin-1"
+        )
         self._headers = {
             "User-Agent": options.user_agent,
             "Accept": "*/*",
             "Accept-Encoding": "identity",
-            **dict(options.headers),
+            **{k: v for k, v in user_headers.items() if k not in credentials},
         }
         self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)
@@ -241,6 +249,43 @@ class Engine:
         job.resume_from = part.written
         return True
 
+    def redirect_target(self, job: Job, location: bytes) -> str:
+        """The URL a 3xx sends ``job`` to, or a ``bad_redirect``/``too_many_redirects`` error."""
+        if job.redirects >= self.options.max_redirects:
+            raise TransferError(
+                ErrorCode.TOO_MANY_REDIRECTS,
+                f"more than {self.options.max_redirects} redirects (last to {location!r})",
+            )
+        target = urljoin(job.url, location.decode("latin-1").strip())
+        scheme = urlsplit(target).scheme.lower()
+        if scheme not in ("http", "https"):
+            # file:, ftp:, data:... are never followed, and nothing local is read.
+            raise TransferError(ErrorCode.BAD_REDIRECT, f"redirect to a {scheme or 'relative'} URL")
+        if job.origin[0] == "https" and scheme == "http" and not self.options.allow_downgrade:
+            raise TransferError(
+                ErrorCode.BAD_REDIRECT,
+                f"redirect from https to http refused ({target}); --allow-downgrade permits it",
+            )
+        return target
+
+    def follow_redirect(self, job: Job) -> None:
+        target, job.redirect_to = job.redirect_to, None
+        assert target is not None
+        try:
+            origin, path, host_header = split_url(target)
+        except TransferError as exc:
+            self.finish_failure(job, TransferError(ErrorCode.BAD_REDIRECT, exc.message))
+            return
+        job.redirects += 1
+        job.attempts -= 1  # a hop is not a retry
+        if origin != job.origin:
+            job.cross_origin = True  # credentials stay with the first origin
+        job.url, job.origin, job.target = target, origin, path
+        job.resume_from = 0
+        if origin not in self.pools:
+            self.pools[origin] = HostPool(origin, request_tail(host_header, self._headers))
+        self._enqueue(job)
+
     # -- scheduling -------------------------------------------------------------------
 
     def _enqueue(self, job: Job, front: bool = False) -> None:
@@ -358,7 +403,7 @@ class Engine:
         digests = part.digests() if part.hashers else None
         result = FileResult(
             job.row.url, job.rel_path, "ok", status, part.written, None, job.attempts,
-            elapsed_ms, digests=digests,
+            elapsed_ms, digests=digests, final_url=job.final_url,
         )  # fmt: skip
         self.manifest.write(result)
         part.commit()
@@ -376,6 +421,9 @@ class Engine:
     ) -> None:
         if isinstance(error, OutputError) and error.fatal:
             self._fatal = error
+        if isinstance(error, Redirected):
+            self.follow_redirect(job)
+            return
         if isinstance(error, RestartTransfer):
             job.resume_from = 0
             job.attempts -= 1
@@ -404,6 +452,7 @@ class Engine:
                 job.attempts,
                 elapsed_ms,
                 error.message,
+                final_url=job.final_url,
             )
         )
 

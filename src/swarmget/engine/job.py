@@ -70,23 +70,42 @@ class RestartTransfer(TransferError):
         return (RestartTransfer, (self.message,))
 
 
+class Redirected(TransferError):
+    """Not an error: the job moves to ``location`` (raised when the body is not worth reading)."""
+
+    def __init__(self, location: str) -> None:
+        super().__init__("redirect", location)
+        self.location = location
+
+    def __reduce__(self) -> tuple[type[Redirected], tuple[str]]:
+        return (Redirected, (self.location,))
+
+
 class Job:
     __slots__ = (
         "attempts",
+        "cross_origin",
         "final",
         "first_start",
         "fresh",
         "origin",
+        "redirect_to",
+        "redirects",
         "rel_path",
         "resume_from",
         "row",
         "stale_retries",
         "target",
+        "url",
         "validator",
     )
 
     def __init__(self, row: Row, origin: Origin, target: str, rel_path: str, final: str) -> None:
         self.row = row
+        self.url = row.url  # the current URL: differs from row.url after a redirect
+        self.redirects = 0
+        self.redirect_to: str | None = None  # set by a 3xx head, followed when it completes
+        self.cross_origin = False  # a redirect left the first origin: no credentials
         self.origin = origin
         self.target = target
         self.rel_path = rel_path
@@ -97,6 +116,11 @@ class Job:
         self.first_start = 0.0
         self.resume_from = 0  # bytes already in the .part: ask for the rest with Range
         self.validator: str | None = None  # ETag / Last-Modified for If-Range
+
+    @property
+    def final_url(self) -> str | None:
+        """The URL after redirects, or None when it is the row's own."""
+        return self.url if self.url != self.row.url else None
 
     def expected_digests(self) -> dict[str, str]:
         row = self.row

@@ -1,0 +1,171 @@
+"""Redirects: followed within limits, never to other schemes, credentials kept home."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget.testing import ScriptedConnection, TestServer, expected_body
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def other() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def run(urls: list[str], out: Path, **options: Any) -> swarmget.Report:
+    options.setdefault("retries", 0)
+    return swarmget.download(urls, out, **options)
+
+
+def journal(out: Path) -> list[dict[str, Any]]:
+    text = (out / ".swarmget" / "manifest.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def chain(server: TestServer, codes: list[int], final: str) -> str:
+    url = final
+    for code in reversed(codes):
+        url = server.url("/files/hop.bin", redirect=code, to=url)
+    return url
+
+
+@pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
+def test_each_redirect_status_is_followed(server: TestServer, out_dir: Path, code: int) -> None:
+    final = server.file_url("target.bin", size=1234)
+    start = server.file_url("start.bin", redirect=code, to=final)
+    report = run([start], out_dir)
+    assert report.ok == 1
+    # Named after the URL the user asked for; the manifest says where it came from.
+    assert (out_dir / "start.bin").read_bytes() == expected_body("target.bin", 1234)
+    record = journal(out_dir)[0]
+    assert record["url"] == start and record["final_url"] == final
+    assert record["attempts"] == 1
+
+
+def test_a_chain_across_origins(server: TestServer, other: TestServer, out_dir: Path) -> None:
+    final = other.file_url("far.bin", size=777)
+    start = chain(server, [301, 302, 307, 308], final)
+    report = run([start], out_dir)
+    assert report.ok == 1
+    assert (out_dir / "hop.bin").read_bytes() == expected_body("far.bin", 777)
+
+
+def test_relative_location(server: TestServer, out_dir: Path) -> None:
+    def handler(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(
+            b"HTTP/1.1 302 Found\r\nLocation: files/rel.bin?size=99\r\nContent-Length: 0\r\n\r\n"
+        )
+
+    server.route("/rel-start", handler)
+    try:
+        report = run([server.url("/rel-start")], out_dir)
+        assert report.ok == 1
+        assert (out_dir / "rel-start").read_bytes() == expected_body("rel.bin", 99)
+    finally:
+        server.unroute("/rel-start")
+
+
+def test_too_many_redirects(server: TestServer, out_dir: Path) -> None:
+    final = server.file_url("t.bin", size=10)
+    report = run([chain(server, [301, 301, 301], final)], out_dir, max_redirects=2)
+    assert report.failures[0].error == "too_many_redirects"
+    assert not (out_dir / "hop.bin").exists()
+    report = run([chain(server, [301, 301], final)], out_dir, max_redirects=2)
+    assert report.ok == 1
+
+
+def test_redirect_loop_ends(server: TestServer, out_dir: Path) -> None:
+    def handler(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(b"HTTP/1.1 302 Found\r\nLocation: /loop\r\nContent-Length: 0\r\n\r\n")
+
+    server.route("/loop", handler)
+    try:
+        report = run([server.url("/loop")], out_dir)
+        assert report.failures[0].error == "too_many_redirects"
+        assert report.failures[0].http_status is None or report.failures[0].http_status == 302
+    finally:
+        server.unroute("/loop")
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["file:///etc/passwd", "ftp://127.0.0.1/x", "gopher://127.0.0.1/x", "data:text/plain,hi"],
+)
+def test_redirects_to_other_schemes_are_refused(
+    server: TestServer, out_dir: Path, location: str
+) -> None:
+    report = run([server.file_url("s.bin", redirect=302, to=location)], out_dir)
+    assert report.failures[0].error == "bad_redirect"
+    assert not (out_dir / "s.bin").exists()
+
+
+def test_redirect_with_a_big_body_is_followed_without_reading_it(
+    server: TestServer, out_dir: Path
+) -> None:
+    def handler(head: bytes, conn: ScriptedConnection) -> None:
+        location = server.file_url("big-target.bin", size=50).encode()
+        conn.send(
+            b"HTTP/1.1 302 Found\r\nLocation: " + location + b"\r\nContent-Length: 10000000\r\n\r\n"
+        )
+        conn.send(b"x" * 100000)
+
+    server.route("/bigredirect", handler)
+    try:
+        report = run([server.url("/bigredirect")], out_dir, timeout=2)
+        assert report.ok == 1
+        assert (out_dir / "bigredirect").read_bytes() == expected_body("big-target.bin", 50)
+    finally:
+        server.unroute("/bigredirect")
+
+
+def test_credentials_stay_with_the_first_origin(
+    server: TestServer, other: TestServer, out_dir: Path
+) -> None:
+    headers = {"Authorization": "Bearer secret", "Cookie": "a=b", "X-Custom": "kept"}
+    same = server.file_url("same.bin", size=5, redirect=302, to=server.file_url("s2.bin", size=5))
+    cross = server.file_url("cross.bin", size=5, redirect=302, to=other.file_url("o.bin", size=5))
+    before_server, before_other = len(server.requests), len(other.requests)
+    report = run([same, cross], out_dir, headers=headers, concurrency=1)
+    assert report.ok == 2
+    to_server = [r.lower() for r in server.requests[before_server:]]
+    to_other = [r.lower() for r in other.requests[before_other:]]
+    assert len(to_server) == 3 and len(to_other) == 1
+    for request in to_server:
+        assert b"authorization: bearer secret" in request and b"cookie: a=b" in request
+        assert b"x-custom: kept" in request
+    assert b"authorization" not in to_other[0] and b"cookie" not in to_other[0]
+    assert b"x-custom: kept" in to_other[0]
+
+
+def test_https_to_http_downgrade_is_refused_unless_allowed(tmp_path: Path) -> None:
+    from swarmget.engine.core import Engine
+    from swarmget.engine.job import Job
+    from swarmget.errors import TransferError
+    from swarmget.options import Options
+    from swarmget.sources.rows import Row
+
+    def target(**options: Any) -> str:
+        engine = Engine(iter(()), tmp_path, Options(**options))
+        try:
+            job = Job(Row(0, "https://a.example/x"), ("https", "a.example", 443), "/x", "x", "")
+            return engine.redirect_target(job, b"http://a.example/y")
+        finally:
+            engine.run()
+
+    with pytest.raises(TransferError) as info:
+        target()
+    assert info.value.code == "bad_redirect"
+    assert target(allow_downgrade=True) == "http://a.example/y"
