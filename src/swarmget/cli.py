@@ -25,7 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import IO, Any, NoReturn
 
 from swarmget import __version__
-from swarmget.errors import ErrorCode, SwarmgetError, UsageError
+from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
 from swarmget.options import Options
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -234,9 +234,42 @@ def build_parser() -> ArgumentParser:
         help=f"User-Agent header (default: {d.user_agent})",
     )
     run.add_argument(
+        "--dns-server",
+        action="append",
+        default=[],
+        metavar="ADDR",
+        help=(
+            "ask this name server (IP, IP:PORT or [IPv6]:PORT) instead of the system's; "
+            "repeat for more (default: /etc/resolv.conf)"
+        ),
+    )
+    run.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace files already in DIR that swarmget did not write (default: off)",
+        help=(
+            "redo every row and replace files already in DIR, even ones swarmget did "
+            "not write (default: off: rows already done are skipped, foreign files fail "
+            "with 'exists')"
+        ),
+    )
+    run.add_argument(
+        "--max-redirects",
+        type=int,
+        default=d.max_redirects,
+        metavar="N",
+        help=f"follow at most N redirects per file (default: {d.max_redirects})",
+    )
+    run.add_argument(
+        "--allow-downgrade",
+        action="store_true",
+        help="follow redirects from https to http (default: refused with bad_redirect)",
+    )
+    run.add_argument(
+        "--hash",
+        choices=("sha256", "md5"),
+        default=None,
+        help="record each file's digest in the manifest (default: none; sha256/md5 "
+        "columns in the input are always verified)",
     )
     add_output_flags(parser)
     parser.add_argument("--version", action="version", version=f"swarmget {__version__}")
@@ -267,8 +300,12 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "max_size": args.max_size,
         "retries": args.retries,
         "overwrite": args.overwrite,
+        "max_redirects": args.max_redirects,
+        "allow_downgrade": args.allow_downgrade,
+        "hash": args.hash,
         "headers": dict(args.header),
         "user_agent": args.user_agent,
+        "dns_servers": tuple(args.dns_server),
     }
     Options.from_kwargs(options)  # raises UsageError naming the flag
     return options
@@ -358,8 +395,19 @@ def _download_command(argv: list[str]) -> int:
         )
     except KeyboardInterrupt:
         manifest = os.path.join(args.output, MANIFEST)
-        sys.stderr.write(f"swarmget: interrupted; rows that finished are listed in {manifest}\n")
+        sys.stderr.write(
+            f"swarmget: interrupted; rows that finished are listed in {manifest}; "
+            "run the same command again to resume\n"
+        )
         return EXIT_INTERRUPTED
+    except TransferError as exc:
+        # Only run-stopping errors (disk full, read-only output) get here.
+        manifest = os.path.join(args.output, MANIFEST)
+        sys.stderr.write(
+            f"swarmget: error: {exc.message}; the run stopped. Rows that finished are "
+            f"listed in {manifest}; fix the cause and run the same command again to resume\n"
+        )
+        return EXIT_FAILED
     print_outcome(report, args.output, quiet=args.quiet, as_json=args.json, stdout=sys.stdout)
     return EXIT_OK if report.failed == 0 else EXIT_FAILED
 

@@ -306,6 +306,8 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
         f"in {report.elapsed:.2f} s ({format_files_rate(report.files_per_s)}, "
         f"{format_bytes(report.bytes / report.elapsed if report.elapsed > 0 else 0)}/s)"
     ]
+    if report.skipped:
+        lines.append(f"{report.skipped} files skipped: already downloaded by an earlier run")
     if not report.failed:
         return lines
     counts = ", ".join(f"{code} {n}" for code, n in report.error_counts().items())

@@ -1,0 +1,130 @@
+"""SIGKILL and Ctrl-C at random moments, then rerun: the same files as an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
+
+SMALL = 2000
+BIG = 3
+BIG_SIZE = 3 << 20
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ProcessServer]:
+    with serve_in_subprocess() as srv:
+        yield srv
+
+
+def size_of(i: int) -> int:
+    return 2000 + (i * 7919) % 30000
+
+
+def write_list(server: ProcessServer, path: Path) -> dict[str, int]:
+    names: dict[str, int] = {}
+    lines = []
+    for i in range(SMALL):
+        name = f"img{i:05d}.jpg"
+        names[name] = size_of(i)
+        lines.append(server.file_url(name, size=size_of(i), latency=0.002))
+    for i in range(BIG):
+        name = f"big{i}.bin"
+        names[name] = BIG_SIZE
+        lines.append(server.file_url(name, size=BIG_SIZE, latency=0.002))
+    path.write_text("\n".join(lines) + "\n")
+    return names
+
+
+def swarmget(urls: Path, out: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    return subprocess.Popen(
+        [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "-q", "--concurrency", "16"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+
+
+def check_complete(out: Path, names: dict[str, int]) -> None:
+    files = sorted(p for p in os.listdir(out) if p != ".swarmget")
+    assert files == sorted(names), set(files) ^ set(names)
+    for name, size in names.items():
+        assert (out / name).read_bytes() == expected_body(name, size), name
+    records = [
+        json.loads(line) for line in (out / ".swarmget/manifest.jsonl").read_text().splitlines()
+    ]
+    assert len(records) == len(names)
+    assert {r["status"] for r in records} == {"ok"}
+    assert sorted(r["path"] for r in records) == sorted(names)
+
+
+def test_sigkill_at_random_moments_then_resume(server: ProcessServer, tmp_path: Path) -> None:
+    urls = tmp_path / "urls.txt"
+    names = write_list(server, urls)
+    out = tmp_path / "out"
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    kills = 0
+    for _ in range(4):
+        proc = swarmget(urls, out)
+        time.sleep(rng.uniform(0.4, 1.6))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.communicate(timeout=30)
+        # Whatever the moment, a file at its final name is always whole.
+        for name in os.listdir(out):
+            if name in names:
+                assert (out / name).stat().st_size == names[name], (seed, name)
+    assert kills >= 1, f"the run finished before any kill (seed {seed})"
+    final = swarmget(urls, out)
+    _, stderr = final.communicate(timeout=120)
+    assert final.returncode == 0, stderr.decode()
+    check_complete(out, names)
+
+    reference = tmp_path / "reference"
+    clean = swarmget(urls, reference)
+    clean.communicate(timeout=120)
+    assert clean.returncode == 0
+    assert sorted(os.listdir(reference)) == sorted(os.listdir(out))
+
+
+def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    urls = tmp_path / "urls.txt"
+    size = 8 << 20
+    # Half the body, then silence: the moment to press Ctrl-C is not a race.
+    urls.write_text(server.file_url("interrupted.bin", size=size, fault="stall", times=1) + "\n")
+    out = tmp_path / "out"
+    proc = swarmget(urls, out)
+    part = out / "interrupted.bin.part"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == size // 2):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 130, stderr.decode()
+    assert time.monotonic() - started < 3
+    assert b"run the same command again" in stderr
+    assert part.stat().st_size == size // 2 and not (out / "interrupted.bin").exists()
+    records = [
+        json.loads(line) for line in (out / ".swarmget/manifest.jsonl").read_text().splitlines()
+    ]
+    assert [r["status"] for r in records] == ["partial"]
+    again = swarmget(urls, out)
+    again.communicate(timeout=60)
+    assert again.returncode == 0
+    assert (out / "interrupted.bin").read_bytes() == expected_body("interrupted.bin", size)
