@@ -292,6 +292,10 @@ def test_options_reach_the_engine(
         "--header",
         "X-A: 1",
         "--overwrite",
+        "--dns-server",
+        "127.0.0.1:5353",
+        "--dns-server",
+        "[::1]:53",
     ]
     assert cli.main(argv) == 0
     (call,) = fake.calls
@@ -309,6 +313,7 @@ def test_options_reach_the_engine(
         "overwrite": True,
         "headers": {"Authorization": "Bearer t", "X-A": "1"},
         "user_agent": Options().user_agent,
+        "dns_servers": ("127.0.0.1:5353", "[::1]:53"),
     }
     Options.from_kwargs(call["options"])  # the engine will accept them
 

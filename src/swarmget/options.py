@@ -6,6 +6,8 @@ Defaults are chosen for "many files from a few hosts, politely":
   with 50 KB files at 20 ms RTT, small enough not to exhaust file descriptors.
 * ``per_host=32``: a single origin never gets more than this many connections.
 * ``timeout=30`` s for connect and for silence while reading.
+* ``dns_servers=()``: the system's name servers (``/etc/resolv.conf``); set
+  them ("1.2.3.4", "1.2.3.4:5353", "[::1]:53") to bypass it, as tests do.
 * ``deadline=3600`` s total per file, and ``min_speed=1024`` B/s averaged over
   ``min_speed_window=30`` s: a server that stalls is cut by ``timeout``; one that
   drip-feeds a byte at a time is cut by the speed rule; nothing can hang a run.
@@ -14,6 +16,7 @@ Defaults are chosen for "many files from a few hosts, politely":
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,8 +37,14 @@ class Options:
     hash: str | None = None  # "sha256" or "md5": record each file's digest in the manifest
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     user_agent: str = "swarmget/0.1"
+    dns_servers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        servers: object = self.dns_servers  # callers pass lists, or one bare string
+        servers = (servers,) if isinstance(servers, str) else tuple(self.dns_servers)
+        object.__setattr__(self, "dns_servers", servers)
+        for server in self.dns_servers:
+            check_dns_server(server)
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.per_host < 1:
@@ -61,3 +70,21 @@ class Options:
         if unknown:
             raise UsageError(f"unknown option(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+
+def check_dns_server(text: str) -> None:
+    """Accept ``IP``, ``IPv4:PORT`` or ``[IPv6]:PORT``, as c-ares does; raise UsageError."""
+    host, port = text, ""
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or (rest and not rest.startswith(":")):
+            raise UsageError(f"--dns-server {text!r}: expected IP, IP:PORT or [IPv6]:PORT")
+        port = rest[1:]
+    elif text.count(":") == 1:
+        host, port = text.split(":")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise UsageError(f"--dns-server {text!r}: not an IP address") from None
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise UsageError(f"--dns-server {text!r}: bad port")

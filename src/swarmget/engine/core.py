@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import socket
 from collections.abc import Iterator
 from urllib.parse import urljoin, urlsplit
 
@@ -38,7 +39,8 @@ from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
 from swarmget.manifest import ManifestWriter, load_journal
 from swarmget.net.connect import start_connect
-from swarmget.net.dns import Address, ThreadedResolver
+from swarmget.net.dns import Address, make_resolver
+from swarmget.net.eyeballs import HappyEyeballs
 from swarmget.options import Options
 from swarmget.protocol import ResponseHead
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
@@ -70,7 +72,8 @@ class Engine:
         self.output = OutputDir(out_dir)
         self.names = NameAllocator()
         self.policy = RetryPolicy(retries=options.retries)
-        self.resolver = ThreadedResolver(self.loop)
+        self.resolver = make_resolver(self.loop, servers=options.dns_servers)
+        self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
         self.manifest = ManifestWriter(self.output.root)
         self.report = Report(manifest=self.manifest.path)
@@ -141,6 +144,9 @@ class Engine:
     def _shutdown(self) -> None:
         for conn in list(self.connections):
             conn.close()
+        for dial in self.dialing:
+            dial.cancel()
+        self.dialing.clear()
         self.manifest.close()
         self.resolver.close()
         if self._own_loop:
@@ -298,13 +304,11 @@ class Engine:
 
     def _dispatch(self, pool: HostPool) -> None:
         if pool.addresses is None:
-            if pool.dns_error is not None:
+            if pool.dns_error is not None and self.loop.now < pool.refresh_at:
                 while pool.queue:
                     self.finish_failure(pool.queue.popleft(), pool.dns_error)
             elif not pool.resolving:
-                pool.resolving = True
-                _, host, port = pool.origin
-                self.resolver.resolve(host, port, lambda a, e: self._resolved(pool, a, e))
+                self._resolve(pool)
             return
         queue = pool.queue
         per_host = self.options.per_host
@@ -320,17 +324,27 @@ class Engine:
                 continue
             if pool.open >= per_host:
                 return
-            if len(self.connections) >= self.options.concurrency and not self._evict_idle():
+            if self._open_count() >= self.options.concurrency and not self._evict_idle():
                 self._starved[pool] = None
                 return
             self._connect(pool, queue.popleft())
+
+    def _resolve(self, pool: HostPool) -> None:
+        pool.resolving = True
+        _, host, port = pool.origin
+        self.resolver.resolve(host, port, lambda a, e: self._resolved(pool, a, e))
 
     def _resolved(
         self, pool: HostPool, addresses: list[Address] | None, error: TransferError | None
     ) -> None:
         pool.resolving = False
-        pool.addresses = addresses
-        pool.dns_error = error
+        _, host, port = pool.origin
+        # Ask again when the answer's TTL runs out.  A refresh that fails keeps the
+        # addresses that worked: a DNS blip should not fail a host we are using.
+        pool.refresh_at = max(self.resolver.expires(host, port), self.loop.now + 1.0)
+        if addresses is not None or pool.addresses is None:
+            pool.addresses = addresses
+            pool.dns_error = error
         self._dispatch(pool)
         self._refill()
 
@@ -351,10 +365,16 @@ class Engine:
         job.attempts += 1
 
     def _connect(self, pool: HostPool, job: Job) -> None:
-        assert pool.addresses
+        addresses = pool.addresses
+        assert addresses
         self._count_attempt(job)
         job.fresh = False
-        sock, err = start_connect(pool.addresses[0])
+        if pool.refresh_at <= self.loop.now and not pool.resolving:
+            self._resolve(pool)  # in the background; this connect uses what we have
+        if len(addresses) > 1:
+            self._dial(pool, job, addresses)
+            return
+        sock, err = start_connect(addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
             self.finish_failure(
                 job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
@@ -363,6 +383,40 @@ class Engine:
         conn = HTTPConnection(self, pool, sock, job)
         pool.open += 1
         self.connections.add(conn)
+
+    def _dial(self, pool: HostPool, job: Job, addresses: list[Address]) -> None:
+        """Race the addresses (net/eyeballs.py); the first to connect becomes the connection."""
+        dial = HappyEyeballs(
+            self.loop,
+            addresses,
+            lambda sock, error: self._dialed(dial, pool, job, sock, error),
+            timeout=self.options.timeout,
+        )
+        pool.open += 1
+        self.dialing.add(dial)
+        dial.start()
+
+    def _dialed(
+        self,
+        dial: HappyEyeballs,
+        pool: HostPool,
+        job: Job,
+        sock: socket.socket | None,
+        error: TransferError | None,
+    ) -> None:
+        self.dialing.discard(dial)
+        if sock is None:
+            assert error is not None
+            pool.open -= 1
+            self.finish_failure(job, error)
+            self._slot_freed(pool)
+            return
+        # Already connected: the connection finds it writable on the next turn
+        # and goes on as after any connect.
+        self.connections.add(HTTPConnection(self, pool, sock, job))
+
+    def _open_count(self) -> int:
+        return len(self.connections) + len(self.dialing)
 
     def release(self, conn: HTTPConnection, reusable: bool) -> None:
         """A connection finished its job: give it the next one, park it, or close it."""
@@ -388,9 +442,13 @@ class Engine:
         if conn in self._idle:
             del self._idle[conn]
             pool.idle.remove(conn)
+        self._slot_freed(pool)
+
+    def _slot_freed(self, pool: HostPool) -> None:
+        """One of ``pool``'s connections is gone: its queue, then starved pools, may open one."""
         if pool.queue:
             self._dispatch(pool)
-        while self._starved and len(self.connections) < self.options.concurrency:
+        while self._starved and self._open_count() < self.options.concurrency:
             starved = next(iter(self._starved))
             del self._starved[starved]
             self._dispatch(starved)

@@ -28,6 +28,7 @@ class HostPool:
         "open",
         "origin",
         "queue",
+        "refresh_at",
         "request_tail",
         "resolving",
     )
@@ -41,6 +42,7 @@ class HostPool:
         self.addresses: list[Address] | None = None
         self.dns_error: TransferError | None = None
         self.resolving = False
+        self.refresh_at = 0.0  # loop time when the addresses (or dns_error) go stale
 
     def __repr__(self) -> str:
         scheme, host, port = self.origin

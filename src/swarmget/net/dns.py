@@ -1,5 +1,9 @@
 """Name resolution that never blocks the loop.
 
+:func:`make_resolver` picks the resolver, in one place: the c-ares one
+(:mod:`swarmget.net.ares`: record TTLs, no threads) when pycares imports, else
+:class:`ThreadedResolver`, described here.
+
 ``getaddrinfo`` blocks, sometimes for seconds (a slow or dead DNS server), so it
 runs on a small pool of resolver threads; the answer comes back to the loop
 thread through ``loop.call_soon_threadsafe``.  Answers are cached per
@@ -13,12 +17,38 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
-from swarmget.errors import ErrorCode, TransferError
+from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
 
 Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
 ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
+
+
+class Resolver(Protocol):
+    def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
+        """Call ``callback(addresses, None)`` or ``callback(None, error)`` later, on the loop."""
+
+    def expires(self, host: str, port: int) -> float:
+        """Loop time at which the cached answer goes stale (0.0 when nothing is cached)."""
+
+    def close(self) -> None: ...
+
+
+def make_resolver(loop: EventLoop, *, servers: tuple[str, ...] = ()) -> Resolver:
+    """The resolver the engine uses: c-ares when available, else getaddrinfo on threads.
+
+    ``servers`` ("1.2.3.4", "1.2.3.4:5353", "[::1]:53") replaces the system's
+    name servers; only c-ares can do that.
+    """
+    try:
+        from swarmget.net.ares import AresResolver
+    except ImportError:
+        if servers:
+            raise UsageError("--dns-server needs pycares (pip install pycares)") from None
+        return ThreadedResolver(loop)
+    return AresResolver(loop, servers=servers)
 
 
 def ip_literal(host: str) -> Address | None:
@@ -33,7 +63,8 @@ def ip_literal(host: str) -> Address | None:
     return None
 
 
-def _sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
+def sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
+    """The ``connect()`` address for an IP in ``family``."""
     return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)
 
 
@@ -56,7 +87,7 @@ class ThreadedResolver:
         literal = ip_literal(host)
         if literal is not None:
             family, (bare,) = literal
-            self._loop.call_soon(callback, [(family, _sockaddr(family, str(bare), port))], None)
+            self._loop.call_soon(callback, [(family, sockaddr(family, str(bare), port))], None)
             return
         key = (host, port)
         cached = self._cache.get(key)
@@ -71,6 +102,12 @@ class ThreadedResolver:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="swarmget-dns")
         self._executor.submit(self._lookup, key)
+
+    def expires(self, host: str, port: int) -> float:
+        if ip_literal(host) is not None:
+            return float("inf")
+        cached = self._cache.get((host, port))
+        return cached[0] if cached is not None else 0.0
 
     def _lookup(self, key: tuple[str, int]) -> None:
         # Runs on a resolver thread: touch nothing but the arguments.

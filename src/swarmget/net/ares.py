@@ -1,0 +1,267 @@
+"""Name resolution with c-ares, driven by our own event loop.
+
+Theory of operation
+-------------------
+c-ares is a DNS stub resolver that never blocks: it owns a few UDP (and, for
+truncated answers, TCP) sockets and reports through ``sock_state_cb`` which of
+them it wants to read or write.  Given that callback, pycares 5 starts no event
+thread of its own, so each c-ares socket is registered with the EventLoop under
+a tiny :class:`_AresSocket` handler that calls ``Channel.process_fd``, and
+c-ares's retransmissions are driven by one loop timer re-armed from
+``Channel.timeout()`` after every interaction.  Queries, answers and timeouts
+are ordinary loop events: nothing waits and nothing crosses a thread.
+
+Why c-ares rather than ``getaddrinfo`` on threads (:class:`ThreadedResolver`,
+kept as the fallback): a thousand hosts cost a thousand small UDP exchanges
+instead of a queue of blocked threads; every answer carries its records' TTLs,
+so we cache for as long as the zone says, clamped to ``[min_ttl, max_ttl]``
+(TTL 0 zones and ``/etc/hosts`` entries would otherwise cost a query per
+connection; a day-long TTL should not pin us to an address a CDN has moved
+away from); and a dead server costs about ``timeout * (2**tries - 1)`` seconds
+(c-ares doubles the timeout each round: ~3 s with our defaults) instead of
+libc's 5 s per attempt per search domain.
+
+c-ares reads ``/etc/hosts`` before asking DNS, or the file named by
+``$CARES_HOSTS`` when that is set (the c-ares convention; tests use it).
+
+Answers are cached per host name, whatever the port; concurrent lookups of one
+name share one query.  Failures (NXDOMAIN, timeouts) are cached for
+``negative_ttl``: long enough that a broken host's thousand files do not ask a
+thousand times, short enough that a long run asks again after a DNS blip.
+Callbacks never run inside :meth:`AresResolver.resolve`: c-ares answers from
+its hosts file or its own cache synchronously, so delivery goes through
+``loop.call_soon``, as in the threaded resolver.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pycares
+
+from swarmget.errors import ErrorCode, TransferError, UsageError
+from swarmget.loop import EVENT_READ, EVENT_WRITE, EventLoop, Timer
+from swarmget.net.dns import Address, ResolveCallback, ip_literal, sockaddr
+
+_BAD = pycares.ARES_SOCKET_BAD
+# ARES_AI_ENVHOSTS in ares.h: read the hosts file named by $CARES_HOSTS.
+# pycares 5 does not export the constant.
+_ENVHOSTS = 1 << 8
+# The longest we sleep between two looks at c-ares's timers while queries are
+# pending (ares_timeout() caps its answer with it).
+_MAX_TIMER = 1.0
+
+BareAddress = tuple[int, str]  # (family, ip), before a port is attached
+_CacheEntry = tuple[float, list[BareAddress] | None, TransferError | None]
+
+
+class _AresSocket:
+    """Loop handler for one c-ares socket: hand readiness back to c-ares."""
+
+    __slots__ = ("fd", "resolver")
+
+    def __init__(self, resolver: AresResolver, fd: int) -> None:
+        self.resolver = resolver
+        self.fd = fd
+
+    def handle_io(self, mask: int) -> None:
+        fd = self.fd
+        self.resolver._process(
+            fd if mask & EVENT_READ else _BAD, fd if mask & EVENT_WRITE else _BAD
+        )
+
+
+class AresResolver:
+    """Same interface as :class:`~swarmget.net.dns.ThreadedResolver`."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        *,
+        servers: tuple[str, ...] | list[str] = (),
+        timeout: float = 1.0,
+        tries: int = 2,
+        min_ttl: float = 5.0,
+        max_ttl: float = 3600.0,
+        negative_ttl: float = 10.0,
+    ) -> None:
+        self._loop = loop
+        self._min_ttl = min_ttl
+        self._max_ttl = max_ttl
+        self._negative_ttl = negative_ttl
+        self._sockets: dict[int, _AresSocket] = {}
+        self._closed = False
+        self._pending = 0  # queries c-ares has not answered yet
+        self._timer: Timer | None = None
+        self._cache: dict[str, _CacheEntry] = {}
+        self._purge_at = 1024
+        self._waiting: dict[str, list[tuple[int, ResolveCallback]]] = {}
+        try:
+            self._channel = pycares.Channel(
+                sock_state_cb=self._sock_state,
+                timeout=timeout,
+                tries=tries,
+                servers=list(servers) or None,
+            )
+        except pycares.AresError as exc:
+            self._closed = True
+            raise UsageError(f"bad DNS server list {list(servers)!r}: {exc}") from None
+
+    # -- the public interface -------------------------------------------------------
+
+    def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
+        """Call ``callback(addresses, None)`` or ``callback(None, error)`` on the loop thread."""
+        loop = self._loop
+        literal = ip_literal(host)
+        if literal is not None:
+            family, (bare,) = literal
+            loop.call_soon(callback, [(family, sockaddr(family, str(bare), port))], None)
+            return
+        cached = self._cache.get(host)
+        if cached is not None and cached[0] > loop.now:
+            loop.call_soon(callback, _with_port(cached[1], port), cached[2])
+            return
+        waiters = self._waiting.get(host)
+        if waiters is not None:
+            waiters.append((port, callback))
+            return
+        self._waiting[host] = [(port, callback)]
+        self._query(host)
+
+    def expires(self, host: str, port: int) -> float:
+        """Loop time at which the cached answer for ``host`` goes stale (0.0: none)."""
+        if ip_literal(host) is not None:
+            return float("inf")
+        cached = self._cache.get(host)
+        return cached[0] if cached is not None else 0.0
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        # Cancel on the loop thread first, so that c-ares drops its sockets
+        # through _sock_state while we may still touch the loop; the channel is
+        # then destroyed on pycares's shutdown thread, which must find nothing
+        # of ours to call.
+        self._channel.cancel()
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for fd in self._sockets:
+            self._loop.remove(fd)
+        self._sockets.clear()
+        self._waiting.clear()
+        self._channel.close()
+
+    # -- c-ares plumbing ------------------------------------------------------------
+
+    def _query(self, host: str) -> None:
+        flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
+        self._pending += 1
+        try:
+            self._channel.getaddrinfo(
+                host,
+                None,
+                type=socket.SOCK_STREAM,
+                flags=flags,
+                callback=lambda result, status: self._answered(host, result, status),
+            )
+        except (ValueError, UnicodeError, RuntimeError) as exc:
+            self._pending -= 1
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc}")
+            self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
+            return
+        self._arm_timer()
+
+    def _answered(
+        self, host: str, result: pycares.AddrInfoResult | None, status: int | None
+    ) -> None:
+        # Called by c-ares, on the loop thread, from inside process_fd /
+        # getaddrinfo / cancel.
+        self._pending -= 1
+        if self._closed:
+            return
+        if status is not None or result is None:
+            reason = _strerror(status) if status is not None else "no answer"
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {reason}")
+            self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
+            return
+        bare: list[BareAddress] = []
+        ttl = self._max_ttl
+        for node in result.nodes:
+            ip = node.addr[0]
+            entry = (node.family, ip.decode("ascii") if isinstance(ip, bytes) else ip)
+            if entry not in bare:
+                bare.append(entry)
+            ttl = min(ttl, node.ttl)
+        for cname in result.cnames:
+            ttl = min(ttl, cname.ttl)
+        if not bare:
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: no addresses")
+            self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
+            return
+        ttl = max(self._min_ttl, ttl)
+        self._loop.call_soon(self._done, host, bare, None, ttl)
+
+    def _done(
+        self, host: str, bare: list[BareAddress] | None, error: TransferError | None, ttl: float
+    ) -> None:
+        if self._closed:
+            return
+        cache = self._cache
+        if len(cache) >= self._purge_at:
+            self._purge()
+        cache[host] = (self._loop.now + ttl, bare, error)
+        for port, callback in self._waiting.pop(host, ()):
+            callback(_with_port(bare, port), error)
+
+    def _purge(self) -> None:
+        """Drop expired answers; amortised so a run over a million hosts stays small."""
+        now = self._loop.now
+        self._cache = {host: e for host, e in self._cache.items() if e[0] > now}
+        self._purge_at = max(1024, 2 * len(self._cache))
+
+    def _sock_state(self, fd: int, readable: bool, writable: bool) -> None:
+        if self._closed:
+            return  # pycares's shutdown thread closing the sockets: not ours to touch
+        events = (EVENT_READ if readable else 0) | (EVENT_WRITE if writable else 0)
+        handler = self._sockets.get(fd)
+        if not events:
+            if handler is not None:
+                del self._sockets[fd]
+                self._loop.remove(fd)
+        elif handler is None:
+            handler = self._sockets[fd] = _AresSocket(self, fd)
+            self._loop.add(fd, events, handler)
+        else:
+            self._loop.modify(fd, events, handler)
+
+    def _process(self, read_fd: int, write_fd: int) -> None:
+        if self._closed:
+            return
+        self._channel.process_fd(read_fd, write_fd)
+        self._arm_timer()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._process(_BAD, _BAD)  # lets c-ares retransmit or give up on due queries
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending and not self._closed:
+            delay: float = self._channel.timeout(_MAX_TIMER)  # type: ignore[no-untyped-call]
+            self._timer = self._loop.call_at(self._loop.time() + delay, self._on_timer)
+
+
+def _strerror(status: int) -> str:
+    text = pycares.errno.strerror(status)
+    return text.decode("ascii", "replace") if isinstance(text, bytes) else text
+
+
+def _with_port(bare: list[BareAddress] | None, port: int) -> list[Address] | None:
+    if bare is None:
+        return None
+    return [(family, sockaddr(family, ip, port)) for family, ip in bare]

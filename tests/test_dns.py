@@ -1,0 +1,521 @@
+"""Names and addresses, against a name server of our own on 127.0.0.1.
+
+The server is dnslib's ``DNSServer`` (UDP, random port) with a scripted zone:
+names with A/AAAA records and chosen TTLs, one that answers NXDOMAIN and one
+whose queries are dropped (a dead server, as far as that name is concerned).
+"Unreachable" addresses are loopback listeners whose accept queue is full: the
+kernel drops SYNs to them, which is what a blackholed route looks like, with
+no packet leaving the machine.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dnslib import AAAA, QTYPE, RCODE, RR, A, DNSRecord
+from dnslib.dns import DNSError
+from dnslib.server import BaseResolver, DNSHandler, DNSLogger, DNSServer
+
+import swarmget
+from swarmget.errors import UsageError
+from swarmget.loop import EventLoop
+from swarmget.net.ares import AresResolver
+from swarmget.net.dns import Address, ThreadedResolver, make_resolver
+from swarmget.net.eyeballs import HappyEyeballs, interleave
+from swarmget.options import Options
+from swarmget.testing import TestServer, expected_body
+
+V4, V6 = socket.AF_INET, socket.AF_INET6
+
+# name -> [(qtype, address, ttl)]
+ZONE: dict[str, list[tuple[str, str, int]]] = {
+    "v4.test.": [("A", "127.0.0.1", 300)],
+    "dual.test.": [("AAAA", "::1", 300), ("A", "127.0.0.1", 300)],
+    "ttl.test.": [("AAAA", "::1", 30), ("A", "127.0.0.1", 60)],
+    "short.test.": [("A", "127.0.0.1", 1)],
+    "zero.test.": [("A", "127.0.0.1", 0)],
+    "long.test.": [("A", "127.0.0.1", 86400)],
+    "shared.test.": [("A", "127.0.0.1", 300)],
+}
+NXDOMAIN = {"nx.test.", "cached-nx.test."}
+DROPPED = {"dead.test."}
+
+
+class ZoneResolver(BaseResolver):  # type: ignore[misc]
+    def __init__(self) -> None:
+        self.hits: collections.Counter[str] = collections.Counter()
+        self._lock = threading.Lock()
+
+    def resolve(self, request: DNSRecord, handler: DNSHandler) -> DNSRecord:
+        name = str(request.q.qname).lower()
+        with self._lock:
+            self.hits[name] += 1
+        if name in DROPPED:
+            raise DNSError("dropped on purpose")  # logged (silently) and never answered
+        reply = request.reply()
+        if name in NXDOMAIN or name not in ZONE:
+            reply.header.rcode = RCODE.NXDOMAIN
+            return reply
+        qtype = QTYPE[request.q.qtype]
+        for rtype, address, ttl in ZONE[name]:
+            if rtype == qtype:
+                rdata = A(address) if rtype == "A" else AAAA(address)
+                reply.add_answer(RR(request.q.qname, getattr(QTYPE, rtype), rdata=rdata, ttl=ttl))
+        return reply
+
+    def count(self, name: str) -> int:
+        with self._lock:
+            return self.hits[name.rstrip(".") + "."]
+
+
+class NameServer:
+    def __init__(self) -> None:
+        self.zone = ZoneResolver()
+        quiet = DNSLogger(logf=lambda *_: None)
+        self._server = DNSServer(self.zone, address="127.0.0.1", port=0, logger=quiet)
+        self.port: int = self._server.server.server_address[1]
+        self.address = f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> NameServer:
+        self._server.start_thread()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.stop()
+        self._server.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def dns() -> Iterator[NameServer]:
+    with NameServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def web() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def loop() -> Iterator[EventLoop]:
+    loop = EventLoop()
+    yield loop
+    loop.close()
+
+
+@pytest.fixture
+def resolver(loop: EventLoop, dns: NameServer) -> Iterator[AresResolver]:
+    res = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=2, min_ttl=1.0)
+    yield res
+    res.close()
+
+
+Outcome = tuple[list[Address] | None, Any]
+
+
+def resolve(
+    resolver: AresResolver | ThreadedResolver, loop: EventLoop, host: str, port: int = 80
+) -> Outcome:
+    out: list[Outcome] = []
+    resolver.resolve(host, port, lambda a, e: out.append((a, e)))
+    run_until(loop, lambda: bool(out), within=5.0)
+    return out[0]
+
+
+def run_until(loop: EventLoop, done: Callable[[], bool], within: float) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, "timed out waiting on the loop"
+        loop.run_once(0.05)
+
+
+@contextlib.contextmanager
+def blackhole(family: int = V6, host: str = "::1", port: int = 0) -> Iterator[int]:
+    """A listener whose one-slot accept queue is full: further SYNs are dropped."""
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    filler = socket.socket(family, socket.SOCK_STREAM)
+    probe = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, port))
+        listener.listen(0)
+        filler.connect(listener.getsockname()[:2])
+        probe.setblocking(False)
+        probe.connect_ex(listener.getsockname()[:2])
+        time.sleep(0.1)
+        if probe.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 and _connected(probe):
+            pytest.skip("this kernel completes connects beyond a full accept queue")
+        probe.close()
+        yield listener.getsockname()[1]
+    finally:
+        for sock in (probe, filler, listener):
+            sock.close()
+
+
+def _connected(sock: socket.socket) -> bool:
+    try:
+        sock.getpeername()
+    except OSError:
+        return False
+    return True
+
+
+def listener(family: int = V4, host: str = "127.0.0.1") -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.bind((host, 0))
+    sock.listen(16)
+    return sock
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- the c-ares resolver ------------------------------------------------------------
+
+
+def test_a_and_aaaa_records_become_addresses_with_the_port(
+    resolver: AresResolver, loop: EventLoop
+) -> None:
+    addresses, error = resolve(resolver, loop, "dual.test", 8080)
+    assert error is None
+    assert addresses is not None
+    assert sorted(addresses) == sorted([(V6, ("::1", 8080, 0, 0)), (V4, ("127.0.0.1", 8080))])
+    # Another port of the same host comes from the cache, with its own port.
+    addresses, _ = resolve(resolver, loop, "dual.test", 443)
+    assert addresses is not None
+    assert {a[1][1] for a in addresses} == {443}
+
+
+def test_cache_lasts_the_smallest_record_ttl_clamped(
+    resolver: AresResolver, loop: EventLoop
+) -> None:
+    resolve(resolver, loop, "ttl.test")
+    assert resolver.expires("ttl.test", 80) - loop.now == pytest.approx(30, abs=1)
+    resolve(resolver, loop, "zero.test")
+    assert resolver.expires("zero.test", 80) - loop.now == pytest.approx(1.0, abs=0.2)  # min_ttl
+    resolve(resolver, loop, "long.test")
+    assert resolver.expires("long.test", 80) - loop.now == pytest.approx(3600, abs=1)  # max_ttl
+
+
+def test_second_lookup_within_ttl_does_not_ask_and_after_ttl_does(
+    resolver: AresResolver, loop: EventLoop, dns: NameServer
+) -> None:
+    before = dns.zone.count("short.test")
+    addresses, error = resolve(resolver, loop, "short.test")
+    assert error is None and addresses == [(V4, ("127.0.0.1", 80))]
+    asked = dns.zone.count("short.test")
+    assert asked > before  # A and AAAA
+    resolve(resolver, loop, "short.test")
+    assert dns.zone.count("short.test") == asked
+    # TTL 1 s; c-ares keeps its own cache to whole seconds, so give it two.
+    time.sleep(2.1)
+    loop.run_once(0)
+    addresses, error = resolve(resolver, loop, "short.test")
+    assert error is None and addresses == [(V4, ("127.0.0.1", 80))]
+    assert dns.zone.count("short.test") > asked
+
+
+def test_concurrent_lookups_of_one_name_share_one_query(
+    resolver: AresResolver, loop: EventLoop, dns: NameServer
+) -> None:
+    out: list[Outcome] = []
+    for port in (80, 81, 82):
+        resolver.resolve("shared.test", port, lambda a, e: out.append((a, e)))
+    assert out == []  # never inside resolve()
+    run_until(loop, lambda: len(out) == 3, within=5.0)
+    assert [a[0][1][1] for a, _ in out if a] == [80, 81, 82]
+    assert dns.zone.count("shared.test") == 2  # one A and one AAAA query
+
+
+def test_nxdomain_fails_fast_with_dns_and_is_cached_briefly(
+    resolver: AresResolver, loop: EventLoop, dns: NameServer
+) -> None:
+    started = time.monotonic()
+    addresses, error = resolve(resolver, loop, "cached-nx.test")
+    assert time.monotonic() - started < 0.5
+    assert addresses is None
+    assert error.code == "dns"
+    assert "cached-nx.test" in error.message
+    asked = dns.zone.count("cached-nx.test")
+    _, again = resolve(resolver, loop, "cached-nx.test")
+    assert again.code == "dns"
+    assert dns.zone.count("cached-nx.test") == asked
+    assert resolver.expires("cached-nx.test", 80) - loop.now == pytest.approx(10, abs=1)
+
+
+def test_a_silent_server_fails_in_about_timeout_times_tries_without_blocking_others(
+    resolver: AresResolver, loop: EventLoop
+) -> None:
+    dead: list[Outcome] = []
+    started = time.monotonic()
+    resolver.resolve("dead.test", 80, lambda a, e: dead.append((a, e)))
+    addresses, error = resolve(resolver, loop, "v4.test")
+    assert error is None and addresses
+    assert time.monotonic() - started < 0.3 and not dead
+    run_until(loop, lambda: bool(dead), within=5.0)
+    elapsed = time.monotonic() - started
+    assert 0.3 <= elapsed < 2.0  # 0.3 s, then 0.6 s: c-ares doubles each round
+    assert dead[0][0] is None
+    assert dead[0][1].code == "dns"
+    assert "Timeout" in dead[0][1].message
+
+
+def test_hosts_file_names_need_no_server(resolver: AresResolver, loop: EventLoop) -> None:
+    addresses, error = resolve(resolver, loop, "localhost", 9)
+    assert error is None and addresses
+    assert {a[1][0] for a in addresses} <= {"127.0.0.1", "::1"}
+
+
+def test_cares_hosts_names_another_hosts_file(
+    resolver: AresResolver,
+    loop: EventLoop,
+    dns: NameServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 fromfile.test\n::1 fromfile.test\n")
+    monkeypatch.setenv("CARES_HOSTS", str(hosts))
+    addresses, error = resolve(resolver, loop, "fromfile.test", 9)
+    assert error is None and addresses is not None
+    assert sorted(a[1][0] for a in addresses) == ["127.0.0.1", "::1"]
+    assert dns.zone.count("fromfile.test") == 0
+
+
+def test_ip_literals_are_not_looked_up(resolver: AresResolver, loop: EventLoop) -> None:
+    assert resolve(resolver, loop, "[::1]", 5) == ([(V6, ("::1", 5, 0, 0))], None)
+    assert resolve(resolver, loop, "127.0.0.1", 5) == ([(V4, ("127.0.0.1", 5))], None)
+    assert resolver.expires("127.0.0.1", 5) == float("inf")
+
+
+def test_close_with_a_query_pending_calls_nothing_and_leaves_no_descriptor(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    res = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=2)
+    out: list[Outcome] = []
+    res.resolve("dead.test", 80, lambda a, e: out.append((a, e)))
+    loop.run_once(0.05)
+    res.close()
+    res.close()
+    for _ in range(5):
+        loop.run_once(0.05)
+    assert out == []
+    assert len(loop._selector.get_map()) == 1  # only the loop's own waker
+
+
+def test_make_resolver_prefers_c_ares_and_checks_servers(loop: EventLoop) -> None:
+    res = make_resolver(loop, servers=("127.0.0.1:5353",))
+    assert isinstance(res, AresResolver)
+    res.close()
+    with pytest.raises(UsageError, match="dns-server"):
+        Options(dns_servers=("not-an-ip",))
+    with pytest.raises(UsageError, match="bad port"):
+        Options(dns_servers=("[::1]:99999",))
+    assert Options(dns_servers="10.0.0.1").dns_servers == ("10.0.0.1",)  # type: ignore[arg-type]
+    assert Options(dns_servers=["[::1]:53"]).dns_servers == ("[::1]:53",)  # type: ignore[arg-type]
+
+
+def test_threaded_fallback_has_the_same_interface(loop: EventLoop) -> None:
+    res = ThreadedResolver(loop)
+    try:
+        addresses, error = resolve(res, loop, "localhost", 9)
+        assert error is None and addresses
+        assert res.expires("localhost", 9) > loop.now
+    finally:
+        res.close()
+
+
+# -- Happy Eyeballs -----------------------------------------------------------------
+
+Dialed = tuple[socket.socket | None, Any]
+
+
+def dial(loop: EventLoop, addresses: list[Address], timeout: float = 10.0) -> tuple[Dialed, float]:
+    out: list[Dialed] = []
+    eyeballs = HappyEyeballs(loop, addresses, lambda s, e: out.append((s, e)), timeout=timeout)
+    started = time.monotonic()
+    eyeballs.start()
+    assert out == []  # never called back from inside start()
+    run_until(loop, lambda: bool(out), within=timeout + 5)
+    return out[0], time.monotonic() - started
+
+
+def test_interleave_alternates_families_from_the_first() -> None:
+    a6, b6, c6 = ((V6, (f"::{i}", 1, 0, 0)) for i in (1, 2, 3))
+    a4, b4 = ((V4, (f"127.0.0.{i}", 1)) for i in (1, 2))
+    assert interleave([a6, b6, c6, a4, b4]) == [a6, a4, b6, b4, c6]
+    assert interleave([a4, a6, b6]) == [a4, a6, b6]
+    assert interleave([a4]) == [a4]
+
+
+def test_a_blackholed_first_address_costs_the_stagger_not_the_timeout(loop: EventLoop) -> None:
+    good = listener()
+    with blackhole() as dead_port, good:
+        addresses = [(V6, ("::1", dead_port, 0, 0)), (V4, good.getsockname())]
+        (sock, error), elapsed = dial(loop, addresses, timeout=10.0)
+        assert error is None and sock is not None
+        with sock:
+            assert sock.getpeername() == good.getsockname()
+        assert 0.2 <= elapsed < 1.0
+    assert len(loop._selector.get_map()) == 1  # the loser was unregistered (and closed)
+
+
+def test_the_same_within_one_family(loop: EventLoop) -> None:
+    good = listener()
+    with blackhole(V4, "127.0.0.1") as dead_port, good:
+        addresses = [(V4, ("127.0.0.1", dead_port)), (V4, good.getsockname())]
+        (sock, _), elapsed = dial(loop, addresses)
+        assert sock is not None
+        sock.close()
+        assert 0.2 <= elapsed < 1.0
+
+
+def test_a_refused_first_address_moves_on_at_once(loop: EventLoop) -> None:
+    with listener() as good:
+        addresses = [(V4, ("127.0.0.1", closed_port())), (V4, good.getsockname())]
+        (sock, _), elapsed = dial(loop, addresses)
+        assert sock is not None
+        sock.close()
+        assert elapsed < 0.15
+
+
+def test_all_refused_is_a_connect_error(loop: EventLoop) -> None:
+    addresses = [(V6, ("::1", closed_port(), 0, 0)), (V4, ("127.0.0.1", closed_port()))]
+    (sock, error), elapsed = dial(loop, addresses)
+    assert sock is None
+    assert error.code == "connect"
+    assert os.strerror(errno.ECONNREFUSED) in error.message
+    assert elapsed < 0.5
+
+
+def test_all_blackholed_times_out_once_for_the_whole_race(loop: EventLoop) -> None:
+    with blackhole() as port6, blackhole(V4, "127.0.0.1") as port4:
+        addresses = [(V6, ("::1", port6, 0, 0)), (V4, ("127.0.0.1", port4))]
+        (sock, error), elapsed = dial(loop, addresses, timeout=0.6)
+        assert sock is None
+        assert error.code == "timeout"
+        assert 0.55 <= elapsed < 1.2
+    assert len(loop._selector.get_map()) == 1
+
+
+def test_cancel_closes_the_attempts_without_calling_back(loop: EventLoop) -> None:
+    with blackhole() as port6, blackhole(V4, "127.0.0.1") as port4:
+        out: list[Dialed] = []
+        addresses = [(V6, ("::1", port6, 0, 0)), (V4, ("127.0.0.1", port4))]
+        eyeballs = HappyEyeballs(loop, addresses, lambda s, e: out.append((s, e)), timeout=0.6)
+        eyeballs.start()
+        deadline = time.monotonic() + 0.4
+        while time.monotonic() < deadline:
+            loop.run_once(0.05)
+        # Both attempts are in flight now (the stagger is 0.25 s); the deadline has
+        # not passed yet, and once cancelled it must not fire.
+        eyeballs.cancel()
+        deadline = time.monotonic() + 0.4
+        while time.monotonic() < deadline:
+            loop.run_once(0.05)
+        assert out == []
+        assert len(loop._selector.get_map()) == 1
+
+
+# -- the engine, through names ------------------------------------------------------
+
+
+def manifest(out: Path) -> dict[str, dict[str, Any]]:
+    text = (out / ".swarmget" / "manifest.jsonl").read_text()
+    records = [json.loads(line) for line in text.splitlines()]
+    return {r["url"]: r for r in records if r.get("status") in ("ok", "failed")}
+
+
+def named_urls(web: TestServer, host: str, names: list[str], size: int = 3000) -> list[str]:
+    return [f"http://{host}:{web.port}/files/{n}?size={size}" for n in names]
+
+
+def test_downloads_through_names_and_both_families(
+    web: TestServer, dns: NameServer, out_dir: Path
+) -> None:
+    v4 = named_urls(web, "v4.test", [f"a{i}.bin" for i in range(20)])
+    # dual.test lists ::1 first, where nothing listens on this port: refused, so
+    # Happy Eyeballs moves to 127.0.0.1 at once.
+    dual = named_urls(web, "dual.test", [f"b{i}.bin" for i in range(20)])
+    local = named_urls(web, "localhost", [f"c{i}.bin" for i in range(5)])
+    report = swarmget.download(
+        v4 + dual + local, out_dir, dns_servers=[dns.address], retries=0, concurrency=8
+    )
+    assert (report.ok, report.failed) == (45, 0), report.failures
+    for name in ("a0.bin", "b19.bin", "c4.bin"):
+        assert (out_dir / name).read_bytes() == expected_body(name, 3000)
+
+
+def test_nxdomain_fails_that_hosts_files_with_dns_and_no_others(
+    web: TestServer, dns: NameServer, out_dir: Path
+) -> None:
+    good = named_urls(web, "v4.test", [f"g{i}.bin" for i in range(30)])
+    bad = named_urls(web, "nx.test", [f"n{i}.bin" for i in range(30)])
+    mixed = [u for pair in zip(bad, good, strict=True) for u in pair]
+    started = time.monotonic()
+    report = swarmget.download(mixed, out_dir, dns_servers=[dns.address], retries=3)
+    assert time.monotonic() - started < 2.0
+    assert (report.ok, report.failed) == (30, 30)
+    records = manifest(out_dir)
+    assert {records[u]["error"] for u in bad} == {"dns"}
+    assert all(records[u]["status"] == "ok" for u in good)
+
+
+def test_a_silent_name_fails_with_dns_in_seconds_and_stalls_no_other_host(
+    web: TestServer, dns: NameServer, out_dir: Path
+) -> None:
+    good = named_urls(web, "v4.test", [f"g{i}.bin" for i in range(30)])
+    dead = named_urls(web, "dead.test", [f"d{i}.bin" for i in range(10)])
+    started_wall = time.time()
+    started = time.monotonic()
+    report = swarmget.download(dead + good, out_dir, dns_servers=[dns.address], retries=0)
+    elapsed = time.monotonic() - started
+    assert (report.ok, report.failed) == (30, 10)
+    records = manifest(out_dir)
+    assert {records[u]["error"] for u in dead} == {"dns"}
+    assert 0.5 < elapsed < 6.0  # default c-ares budget: 1 s, then 2 s
+    # The good host's files were on disk long before the dead name gave up.
+    last_good = max((out_dir / f"g{i}.bin").stat().st_mtime for i in range(30))
+    assert last_good - started_wall < 1.0
+
+
+def test_happy_eyeballs_in_the_engine(dns: NameServer, out_dir: Path) -> None:
+    # dual.test: ::1 first.  On this port, ::1 drops our SYNs; 127.0.0.1 serves.
+    with blackhole() as port:
+        try:
+            web = TestServer(port=port).start()
+        except OSError:
+            pytest.skip("127.0.0.1 has this port taken")
+        try:
+            urls = [f"http://dual.test:{port}/files/e{i}.bin?size=2000" for i in range(4)]
+            started = time.monotonic()
+            report = swarmget.download(
+                urls, out_dir, dns_servers=[dns.address], retries=0, timeout=10, per_host=4
+            )
+            elapsed = time.monotonic() - started
+        finally:
+            web.stop()
+    assert (report.ok, report.failed) == (4, 0), report.failures
+    assert 0.2 <= elapsed < 2.0  # one stagger, not the 10 s connect timeout
+    assert (out_dir / "e3.bin").read_bytes() == expected_body("e3.bin", 2000)
+
+
+def test_cli_takes_dns_servers(capsys: pytest.CaptureFixture[str]) -> None:
+    from swarmget import cli
+
+    cli.main(["--help"])
+    assert "--dns-server ADDR" in capsys.readouterr().out
