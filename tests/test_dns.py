@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from dnslib.dns import DNSError
 from dnslib.server import BaseResolver, DNSHandler, DNSLogger, DNSServer
 
 import swarmget
+import swarmget.engine.core
 from swarmget.errors import UsageError
 from swarmget.loop import EventLoop
 from swarmget.net.ares import AresResolver
@@ -329,6 +331,17 @@ def test_make_resolver_prefers_c_ares_and_checks_servers(loop: EventLoop) -> Non
     assert Options(dns_servers=["[::1]:53"]).dns_servers == ("[::1]:53",)  # type: ignore[arg-type]
 
 
+def test_without_pycares_the_threaded_resolver_stands_in(
+    loop: EventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "swarmget.net.ares", None)  # import fails
+    res = make_resolver(loop)
+    assert isinstance(res, ThreadedResolver)
+    res.close()
+    with pytest.raises(UsageError, match="pycares"):
+        make_resolver(loop, servers=("127.0.0.1",))
+
+
 def test_threaded_fallback_has_the_same_interface(loop: EventLoop) -> None:
     res = ThreadedResolver(loop)
     try:
@@ -512,6 +525,25 @@ def test_happy_eyeballs_in_the_engine(dns: NameServer, out_dir: Path) -> None:
     assert (report.ok, report.failed) == (4, 0), report.failures
     assert 0.2 <= elapsed < 2.0  # one stagger, not the 10 s connect timeout
     assert (out_dir / "e3.bin").read_bytes() == expected_body("e3.bin", 2000)
+
+
+def test_the_engine_asks_again_when_the_ttl_runs_out(
+    web: TestServer, dns: NameServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # short.test has TTL 1 s; let the engine's resolver honour it (default floor: 5 s).
+    def short_lived(loop: EventLoop, *, servers: tuple[str, ...] = ()) -> AresResolver:
+        return AresResolver(loop, servers=servers, min_ttl=0.5)
+
+    monkeypatch.setattr(swarmget.engine.core, "make_resolver", short_lived)
+    before = dns.zone.count("short.test")
+    # One connection per file (the server closes), spread over ~2.5 s.
+    urls = [
+        f"http://short.test:{web.port}/files/t{i}.bin?size=100&close=1&latency=0.25"
+        for i in range(10)
+    ]
+    report = swarmget.download(urls, out_dir, dns_servers=[dns.address], concurrency=1)
+    assert (report.ok, report.failed) == (10, 0), report.failures
+    assert dns.zone.count("short.test") - before >= 4  # asked at least twice (A + AAAA)
 
 
 def test_cli_takes_dns_servers(capsys: pytest.CaptureFixture[str]) -> None:
