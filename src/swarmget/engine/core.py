@@ -32,12 +32,12 @@ from collections.abc import Iterator
 from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
-from swarmget.engine.job import Job, Redirected, RestartTransfer, split_url
+from swarmget.engine.job import Job, Redirected, RestartTransfer, UrlSplitter, split_url
 from swarmget.engine.pool import HostPool, request_tail
 from swarmget.engine.retry import RetryPolicy
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
-from swarmget.manifest import ManifestWriter, load_journal
+from swarmget.manifest import MANIFEST_DIR, ManifestWriter, load_journal
 from swarmget.net.connect import start_connect
 from swarmget.net.dns import Address, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
@@ -75,6 +75,10 @@ class Engine:
         self.resolver = make_resolver(self.loop, servers=options.dns_servers)
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
+        # In an output dir that starts empty, every file is ours: no need to look
+        # for foreign files before each download (one syscall less per file).
+        self._fresh_dir = not self.journal and not _has_files(self.output.root)
+        self._split = UrlSplitter().split
         self.manifest = ManifestWriter(self.output.root)
         self.report = Report(manifest=self.manifest.path)
         self.progress = progress
@@ -187,7 +191,7 @@ class Engine:
 
     def _make_job(self, row: Row) -> Job | None:
         try:
-            origin, target, host_header = split_url(row.url)
+            origin, target, host_header = self._split(row.url)
             rel = self.names.allocate(row)
             final = self.output.final_path(rel)
             job = Job(row, origin, target, rel, final)
@@ -219,7 +223,7 @@ class Engine:
                 with contextlib.suppress(OSError):
                     job.resume_from = os.stat(job.final + PART_SUFFIX).st_size
                     job.validator = previous.validator
-        if not ours and not overwrite and os.path.lexists(job.final):
+        if not ours and not overwrite and not self._fresh_dir and os.path.lexists(job.final):
             raise TransferError(
                 ErrorCode.EXISTS,
                 f"{job.rel_path} already exists and was not downloaded by swarmget "
@@ -554,3 +558,8 @@ class Engine:
         assert self.progress is not None
         self.progress.update(self.snapshot())
         self.loop.call_later(PROGRESS_INTERVAL, self._tick_progress)
+
+
+def _has_files(root: str) -> bool:
+    with os.scandir(root) as entries:
+        return any(entry.name != MANIFEST_DIR for entry in entries)

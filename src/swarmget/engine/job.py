@@ -15,6 +15,32 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 _SAFE_TARGET = "/?#[]@!$&'()*+,;=:%-._~"
 
 
+class UrlSplitter:
+    """:func:`split_url` with a cache per ``scheme://authority/`` prefix.
+
+    Bulk lists put thousands of URLs on one origin; parsing the authority once
+    per origin instead of once per URL takes ``urlsplit`` off the per-file path.
+    """
+
+    def __init__(self) -> None:
+        self._origins: dict[str, tuple[Origin, str]] = {}
+
+    def split(self, url: str) -> tuple[Origin, str, str]:
+        cut = url.find("/", url.find("://") + 3) if "://" in url else -1
+        if cut > 0:
+            known = self._origins.get(url[:cut])
+            if known is not None:
+                target = url[cut:]
+                if "#" in target:
+                    target = target.partition("#")[0]
+                if target.isascii() and target.isprintable() and " " not in target:
+                    return known[0], target, known[1]
+        origin, target, host_header = split_url(url)
+        if cut > 0 and len(self._origins) < 65536 and url[:cut].isascii():
+            self._origins[url[:cut]] = (origin, host_header)
+        return origin, target, host_header
+
+
 def split_url(url: str) -> tuple[Origin, str, str]:
     """(origin, request target, Host header value) for an absolute http(s) URL."""
     try:
