@@ -465,6 +465,8 @@ def _scale_table(summaries: list[Summary]) -> list[str]:
         if wide.maxrss_mib is None or narrow.maxrss_mib is None:
             continue
         n_wide, n_narrow = int(wide.case.split()[0]), int(narrow.case.split()[0])
+        if n_wide <= n_narrow:
+            continue
         per_conn = (wide.maxrss_mib - narrow.maxrss_mib) * 1024 / (n_wide - n_narrow)
         lines.append(
             f"- {tool}: memory per connection = (peak RSS at {n_wide:,} - at {n_narrow:,}) "
@@ -515,10 +517,13 @@ def _versions() -> dict[str, str]:
         "for p in ('pycurl', 'aiohttp', 'requests'):\n"
         "    try: print(p, m.version(p))\n"
         "    except Exception: pass\n"
+        "try:\n"
+        "    import pycurl; print('pycurl-libcurl', pycurl.version)\n"
+        "except Exception: pass\n"
     )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     for line in proc.stdout.splitlines():
-        name, version = line.split()
+        name, _, version = line.partition(" ")
         versions[name] = version
     return versions
 
