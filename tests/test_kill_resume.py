@@ -37,11 +37,11 @@ def write_list(server: ProcessServer, path: Path) -> dict[str, int]:
     for i in range(SMALL):
         name = f"img{i:05d}.jpg"
         names[name] = size_of(i)
-        lines.append(server.file_url(name, size=size_of(i), latency=0.002))
+        lines.append(server.file_url(name, size=size_of(i), latency=0.02))
     for i in range(BIG):
         name = f"big{i}.bin"
         names[name] = BIG_SIZE
-        lines.append(server.file_url(name, size=BIG_SIZE, latency=0.002))
+        lines.append(server.file_url(name, size=BIG_SIZE, latency=0.02))
     path.write_text("\n".join(lines) + "\n")
     return names
 
@@ -78,7 +78,7 @@ def test_sigkill_at_random_moments_then_resume(server: ProcessServer, tmp_path: 
     kills = 0
     for _ in range(4):
         proc = swarmget(urls, out)
-        time.sleep(rng.uniform(0.4, 1.6))
+        time.sleep(rng.uniform(0.4, 1.4))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1

@@ -18,6 +18,11 @@ slice itself.
 Timeouts are not timers: the engine sweeps all connections a few times a second
 and calls :meth:`HTTPConnection.check`, which compares ``loop.now`` with the
 connection's timestamps.  That keeps the per-read cost at one attribute store.
+
+HTTPS is the subclass in ``engine/https.py``: after the TCP connect it wraps the
+socket and runs the TLS handshake (state ``HANDSHAKING``) before the first
+request; everything else here is shared, which is why sends treat
+``WOULD_BLOCK`` (plain *and* TLS "try again later") alike.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from swarmget.engine.retry import parse_retry_after
 from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.connect import connect_result
+from swarmget.net.tls import WOULD_BLOCK
 from swarmget.protocol import ConnectionClosed, ResponseHead, ResponseParser
 from swarmget.sinks.files import PartFile
 
@@ -39,7 +45,7 @@ if TYPE_CHECKING:
     from swarmget.engine.core import Engine
     from swarmget.engine.pool import HostPool
 
-CONNECTING, ACTIVE, IDLE, CLOSED = range(4)
+CONNECTING, HANDSHAKING, ACTIVE, IDLE, CLOSED = range(5)
 # An error response body larger than this is not worth reading to keep the
 # connection: we close it instead.
 _MAX_DISCARD = 256 * 1024
@@ -107,6 +113,10 @@ class HTTPConnection:
             )
             self.close()
             return
+        self._established(job)
+
+    def _established(self, job: Job) -> None:
+        """TCP is up: plain HTTP sends the request now (HTTPS handshakes first)."""
         self.engine.loop.modify(self.fd, EVENT_READ, self)
         self.state = ACTIVE
         self.start(job)
@@ -134,7 +144,7 @@ class HTTPConnection:
         request = b"GET " + job.target.encode("ascii") + tail
         try:
             sent = self.sock.send(request)
-        except BlockingIOError:
+        except WOULD_BLOCK:
             sent = 0
         except OSError as exc:
             self._transport_error(exc)
@@ -148,8 +158,8 @@ class HTTPConnection:
         assert out is not None
         try:
             sent = self.sock.send(out)
-        except BlockingIOError:
-            return
+        except WOULD_BLOCK:
+            return  # a TLS write must be retried with the same bytes: we keep them
         except OSError as exc:
             self._transport_error(exc)
             return
@@ -312,12 +322,11 @@ class HTTPConnection:
             if now - self.last_activity > self.engine.keepalive_idle:
                 self.close()
             return
-        if state == CONNECTING:
+        if state == CONNECTING or state == HANDSHAKING:
             if now - self.started > options.timeout:
+                what = "connect" if state == CONNECTING else "connect and TLS handshake"
                 self._fail(
-                    TransferError(
-                        ErrorCode.TIMEOUT, f"connect timed out after {options.timeout:g}s"
-                    )
+                    TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {options.timeout:g}s")
                 )
             return
         if state != ACTIVE:

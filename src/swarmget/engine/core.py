@@ -79,6 +79,8 @@ class Engine:
         # for foreign files before each download (one syscall less per file).
         self._fresh_dir = not self.journal and not _has_files(self.output.root)
         self._split = UrlSplitter().split
+        # A fresh journal with one line per row is already compact.
+        self._needs_compaction = bool(self.journal)
         self.manifest = ManifestWriter(self.output.root)
         self.report = Report(manifest=self.manifest.path)
         self.progress = progress
@@ -108,6 +110,7 @@ class Engine:
         self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)
         self._fatal: OutputError | None = None
+        self._to_publish: list[tuple[FileResult, PartFile]] = []  # complete, not yet renamed
         self._started_at = 0.0
 
     # -- running -------------------------------------------------------------------
@@ -132,7 +135,7 @@ class Engine:
         finally:
             self.report.elapsed = loop.time() - self._started_at
             self._shutdown()
-        if self._fatal is None and self._input_error is None:
+        if self._fatal is None and self._input_error is None and self._needs_compaction:
             self.manifest.compact()
         if self.progress is not None:
             self.progress.finish(self.report)
@@ -159,6 +162,8 @@ class Engine:
     def _abort(self) -> None:
         """Interrupted: drop in-flight work without recording it (a rerun redoes it)."""
         self._input_done = True
+        if self._to_publish:  # these are complete: keep them
+            self._publish()
         for conn in list(self.connections):
             if conn.part is not None:
                 keep = conn.job is not None and self.keep_part(conn.job, conn.part)
@@ -232,6 +237,9 @@ class Engine:
         return False
 
     def hashers_for(self, job: Job) -> dict[str, Hasher] | None:
+        row = job.row
+        if row.sha256 is None and row.md5 is None and not self.options.hash:
+            return None
         names = set(job.expected_digests())
         if self.options.hash:
             names.add(self.options.hash)
@@ -250,6 +258,7 @@ class Engine:
             return
         job.validator = validator.decode("latin-1")
         self.manifest.write_partial(job.row.url, job.rel_path, job.validator)
+        self._needs_compaction = True
 
     def keep_part(self, job: Job, part: PartFile) -> bool:
         """Keep a failed or interrupted ``.part`` for resuming?  Only large, validated ones."""
@@ -467,10 +476,31 @@ class Engine:
             job.row.url, job.rel_path, "ok", status, part.written, None, job.attempts,
             elapsed_ms, digests=digests, final_url=job.final_url,
         )  # fmt: skip
-        self.manifest.write(result)
-        part.commit()
-        self._in_memory -= 1
-        self.report.add(result)
+        part.close()
+        # Files finished in this loop turn are journaled with one write, then
+        # renamed into place: see _publish.
+        if not self._to_publish:
+            self.loop.call_soon(self._publish)
+        self._to_publish.append((result, part))
+
+    def _publish(self) -> None:
+        batch, self._to_publish = self._to_publish, []
+        encode = self.manifest.encode
+        self.manifest.write_lines([encode(result) for result, _ in batch])
+        for result, part in batch:
+            try:
+                part.publish()
+            except OutputError as exc:
+                part.abort()
+                if exc.fatal:
+                    self._fatal = exc
+                result = FileResult(
+                    result.url, None, "failed", result.http_status, 0, exc.code,
+                    result.attempts, result.elapsed_ms, exc.message,
+                )  # fmt: skip
+                self.manifest.write(result)
+            self._in_memory -= 1
+            self.report.add(result)
 
     def finish_failure(
         self,

@@ -77,15 +77,16 @@ class ResponseHead:
         keep_alive: bool,
     ) -> None:
         self.status = status
-        self.headers = headers  # (lower-cased name, raw value), in arrival order
+        self.headers = headers  # (name, value) as received, in arrival order
         self.content_length = content_length  # None when not framed by length
         self.chunked = chunked
         self.keep_alive = keep_alive
 
     def get(self, name: bytes) -> bytes | None:
         """The last value of header ``name`` (lower-case), or None."""
+        size = len(name)
         for key, value in reversed(self.headers):
-            if key == name:
+            if len(key) == size and key.lower() == name:
                 return value
         return None
 
@@ -100,19 +101,13 @@ class _Callbacks:
         "began",
         "body_sink",
         "complete",
-        "content_length",
-        "count",
         "extra",
         "head_done",
         "headers",
-        "transfer_encoding",
     )
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
-        self.count = 0
-        self.content_length: bytes | None = None
-        self.transfer_encoding: bytes | None = None
         self.began = False
         self.head_done = False
         self.complete = False
@@ -127,14 +122,9 @@ class _Callbacks:
         self.began = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.count += 1
-        if self.count <= MAX_HEADER_FIELDS:
-            lname = name.lower()
-            self.headers.append((lname, value))
-            if lname == b"content-length":
-                self.content_length = value
-            elif lname == b"transfer-encoding":
-                self.transfer_encoding = value
+        # Called once per field from C: keep it to one append (the 64 KiB head
+        # limit bounds the list); _parse_head reads the framing fields after.
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.head_done = True
@@ -299,7 +289,8 @@ class ResponseParser:
             raise ProtocolError(f"malformed response head: {exc}") from None
         if not collector.head_done:  # pragma: no cover - llhttp always completes a full block
             raise ProtocolError("incomplete response head")
-        if collector.count > MAX_HEADER_FIELDS:
+        headers = collector.headers
+        if len(headers) > MAX_HEADER_FIELDS:
             raise ProtocolError(f"response has more than {MAX_HEADER_FIELDS} header fields")
         status = parser.get_status_code()
         if 100 <= status < 200:
@@ -309,14 +300,22 @@ class ResponseParser:
             if self.informational > MAX_INFORMATIONAL:
                 raise ProtocolError(f"more than {MAX_INFORMATIONAL} interim 1xx responses")
             return None
+        # llhttp has already checked the framing fields (one Content-Length, all
+        # digits, not together with Transfer-Encoding); here we only read them.
+        content_length = transfer_encoding = None
+        for name, value in headers:
+            size = len(name)
+            if size == 14 and name.lower() == b"content-length":
+                content_length = value
+            elif size == 17 and name.lower() == b"transfer-encoding":
+                transfer_encoding = value
         chunked = False
         length: int | None = None
-        if collector.transfer_encoding is not None:
-            codings = collector.transfer_encoding.lower().split(b",")
-            chunked = codings[-1].strip() == b"chunked"
-        elif collector.content_length is not None:
-            length = int(collector.content_length)  # llhttp checked it is all digits
-        head = ResponseHead(status, collector.headers, length, chunked, parser.should_keep_alive())
+        if transfer_encoding is not None:
+            chunked = transfer_encoding.lower().split(b",")[-1].strip() == b"chunked"
+        elif content_length is not None:
+            length = int(content_length)
+        head = ResponseHead(status, headers, length, chunked, parser.should_keep_alive())
         if chunked:
             self._llhttp = parser
             self._chunk_state = collector

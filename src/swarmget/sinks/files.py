@@ -122,9 +122,20 @@ class PartFile:
 
     def commit(self) -> None:
         """Close and rename into place."""
+        self.close()
+        self.publish()
+
+    def close(self) -> None:
+        """Close the descriptor (the part stays; :meth:`publish` or :meth:`abort` follows)."""
         fd, self.fd = self.fd, -1
         try:
             os.close(fd)
+        except OSError as exc:
+            raise _io_error("finish", self.part, exc) from None
+
+    def publish(self) -> None:
+        """Rename the closed part to its final name."""
+        try:
             os.rename(self.part, self.final)
         except OSError as exc:
             raise _io_error("finish", self.final, exc) from None
