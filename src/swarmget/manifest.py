@@ -29,6 +29,7 @@ import json
 import os
 
 from swarmget.report import FileResult
+from swarmget.sinks.files import OutputError
 
 _quote = json.encoder.encode_basestring  # C-accelerated, keeps non-ASCII as UTF-8
 _OK_LINE = (
@@ -88,9 +89,14 @@ class ManifestWriter:
 
     def __init__(self, out_dir: str) -> None:
         self.path = manifest_path(out_dir)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        self._fd = os.open(self.path, flags, 0o644)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise OutputError(
+                f"cannot write the manifest {self.path}: {exc.strerror}", True
+            ) from None
         self._dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
     def write(self, result: FileResult) -> None:

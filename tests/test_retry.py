@@ -1,0 +1,114 @@
+"""Retry policy as a value, and retries that never hold up other transfers."""
+
+from __future__ import annotations
+
+import email.utils
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import swarmget
+from swarmget.engine.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
+from swarmget.testing import TestServer, expected_body
+
+
+def test_backoff_is_full_jitter_and_capped() -> None:
+    random.seed(1)
+    policy = RetryPolicy(retries=10, base=0.5, cap=4.0)
+    for attempt in range(1, 10):
+        ceiling = min(4.0, 0.5 * 2 ** (attempt - 1))
+        delays = [policy.delay(attempt) for _ in range(200)]
+        assert all(0.0 <= d <= ceiling for d in delays)
+        assert max(delays) > ceiling * 0.8  # spread over the whole range
+        assert min(delays) < ceiling * 0.2
+
+
+def test_retry_after_wins_up_to_its_cap() -> None:
+    policy = RetryPolicy(retry_after_cap=60)
+    assert policy.delay(1, retry_after=5) == 5
+    assert policy.delay(1, retry_after=1e6) == 60
+
+
+@pytest.mark.parametrize(
+    ("code", "retried"),
+    [("timeout", True), ("connect", True), ("truncated", True), ("http_404", False),
+     ("http_403", False), ("protocol", False), ("dns", False), ("checksum", False)]
+    + [(f"http_{s}", True) for s in sorted(RETRYABLE_STATUS)],
+)  # fmt: skip
+def test_what_is_retried(code: str, retried: bool) -> None:
+    policy = RetryPolicy(retries=2)
+    assert policy.should_retry(code, 1) is retried
+    assert policy.should_retry(code, 3) is False  # retries exhausted
+
+
+def test_retry_after_parsing() -> None:
+    assert parse_retry_after(b"7") == 7.0
+    now = time.time()
+    date = email.utils.formatdate(now + 30, usegmt=True).encode()
+    assert 28 <= (parse_retry_after(date, now) or 0) <= 31
+    assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True).encode(), now) == 0
+    assert parse_retry_after(b"soon") is None
+    assert parse_retry_after(None) is None
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def test_a_waiting_retry_does_not_hold_up_other_files(server: TestServer, out_dir: Path) -> None:
+    slow = server.file_url("wait.bin", size=100, status=503, retry_after=2, times=1)
+    others = [server.file_url(f"o{i}.bin", size=2000, latency=0.01) for i in range(100)]
+    started = time.monotonic()
+    report = swarmget.download([slow, *others], out_dir, retries=1, concurrency=4)
+    elapsed = time.monotonic() - started
+    assert report.ok == 101
+    assert 1.9 <= elapsed < 5  # one Retry-After wait, overlapped with all the others
+    # The other files were all done before the retry's wait was over.
+    first_done = max((out_dir / f"o{i}.bin").stat().st_mtime for i in range(100))
+    assert first_done < (out_dir / "wait.bin").stat().st_mtime
+    assert (out_dir / "wait.bin").read_bytes() == expected_body("wait.bin", 100)
+
+
+@pytest.mark.parametrize("fault", ["two_cl", "nul_header", "bad_status", "huge_headers"])
+def test_connection_is_never_reused_after_a_protocol_error(
+    server: TestServer, out_dir: Path, fault: str
+) -> None:
+    bad = server.file_url(f"{fault}.bin", size=100, fault=fault)
+    good = [server.file_url(f"after-{fault}-{i}.bin", size=100) for i in range(3)]
+    server.reset_stats()
+    report = swarmget.download([bad, *good], out_dir, retries=0, concurrency=1)
+    assert report.failures[0].error == "protocol" and report.ok == 3
+    assert server.stats.connections == 2  # the bad one, then a fresh one for the rest
+
+
+def test_unwritable_output_dir_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(swarmget.TransferError) as info:
+        swarmget.download(["http://127.0.0.1:9/x"], blocker / "out")
+    assert info.value.code == "io"
+    assert "Not a directory" in info.value.message or "not a directory" in str(info.value)
+
+
+def test_read_only_output_stops_the_run(server: TestServer, tmp_path: Path) -> None:
+    import os
+
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs tmpfs {mount} 2>/dev/null"):
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        (mount / ".swarmget").mkdir()
+        os.system(f"mount -o remount,ro {mount}")
+        urls = [server.file_url(f"r{i}.bin", size=100) for i in range(10)]
+        with pytest.raises(swarmget.TransferError) as info:
+            swarmget.download(urls, mount, retries=0)
+        assert info.value.code == "io"
+        assert "Read-only" in info.value.message
+    finally:
+        os.system(f"umount {mount}")
