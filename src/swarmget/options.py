@@ -6,6 +6,9 @@ Defaults are chosen for "many files from a few hosts, politely":
   with 50 KB files at 20 ms RTT, small enough not to exhaust file descriptors.
 * ``per_host=32``: a single origin never gets more than this many connections.
 * ``timeout=30`` s for connect and for silence while reading.
+* HTTPS certificates are verified against the system store (or the
+  ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` that replace it), plus ``cacert``;
+  ``insecure=True`` turns verification off, with a warning.
 * ``dns_servers=()``: the system's name servers (``/etc/resolv.conf``); set
   them ("1.2.3.4", "1.2.3.4:5353", "[::1]:53") to bypass it, as tests do.
 * ``deadline=3600`` s total per file, and ``min_speed=1024`` B/s averaged over
@@ -38,6 +41,8 @@ class Options:
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     user_agent: str = "swarmget/0.1"
     dns_servers: tuple[str, ...] = ()
+    cacert: str | None = None  # a PEM CA file trusted on top of the system store
+    insecure: bool = False  # do not verify TLS certificates (warns once on stderr)
 
     def __post_init__(self) -> None:
         servers: object = self.dns_servers  # callers pass lists, or one bare string

@@ -322,7 +322,7 @@ class HTTPConnection:
             if now - self.last_activity > self.engine.keepalive_idle:
                 self.close()
             return
-        if state == CONNECTING or state == HANDSHAKING:
+        if state in (CONNECTING, HANDSHAKING):
             if now - self.started > options.timeout:
                 what = "connect" if state == CONNECTING else "connect and TLS handshake"
                 self._fail(

@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
+from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Job, Redirected, RestartTransfer, UrlSplitter, split_url
 from swarmget.engine.pool import HostPool, request_tail
 from swarmget.engine.retry import RetryPolicy
@@ -41,6 +42,7 @@ from swarmget.manifest import MANIFEST_DIR, ManifestWriter, load_journal
 from swarmget.net.connect import start_connect
 from swarmget.net.dns import Address, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
+from swarmget.net.tls import ClientTLS
 from swarmget.options import Options
 from swarmget.protocol import ResponseHead
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
@@ -53,6 +55,7 @@ CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"
 # Bodies at least this large keep their .part on failure and resume with Range.
 RESUME_MIN_BYTES = 1 << 20
 PROGRESS_INTERVAL = 0.1
+_CONNECTION_TYPES = {"http": HTTPConnection, "https": HTTPSConnection}
 MANIFEST_FLUSH_INTERVAL = 1.0
 
 
@@ -73,6 +76,7 @@ class Engine:
         self.names = NameAllocator()
         self.policy = RetryPolicy(retries=options.retries)
         self.resolver = make_resolver(self.loop, servers=options.dns_servers)
+        self.tls = ClientTLS(options.cacert, options.insecure)  # the run's one SSLContext
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
         # In an output dir that starts empty, every file is ours: no need to look
@@ -393,7 +397,7 @@ class Engine:
                 job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
             )
             return
-        conn = HTTPConnection(self, pool, sock, job)
+        conn = _CONNECTION_TYPES[pool.origin[0]](self, pool, sock, job)
         pool.open += 1
         self.connections.add(conn)
 
@@ -426,7 +430,7 @@ class Engine:
             return
         # Already connected: the connection finds it writable on the next turn
         # and goes on as after any connect.
-        self.connections.add(HTTPConnection(self, pool, sock, job))
+        self.connections.add(_CONNECTION_TYPES[pool.origin[0]](self, pool, sock, job))
 
     def _open_count(self) -> int:
         return len(self.connections) + len(self.dialing)

@@ -54,8 +54,6 @@ def split_url(url: str) -> tuple[Origin, str, str]:
     host = parts.hostname
     if not host:
         raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {url!r}")
-    if scheme == "https":
-        raise TransferError(ErrorCode.BAD_URL, f"https is not supported yet: {url!r}")
     default = _DEFAULT_PORTS[scheme]
     port = port or default
     target = parts.path or "/"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,7 @@ class HostPool:
         "refresh_at",
         "request_tail",
         "resolving",
+        "tls_session",
     )
 
     def __init__(self, origin: Origin, request_tail: bytes) -> None:
@@ -43,6 +45,8 @@ class HostPool:
         self.dns_error: TransferError | None = None
         self.resolving = False
         self.refresh_at = 0.0  # loop time when the addresses (or dns_error) go stale
+        # The last TLS session a connection got here: the next one resumes it.
+        self.tls_session: ssl.SSLSession | None = None
 
     def __repr__(self) -> str:
         scheme, host, port = self.origin
