@@ -8,6 +8,10 @@
   :class:`~swarmget.testing.nginx.ServedTree`: ``.url(name)``, ``.base_url``,
   ``.port``, ``.names``, ``.size``, ``.urls()``, ``.expected(name)`` (the
   bytes a correct download of ``name`` must have), ``.root``, ``.nginx``.
+- ``tls_files`` (session): a throwaway CA and a server certificate for
+  127.0.0.1/localhost (:class:`~swarmget.testing.nginx.TlsFiles`: ``.ca_pem``...).
+- ``nginx_tls_server`` (session): the same tree as ``nginx_server``, served
+  over HTTPS with the ``tls_files`` certificate (pass ``cacert=tls_files.ca_pem``).
 - ``out_dir``: a fresh empty directory per test, on tmpfs (/dev/shm) when
   there is room, because disk speed is not what our tests measure.
 """
@@ -24,7 +28,14 @@ from pathlib import Path
 
 import pytest
 
-from swarmget.testing.nginx import Nginx, ServedTree, find_nginx, make_tree
+from swarmget.testing.nginx import (
+    Nginx,
+    ServedTree,
+    TlsFiles,
+    find_nginx,
+    make_tls_files,
+    make_tree,
+)
 
 TREE_COUNT = 2500
 TREE_SIZE = 50 * 1024
@@ -88,6 +99,20 @@ def nginx_server(nginx_bin: str) -> Iterator[ServedTree]:
             yield ServedTree(nginx=nginx, root=root, names=names, size=TREE_SIZE)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_tls_files(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="session")
+def nginx_tls_server(nginx_server: ServedTree, tls_files: TlsFiles) -> Iterator[ServedTree]:
+    # The same files as nginx_server, over HTTPS: no second tree to write.
+    with Nginx(nginx_server.root, ssl=tls_files.server) as nginx:
+        yield ServedTree(
+            nginx=nginx, root=nginx_server.root, names=nginx_server.names, size=nginx_server.size
+        )
 
 
 @pytest.fixture

@@ -296,6 +296,7 @@ def test_options_reach_the_engine(
         "127.0.0.1:5353",
         "--dns-server",
         "[::1]:53",
+        "--insecure",
     ]
     assert cli.main(argv) == 0
     (call,) = fake.calls
@@ -311,9 +312,14 @@ def test_options_reach_the_engine(
         "max_size": 1572864,
         "retries": 0,
         "overwrite": True,
+        "max_redirects": 10,
+        "allow_downgrade": False,
+        "hash": None,
         "headers": {"Authorization": "Bearer t", "X-A": "1"},
         "user_agent": Options().user_agent,
         "dns_servers": ("127.0.0.1:5353", "[::1]:53"),
+        "cacert": None,
+        "insecure": True,
     }
     Options.from_kwargs(call["options"])  # the engine will accept them
 

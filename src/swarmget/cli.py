@@ -271,6 +271,21 @@ def build_parser() -> ArgumentParser:
         help="record each file's digest in the manifest (default: none; sha256/md5 "
         "columns in the input are always verified)",
     )
+    tls = parser.add_argument_group("TLS (https URLs)")
+    tls.add_argument(
+        "--cacert",
+        metavar="FILE",
+        default=d.cacert,
+        help=(
+            "also trust the CA certificate(s) in this PEM file (default: the system store, "
+            "or SSL_CERT_FILE / SSL_CERT_DIR when set)"
+        ),
+    )
+    tls.add_argument(
+        "--insecure",
+        action="store_true",
+        help="do not verify server certificates or host names; warns once (default: verify)",
+    )
     add_output_flags(parser)
     parser.add_argument("--version", action="version", version=f"swarmget {__version__}")
     return parser
@@ -306,8 +321,14 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "headers": dict(args.header),
         "user_agent": args.user_agent,
         "dns_servers": tuple(args.dns_server),
+        "cacert": args.cacert,
+        "insecure": args.insecure,
     }
     Options.from_kwargs(options)  # raises UsageError naming the flag
+    if args.cacert is not None:
+        from swarmget.net.tls import client_context
+
+        client_context(args.cacert)  # raises UsageError for a missing or non-PEM file
     return options
 
 

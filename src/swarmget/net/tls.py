@@ -136,6 +136,11 @@ def record_reader(tls: ssl.SSLSocket) -> Callable[[int, memoryview], int]:
     if callable(read):
         fast: Callable[[int, memoryview], int] = read
         return fast
+    return public_record_reader(tls)
+
+
+def public_record_reader(tls: ssl.SSLSocket) -> Callable[[int, memoryview], int]:
+    """The same as :func:`record_reader` through the public (slower) ``recv_into``."""
     return lambda size, buffer: tls.recv_into(buffer, size)
 
 

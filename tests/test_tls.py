@@ -1,0 +1,453 @@
+"""HTTPS: real nginx over TLS, bad certificates, and TLS servers scripted in a thread.
+
+The scripted servers are blocking ``ssl`` server sockets, one thread per
+connection: enough to misbehave precisely (cut a body without close_notify,
+drop a kept-alive connection) and far simpler than teaching the asyncio test
+server TLS.  Every certificate comes from trustme, except the self-signed one,
+which trustme cannot make (its leaves always have an issuing CA).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+import swarmget
+from swarmget import cli
+from swarmget.engine import https
+from swarmget.engine.core import Engine
+from swarmget.engine.https import HTTPSConnection
+from swarmget.net import tls as tls_module
+from swarmget.net.tls import INSECURE_WARNING
+from swarmget.options import Options
+from swarmget.sources.rows import Row
+from swarmget.testing.nginx import ServedTree, TlsFiles
+
+Handler = Callable[[ssl.SSLSocket], None]
+BODY = bytes(range(256)) * 64  # 16 KB: more than one TLS record's worth with the head
+
+
+def manifest(out: Path) -> list[dict[str, Any]]:
+    lines = (out / ".swarmget" / "manifest.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def assert_nothing_left(out: Path, name: str) -> None:
+    assert not (out / name).exists()
+    assert not (out / (name + ".part")).exists()
+
+
+# -- a scripted TLS server -------------------------------------------------------------
+
+
+class TLSServer:
+    """Runs ``handler(tls_socket)`` for each connection on its own thread."""
+
+    def __init__(self, context: ssl.SSLContext, handler: Handler) -> None:
+        self.context = context
+        self.handler = handler
+        self.accepted = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def url(self, path: str) -> str:
+        return f"https://127.0.0.1:{self.port}/{path}"
+
+    def __enter__(self) -> TLSServer:
+        thread = threading.Thread(target=self._accept_loop, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in list(self._threads):
+            thread.join(5)
+        self._listener.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                raw, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            thread = threading.Thread(target=self._serve, args=(raw,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _serve(self, raw: socket.socket) -> None:
+        raw.settimeout(5)
+        try:
+            with self.context.wrap_socket(raw, server_side=True) as tls:
+                self.handler(tls)
+        except OSError:
+            pass  # the client refused our certificate, or hung up: both expected
+        finally:
+            raw.close()
+
+
+def read_request(tls: ssl.SSLSocket) -> bytes:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = tls.recv(4096)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def serve_keep_alive(tls: ssl.SSLSocket) -> None:
+    """A well-behaved origin: BODY for every request, until the client hangs up."""
+    while read_request(tls):
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+
+
+def server_context(cert: trustme.LeafCert) -> ssl.SSLContext:
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(context)
+    return context
+
+
+# -- certificates ----------------------------------------------------------------------
+
+
+class Certs:
+    """A trusted CA (``ca_pem``) and server contexts with one flaw each."""
+
+    def __init__(self, directory: Path) -> None:
+        self.ca = trustme.CA()
+        self.ca_pem = directory / "trusted-ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_pem))
+        now = datetime.datetime.now(datetime.UTC)
+        self.contexts: dict[str, ssl.SSLContext] = {
+            "good": server_context(self.ca.issue_cert("127.0.0.1", "localhost")),
+            "expired": server_context(
+                self.ca.issue_cert(
+                    "127.0.0.1",
+                    not_before=now - datetime.timedelta(days=30),
+                    not_after=now - datetime.timedelta(days=1),
+                )
+            ),
+            "wrong_host": server_context(self.ca.issue_cert("other.example")),
+            "unknown_ca": server_context(trustme.CA().issue_cert("127.0.0.1")),
+            "self_signed": self_signed_context(directory),
+        }
+
+
+def self_signed_context(directory: Path) -> ssl.SSLContext:
+    """A leaf for 127.0.0.1 signed by its own key (trustme only issues from a CA)."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=30))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "self-signed.pem", directory / "self-signed.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return Certs(tmp_path_factory.mktemp("certs"))
+
+
+# -- against nginx ---------------------------------------------------------------------
+
+
+def test_600_files_byte_for_byte_over_https(
+    nginx_tls_server: ServedTree, tls_files: TlsFiles, out_dir: Path
+) -> None:
+    names = nginx_tls_server.names[:600]
+    urls = [nginx_tls_server.url(name) for name in names]
+    report = swarmget.download(
+        urls, out_dir, concurrency=50, per_host=50, cacert=str(tls_files.ca_pem)
+    )
+    assert (report.ok, report.failed) == (600, 0), report.error_counts()
+    for name in names:
+        assert (out_dir / name).read_bytes() == nginx_tls_server.expected(name), name
+    assert {r["status"] for r in manifest(out_dir)} == {"ok"}
+
+
+def test_the_system_store_alone_does_not_trust_a_private_ca(
+    nginx_tls_server: ServedTree, out_dir: Path
+) -> None:
+    name = nginx_tls_server.names[0]
+    report = swarmget.download([nginx_tls_server.url(name)], out_dir, retries=0)
+    assert [f.error for f in report.failures] == ["tls_verify"]
+    assert_nothing_left(out_dir, name)
+
+
+def test_https_to_a_plain_http_port_is_a_tls_error(nginx_server: ServedTree, out_dir: Path) -> None:
+    url = nginx_server.url(nginx_server.names[0]).replace("http://", "https://")
+    report = swarmget.download([url], out_dir, retries=0)
+    (failure,) = report.failures
+    assert failure.error == "tls"
+    assert failure.message is not None and "TLS handshake" in failure.message
+
+
+@pytest.mark.parametrize("version", ["TLSv1_2", "TLSv1_3"])
+def test_reconnects_resume_the_tls_session(
+    nginx_tls_server: ServedTree,
+    tls_files: TlsFiles,
+    out_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    version: str,
+) -> None:
+    # "Connection: close" makes nginx end every connection after one response,
+    # so each file after the first is fetched on a new, hopefully resumed, one.
+    reused: list[bool] = []
+    original = HTTPSConnection.start
+
+    def spy(conn: HTTPSConnection, job: Any) -> None:
+        if conn.served == 0:
+            reused.append(conn._tls.session_reused)
+        original(conn, job)
+
+    monkeypatch.setattr(HTTPSConnection, "start", spy)
+    urls = [nginx_tls_server.url(name) for name in nginx_tls_server.names[:4]]
+    options = Options(concurrency=1, cacert=str(tls_files.ca_pem), headers={"Connection": "close"})
+    engine = Engine(iter(Row(i, u) for i, u in enumerate(urls)), out_dir, options)
+    tls_version = ssl.TLSVersion[version]
+    engine.tls.context.minimum_version = engine.tls.context.maximum_version = tls_version
+    report = engine.run()
+    assert report.ok == 4
+    assert reused == [False, True, True, True]
+
+
+def test_ssl_cert_file_replaces_the_system_store(
+    nginx_tls_server: ServedTree, tls_files: TlsFiles, certs: Certs, tmp_path: Path
+) -> None:
+    # OpenSSL, not swarmget, reads these variables: this checks we let it.
+    url = nginx_tls_server.url(nginx_tls_server.names[0])
+    empty_dir = tmp_path / "no-certs"
+    empty_dir.mkdir()
+
+    def run(cert_file: Path, out: Path) -> tuple[int, list[dict[str, Any]]]:
+        env = dict(os.environ, SSL_CERT_FILE=str(cert_file), SSL_CERT_DIR=str(empty_dir))
+        argv = [sys.executable, "-m", "swarmget", url, "-o", str(out), "--quiet", "--retries", "0"]
+        proc = subprocess.run(argv, env=env, capture_output=True, timeout=60)
+        return proc.returncode, manifest(out)
+
+    status, records = run(tls_files.ca_pem, tmp_path / "trusted")
+    assert (status, records[0]["status"]) == (0, "ok")
+    status, records = run(certs.ca_pem, tmp_path / "other-ca")
+    assert (status, records[0]["error"]) == (1, "tls_verify")
+
+
+# -- command line ----------------------------------------------------------------------
+
+
+def test_cli_cacert_and_insecure(
+    nginx_tls_server: ServedTree,
+    tls_files: TlsFiles,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    urls = [nginx_tls_server.url(name) for name in nginx_tls_server.names[:3]]
+    with_ca = [*urls, "-o", str(tmp_path / "a"), "--quiet", "--cacert", str(tls_files.ca_pem)]
+    assert cli.main(with_ca) == 0
+    assert capsys.readouterr().err == ""
+    assert cli.main([*urls, "-o", str(tmp_path / "b"), "--quiet", "--insecure"]) == 0
+    assert capsys.readouterr().err == INSECURE_WARNING  # one line, once per run
+    missing = tmp_path / "missing.pem"
+    assert cli.main([*urls, "-o", str(tmp_path / "c"), "--cacert", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("swarmget: error: --cacert") and err.count("\n") == 1
+
+
+def test_a_cacert_that_is_not_pem_is_a_usage_error(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.pem"
+    bogus.write_text("not a certificate\n")
+    with pytest.raises(swarmget.UsageError, match="--cacert"):
+        swarmget.download([], tmp_path / "out", cacert=str(bogus))
+
+
+# -- certificate verification ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("expired", "certificate has expired"),
+        ("self_signed", "self"),  # "self-signed certificate" (OpenSSL 3) or "self signed"
+        ("wrong_host", "mismatch"),  # "IP address mismatch, certificate is not valid for ..."
+        ("unknown_ca", "unable to get local issuer certificate"),
+    ],
+)
+def test_bad_certificates_fail_with_tls_verify(
+    certs: Certs, out_dir: Path, kind: str, reason: str
+) -> None:
+    with TLSServer(certs.contexts[kind], serve_keep_alive) as server:
+        report = swarmget.download(
+            [server.url("a.bin")], out_dir, cacert=str(certs.ca_pem), retries=0
+        )
+    (failure,) = report.failures
+    assert failure.error == "tls_verify", failure.message
+    assert failure.message is not None
+    assert "127.0.0.1" in failure.message and reason in failure.message
+    assert_nothing_left(out_dir, "a.bin")
+
+
+@pytest.mark.parametrize("kind", ["expired", "self_signed", "wrong_host", "unknown_ca"])
+def test_insecure_accepts_any_certificate_and_warns_once(
+    certs: Certs, out_dir: Path, kind: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with TLSServer(certs.contexts[kind], serve_keep_alive) as server:
+        urls = [server.url(f"f{i}.bin") for i in range(3)]
+        report = swarmget.download(urls, out_dir, insecure=True, concurrency=2)
+    assert (report.ok, report.failed) == (3, 0)
+    assert all((out_dir / f"f{i}.bin").read_bytes() == BODY for i in range(3))
+    assert capsys.readouterr().err == INSECURE_WARNING
+
+
+# -- hostile TLS servers ---------------------------------------------------------------
+
+
+def _cut_body(framing: str, close_notify: bool) -> Handler:
+    def handler(tls: ssl.SSLSocket) -> None:
+        read_request(tls)
+        length = b"Content-Length: %d\r\n" % len(BODY) if framing == "length" else b""
+        tls.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + length + b"\r\n")
+        tls.sendall(BODY[: len(BODY) // 2])
+        if close_notify:
+            tls.unwrap()  # raises once the client hangs up without answering: fine
+        # else: the socket closes under TLS, with no close_notify at all
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("framing", "close_notify"),
+    [("until-close", False), ("length", False), ("length", True)],
+    ids=["close-delimited-without-close_notify", "length-without-close_notify", "length-cut"],
+)
+def test_a_body_cut_short_is_truncated(
+    certs: Certs, out_dir: Path, framing: str, close_notify: bool
+) -> None:
+    with TLSServer(certs.contexts["good"], _cut_body(framing, close_notify)) as server:
+        report = swarmget.download(
+            [server.url("cut.bin")], out_dir, cacert=str(certs.ca_pem), retries=0
+        )
+    (failure,) = report.failures
+    assert failure.error == "truncated", failure.message
+    assert_nothing_left(out_dir, "cut.bin")
+
+
+@pytest.mark.parametrize("reader", ["fast", "public"])
+def test_truncation_is_seen_through_either_record_reader(
+    certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, reader: str
+) -> None:
+    # The fast reader calls the private SSLSocket._sslobj; the fallback must
+    # see a ragged EOF too (it would not if the socket suppressed ragged EOFs).
+    if reader == "public":
+        monkeypatch.setattr(https, "record_reader", tls_module.public_record_reader)
+    with TLSServer(certs.contexts["good"], _cut_body("until-close", False)) as server:
+        report = swarmget.download(
+            [server.url("cut.bin")], out_dir, cacert=str(certs.ca_pem), retries=0
+        )
+    assert [f.error for f in report.failures] == ["truncated"]
+
+
+def test_a_close_delimited_body_ended_by_close_notify_is_whole(certs: Certs, out_dir: Path) -> None:
+    def handler(tls: ssl.SSLSocket) -> None:
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + BODY)
+        tls.unwrap()
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download([server.url("whole.bin")], out_dir, cacert=str(certs.ca_pem))
+    assert (report.ok, report.failed) == (1, 0)
+    assert (out_dir / "whole.bin").read_bytes() == BODY
+
+
+def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one(
+    certs: Certs, out_dir: Path
+) -> None:
+    # One response per connection, then the next request is met with a bare TCP
+    # close (as when a server times the connection out just as we reuse it).
+    def handler(tls: ssl.SSLSocket) -> None:
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        read_request(tls)
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        urls = [server.url(f"k{i}.bin") for i in range(3)]
+        report = swarmget.download(
+            urls, out_dir, cacert=str(certs.ca_pem), concurrency=1, retries=0
+        )
+        accepted = server.accepted
+    assert (report.ok, report.failed) == (3, 0), report.error_counts()
+    assert accepted == 3
+    assert [r["attempts"] for r in manifest(out_dir)] == [1, 1, 1]
+
+
+def test_a_server_that_hangs_up_during_the_handshake_is_a_tls_error(out_dir: Path) -> None:
+    def hang_up() -> None:
+        raw, _ = listener.accept()
+        raw.recv(4096)  # the ClientHello
+        raw.close()
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=hang_up, daemon=True)
+        thread.start()
+        port = listener.getsockname()[1]
+        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=0)
+        thread.join(5)
+    (failure,) = report.failures
+    assert failure.error == "tls"
+    assert failure.message is not None and "closed" in failure.message
+
+
+def test_a_silent_handshake_times_out(out_dir: Path) -> None:
+    # The kernel completes the TCP handshake from the backlog; nobody ever
+    # answers the ClientHello.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=0, timeout=0.3)
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message is not None and "TLS handshake" in failure.message
