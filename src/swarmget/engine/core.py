@@ -469,6 +469,10 @@ class Engine:
             starved = next(iter(self._starved))
             del self._starved[starved]
             self._dispatch(starved)
+        # A failed connect records its job without passing through release():
+        # read more rows, else a run whose connects all fail stops after the
+        # first window of rows.  Soon, not now: we may be inside _refill already.
+        self.loop.call_soon(self._refill)
 
     # -- outcomes ---------------------------------------------------------------------
 
