@@ -42,6 +42,15 @@ REPO = Path(__file__).resolve().parent.parent
 _FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
+def _ca_file() -> str | None:
+    """The CA an HTTPS scenario's server certificate chains to (run.py sets it), else None.
+
+    Each peer gets it through its own documented option; none is told to skip
+    verification, so every tool pays for the same certificate checks.
+    """
+    return os.environ.get("BENCH_CA_FILE") or None
+
+
 def _make_dirs(out: Path, jobs: list[Job]) -> None:
     """Create each distinct parent directory once (part of the timed work)."""
     for parent in {os.path.dirname(path) for _, path in jobs}:
@@ -66,9 +75,11 @@ def prepare_swarmget(jobs: list[Job], out: Path, concurrency: int, work: Path) -
     import swarmget
 
     urls = [url for url, _ in jobs]
+    ca = _ca_file()
+    tls = {"cacert": ca} if ca else {}
 
     def run() -> list[str]:
-        report = swarmget.download(urls, out, concurrency=concurrency, per_host=concurrency)
+        report = swarmget.download(urls, out, concurrency=concurrency, per_host=concurrency, **tls)
         if report.failed:
             counts = report.error_counts()
             return [f"{report.failed} failed: {counts}"]
@@ -83,6 +94,9 @@ def prepare_swarmget_cli(jobs: list[Job], out: Path, concurrency: int, work: Pat
     url_file.write_text("".join(f"{url}\n" for url, _ in jobs))
     argv = [sys.executable, "-m", "swarmget", str(url_file), "-o", str(out)]
     argv += ["--concurrency", str(concurrency), "--per-host", str(concurrency), "--quiet"]
+    ca = _ca_file()
+    if ca:
+        argv += ["--cacert", ca]
     return _external(argv)
 
 
@@ -93,6 +107,7 @@ def _curl_handles(concurrency: int) -> list[object]:
     import pycurl
 
     handles = []
+    ca = _ca_file()
     for _ in range(concurrency):
         easy = pycurl.Curl()
         easy.setopt(pycurl.NOSIGNAL, 1)
@@ -102,6 +117,8 @@ def _curl_handles(concurrency: int) -> list[object]:
         easy.setopt(pycurl.LOW_SPEED_TIME, 60)
         # Bigger receive buffer: fewer recv() calls and write callbacks per body.
         easy.setopt(pycurl.BUFFERSIZE, 128 * 1024)
+        if ca:
+            easy.setopt(pycurl.CAINFO, ca)
         handles.append(easy)
     return handles
 
@@ -293,13 +310,16 @@ def prepare_aiohttp(jobs: list[Job], out: Path, concurrency: int, work: Path) ->
     read whole (50 KB) and written with one ``os.write``: on tmpfs that is faster
     than any thread-offloaded file API and does not stall the loop."""
     import asyncio
+    import ssl
 
     import aiohttp
 
     async def main() -> list[str]:
         errors: list[str] = []
         pending = iter(jobs)
-        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0)
+        ca = _ca_file()
+        tls = ssl.create_default_context(cafile=ca) if ca else True
+        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ssl=tls)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
         async with aiohttp.ClientSession(
             connector=connector, timeout=timeout, auto_decompress=False
@@ -345,7 +365,9 @@ def prepare_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -
         current: requests.Session | None = getattr(local, "session", None)
         if current is None:
             current = requests.Session()
-            current.mount("http://", HTTPAdapter(pool_connections=1, pool_maxsize=1))
+            for scheme in ("http://", "https://"):
+                current.mount(scheme, HTTPAdapter(pool_connections=1, pool_maxsize=1))
+            current.verify = _ca_file() or True
             local.session = current
         return current
 
@@ -459,6 +481,9 @@ def prepare_aria2(jobs: list[Job], out: Path, concurrency: int, work: Path) -> R
         "--console-log-level=error", "--quiet=true", "--max-tries=3", "--retry-wait=0",
         "--connect-timeout=30", "--timeout=60",
     ]  # fmt: skip
+    ca = _ca_file()
+    if ca:
+        argv.append(f"--ca-certificate={ca}")
     return _external(argv)
 
 
@@ -479,6 +504,9 @@ def prepare_curl(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Ru
         "--config", str(config), "--output-dir", str(out), "--create-dirs",
         "--fail", "--silent", "--show-error", "--connect-timeout", "30",
     ]  # fmt: skip
+    ca = _ca_file()
+    if ca:
+        argv += ["--cacert", ca]
     return _external(argv)
 
 

@@ -55,6 +55,7 @@ class Case:
     size: int
     expected: Callable[[str], bytes]  # content of the file at a job's output path
     jobs_file: Path = Path()
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # for the tool's process
 
 
 Setup = tuple[servers.BenchServer, list[Case]]
@@ -83,6 +84,21 @@ def setup_nginx(work: Path, files: int) -> Iterator[Setup]:
     with servers.nginx(root) as server:
         jobs = [(server.url(name), name) for name in names]
         yield server, [Case("", 100, jobs, SIZE, lambda rel: (root / rel).read_bytes())]
+
+
+@contextlib.contextmanager
+def setup_nginx_https(work: Path, files: int) -> Iterator[Setup]:
+    from swarmget.testing.nginx import make_tls_files, make_tree
+
+    root = work / "srv"
+    root.mkdir()
+    names = make_tree(root, files, SIZE)
+    tls = make_tls_files(work / "tls")
+    with servers.nginx(root, tls=tls) as server:
+        jobs = [(server.url(name), name) for name in names]
+        # Every peer trusts the throwaway CA through its own option (peers.py).
+        env = {"BENCH_CA_FILE": str(tls.ca_pem)}
+        yield server, [Case("", 100, jobs, SIZE, lambda rel: (root / rel).read_bytes(), env=env)]
 
 
 def _latency_jobs(server: servers.ScriptedServer, files: int, latency: float) -> list[Job]:
@@ -127,6 +143,14 @@ SCENARIOS = {
         10_000,
         180.0,
         setup_nginx,
+    ),
+    "nginx-https-50k": Scenario(
+        "nginx-https-50k",
+        "{files:,} x 50 KB from nginx (1 worker) over HTTPS on loopback, concurrency 100",
+        ["swarmget", "swarmget-cli", "pycurl", "aiohttp", "aria2c", "curl"],
+        10_000,
+        180.0,
+        setup_nginx_https,
     ),
     "latency-100ms": Scenario(
         "latency-100ms",
@@ -191,6 +215,7 @@ def run_once(
     argv += ["--concurrency", str(case.concurrency), "--result", str(result_file)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env.update(case.env)
     run = Run(tool, case.label, round_no, ok=False)
     with open(stderr_file, "wb") as stderr:
         proc = subprocess.Popen(

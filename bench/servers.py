@@ -1,7 +1,8 @@
 """The servers a scenario downloads from, each a context manager that always stops.
 
 * :func:`nginx`: ``swarmget.testing.nginx.Nginx`` (one worker) with a stub_status
-  location added, for the throughput scenario.
+  location added, for the throughput scenarios (plain HTTP, or HTTPS with a
+  throwaway CA).
 * :func:`scripted_server`: the scripted test server ``swarmget.testing`` in its own
   process (so it shares neither the GIL nor the CPU accounting of the tool under
   test), for the scenarios that need every response delayed: stock nginx cannot
@@ -15,11 +16,15 @@ and, where the server can tell, how many it held open at once.
 
 from __future__ import annotations
 
+import ssl
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from swarmget.testing.nginx import TlsFiles
 
 STATUS_PATH = "/_bench_status"
 
@@ -49,9 +54,11 @@ class NginxServer(BenchServer):
     """Counters from nginx's stub_status (accepts since the reset; no peak)."""
 
     _accepts_at_reset = 0
+    context: ssl.SSLContext | None = None  # trusts the server's CA when it serves HTTPS
 
     def _accepts(self) -> int:
-        with urllib.request.urlopen(self.url(STATUS_PATH), timeout=10) as response:
+        url = self.url(STATUS_PATH)
+        with urllib.request.urlopen(url, timeout=10, context=self.context) as response:
             lines = response.read().decode().splitlines()
         # "Active connections: N" / "server accepts handled requests" / "A H R"
         return int(lines[2].split()[0])
@@ -65,14 +72,23 @@ class NginxServer(BenchServer):
 
 
 @contextmanager
-def nginx(root: Path, *, worker_connections: int = 16384) -> Iterator[NginxServer]:
+def nginx(
+    root: Path, *, worker_connections: int = 16384, tls: TlsFiles | None = None
+) -> Iterator[NginxServer]:
+    """``tls``: serve HTTPS with that certificate (TLS 1.2/1.3, session cache on)."""
     from swarmget.testing.nginx import Nginx
 
     extra = f"location = {STATUS_PATH} {{ stub_status; access_log off; }}"
     with Nginx(
-        root, workers=1, worker_connections=worker_connections, extra_locations=extra
+        root,
+        workers=1,
+        worker_connections=worker_connections,
+        extra_locations=extra,
+        ssl=tls.server if tls else None,
     ) as server:
-        yield NginxServer(server)
+        wrapped = NginxServer(server)
+        wrapped.context = tls.client_context() if tls else None
+        yield wrapped
 
 
 # -- the scripted test server -----------------------------------------------------------
