@@ -560,6 +560,24 @@ def test_a_host_that_refuses_everything_fails_every_row(host: str, out_dir: Path
     assert {f.error for f in report.failures} == {"connect"}
 
 
+@pytest.mark.timeout(60)
+def test_connects_that_fail_at_once_also_fail_every_row(
+    out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No route (an IPv6-only host on an IPv4-only machine): connect() fails
+    # before any event, and the retry that follows comes from a timer.
+    def no_route(address: Address) -> tuple[socket.socket, int]:
+        sock = socket.socket()
+        sock.close()
+        return sock, errno.ENETUNREACH
+
+    monkeypatch.setattr(swarmget.engine.core, "start_connect", no_route)
+    urls = [f"http://127.0.0.1:9/u{i}.bin" for i in range(600)]
+    report = swarmget.download(urls, out_dir, retries=1)
+    assert (report.ok, report.failed) == (0, 600)
+    assert {f.error for f in report.failures} == {"connect"}
+
+
 def test_https_through_happy_eyeballs(dns: NameServer, out_dir: Path, tmp_path: Path) -> None:
     ca = trustme.CA()
     ca_pem = tmp_path / "ca.pem"

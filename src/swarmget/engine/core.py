@@ -396,6 +396,7 @@ class Engine:
             self.finish_failure(
                 job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
             )
+            self.loop.call_soon(self._refill)  # as in _slot_freed: no release() follows
             return
         conn = _CONNECTION_TYPES[pool.origin[0]](self, pool, sock, job)
         pool.open += 1
