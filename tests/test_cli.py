@@ -568,6 +568,9 @@ def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
     assert proc.returncode == 130
     assert out == ""
     manifest = out_dir / ".swarmget" / "manifest.jsonl"
-    assert err == f"swarmget: interrupted; rows that finished are listed in {manifest}\n"
+    assert err == (
+        f"swarmget: interrupted; rows that finished are listed in {manifest}; "
+        "run the same command again to resume\n"
+    )
     # The one row that finished is on record.
     assert [r["url"] for r in read_manifest(out_dir) if r["status"] == "ok"] == [urls[-1]]
