@@ -46,17 +46,24 @@ class FileResult:
         return record
 
 
+MAX_FAILURES_KEPT = 10_000
+
+
 @dataclasses.dataclass(slots=True)
 class Report:
-    """Totals for a run, plus every failure with its error code."""
+    """Totals for a run, counts per error code, and the failures (the first 10,000)."""
 
     ok: int = 0
     failed: int = 0
     skipped: int = 0  # rows already complete from an earlier run (not counted in ok)
     bytes: int = 0
     elapsed: float = 0.0
+    # The first MAX_FAILURES_KEPT failures; every one is in the manifest, and
+    # error_counts() counts them all (a million failed rows must not mean a
+    # million objects in memory).
     failures: list[FileResult] = dataclasses.field(default_factory=list)
     manifest: str | None = None
+    _error_counts: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
 
     @property
     def total(self) -> int:
@@ -76,14 +83,14 @@ class Report:
             self.bytes += result.bytes
         else:
             self.failed += 1
-            self.failures.append(result)
+            if len(self.failures) < MAX_FAILURES_KEPT:
+                self.failures.append(result)
+            key = result.error or "unknown"
+            self._error_counts[key] = self._error_counts.get(key, 0) + 1
 
     def error_counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for failure in self.failures:
-            key = failure.error or "unknown"
-            counts[key] = counts.get(key, 0) + 1
-        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        """Failures per error code (all of them), most frequent first."""
+        return dict(sorted(self._error_counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def to_json(self) -> dict[str, Any]:
         return {
