@@ -556,7 +556,9 @@ def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
         )
         try:
             deadline = time.monotonic() + 30
-            while srv.stats.requests < 4 and time.monotonic() < deadline:
+            # The server having answered is not enough: wait until the client has
+            # the fast file in place, or Ctrl-C may land before it arrives.
+            while not (out_dir / "fast.bin").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert srv.stats.requests == 4
             proc.send_signal(signal.SIGINT)
