@@ -12,6 +12,8 @@
   127.0.0.1/localhost (:class:`~swarmget.testing.nginx.TlsFiles`: ``.ca_pem``...).
 - ``nginx_tls_server`` (session): the same tree as ``nginx_server``, served
   over HTTPS with the ``tls_files`` certificate (pass ``cacert=tls_files.ca_pem``).
+- ``tinyproxy_bin``: path of Debian's tinyproxy (an http proxy for
+  tests/test_proxy.py); skips when missing, fails under CI, like ``nginx_bin``.
 - ``out_dir``: a fresh empty directory per test, on tmpfs (/dev/shm) when
   there is room, because disk speed is not what our tests measure.
 """
@@ -36,6 +38,7 @@ from swarmget.testing.nginx import (
     make_tls_files,
     make_tree,
 )
+from swarmget.testing.tinyproxy import find_tinyproxy
 
 TREE_COUNT = 2500
 TREE_SIZE = 50 * 1024
@@ -91,6 +94,17 @@ def nginx_bin() -> str:
 
 
 @pytest.fixture(scope="session")
+def tinyproxy_bin() -> str:
+    binary = find_tinyproxy()
+    if binary is None:
+        reason = "tinyproxy is not installed (`./dev test` installs it: apt-get install tinyproxy)"
+        if under_ci():
+            pytest.fail(f"{reason}; under CI it is required, not skipped", pytrace=False)
+        pytest.skip(reason)
+    return binary
+
+
+@pytest.fixture(scope="session")
 def nginx_server(nginx_bin: str) -> Iterator[ServedTree]:
     root = Path(tempfile.mkdtemp(prefix="swarmget-www-", dir=_fast_tmp_base()))
     try:
@@ -126,3 +140,43 @@ def out_dir(tmp_path: Path) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def nxdomain_dns() -> Iterator[str]:
+    """A name server on loopback that answers NXDOMAIN to everything.
+
+    Tests that need a name to fail use it (``dns_servers=(nxdomain_dns,)``)
+    rather than the machine's resolver, so no test sends DNS off this host.
+    """
+    import socket
+    import threading
+
+    from dnslib import RCODE, DNSRecord
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                data, peer = sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with contextlib.suppress(Exception):  # a malformed query gets no answer
+                reply = DNSRecord.parse(data).reply()
+                reply.header.rcode = RCODE.NXDOMAIN
+                sock.sendto(reply.pack(), peer)
+
+    thread = threading.Thread(target=serve, name="nxdomain-dns", daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        sock.close()

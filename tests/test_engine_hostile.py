@@ -146,8 +146,8 @@ def test_connection_refused_is_connect(out_dir: Path) -> None:
     assert_nothing_left(out_dir, "x.bin")
 
 
-def test_unresolvable_host_is_dns(out_dir: Path) -> None:
-    report = run(["http://no-such-host.invalid/x.bin"], out_dir)
+def test_unresolvable_host_is_dns(out_dir: Path, nxdomain_dns: str) -> None:
+    report = run(["http://no-such-host.invalid/x.bin"], out_dir, dns_servers=(nxdomain_dns,))
     assert report.failures[0].error == "dns"
 
 
