@@ -320,6 +320,8 @@ def test_options_reach_the_engine(
         "dns_servers": ("127.0.0.1:5353", "[::1]:53"),
         "cacert": None,
         "insecure": True,
+        "proxy": None,
+        "no_proxy": None,
     }
     Options.from_kwargs(call["options"])  # the engine will accept them
 

@@ -26,6 +26,7 @@ from typing import IO, Any, NoReturn
 
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
+from swarmget.net.proxy import proxy_settings
 from swarmget.options import Options
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -42,7 +43,7 @@ MANIFEST = os.path.join(".swarmget", "manifest.jsonl")
 # code in ErrorCode.ALL is here, so a new code cannot ship undocumented.
 ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.TIMEOUT: "connect or idle-read timeout, deadline, or below --min-speed",
-    ErrorCode.CONNECT: "refused, unreachable, or reset before any response",
+    ErrorCode.CONNECT: "refused, unreachable, or reset before any response (origin or proxy)",
     ErrorCode.DNS: "the host name did not resolve",
     ErrorCode.TRUNCATED: "the connection ended before the body was complete",
     ErrorCode.PROTOCOL: "malformed or over-limit HTTP response",
@@ -58,7 +59,8 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.CHECKSUM: "the body did not match the row's sha256/md5",
     ErrorCode.SIZE_MISMATCH: "the body length did not match the row's size",
     ErrorCode.CANCELLED: "the run was interrupted before this row finished",
-    "http_<status>": "the final HTTP status was not a success, e.g. http_404",
+    "http_<status>": "the final HTTP status was not a success, e.g. http_404 "
+    "(http_407: the proxy wants user:password)",
 }
 
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
@@ -286,6 +288,30 @@ def build_parser() -> ArgumentParser:
         action="store_true",
         help="do not verify server certificates or host names; warns once (default: verify)",
     )
+    proxies = parser.add_argument_group("proxies")
+    proxies.add_argument(
+        "--proxy",
+        metavar="URL",
+        default=d.proxy,
+        help=(
+            "send requests through this http proxy, http://[user:password@]host[:port] "
+            "(port 1080 if omitted; user:password for Basic auth): http URLs are forwarded "
+            "to it, https URLs tunnelled with CONNECT; '' for no proxy (default: "
+            "$http_proxy for http URLs, $https_proxy for https URLs, else $all_proxy; "
+            "lower case wins over upper case)"
+        ),
+    )
+    proxies.add_argument(
+        "--no-proxy",
+        metavar="HOSTS",
+        default=d.no_proxy,
+        help=(
+            "comma-separated hosts to reach directly, as curl's --noproxy: a name also "
+            "covers its subdomains; IPs, CIDR ranges (10.0.0.0/8) and host:port work; "
+            "'*' means no proxy at all. localhost is proxied unless listed "
+            "(default: $no_proxy or $NO_PROXY)"
+        ),
+    )
     add_output_flags(parser)
     parser.add_argument("--version", action="version", version=f"swarmget {__version__}")
     return parser
@@ -323,8 +349,12 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
         "dns_servers": tuple(args.dns_server),
         "cacert": args.cacert,
         "insecure": args.insecure,
+        "proxy": args.proxy,
+        "no_proxy": args.no_proxy,
     }
     Options.from_kwargs(options)  # raises UsageError naming the flag
+    # A proxy environment variable we cannot use fails now too, naming the variable.
+    proxy_settings(args.proxy, args.no_proxy)
     if args.cacert is not None:
         from swarmget.net.tls import client_context
 

@@ -11,6 +11,11 @@ Defaults are chosen for "many files from a few hosts, politely":
   ``insecure=True`` turns verification off, with a warning.
 * ``dns_servers=()``: the system's name servers (``/etc/resolv.conf``); set
   them ("1.2.3.4", "1.2.3.4:5353", "[::1]:53") to bypass it, as tests do.
+* ``proxy=None``: proxies from ``http_proxy`` / ``https_proxy`` / ``all_proxy``
+  (and ``no_proxy``) when ``trust_env``, as curl reads them; a URL
+  (``http://[user:pass@]host:port``) for both schemes; ``""`` for none.
+  ``no_proxy`` (a comma list, ``*`` for all) replaces ``$no_proxy`` when set.
+  See ``net/proxy.py``.
 * ``deadline=3600`` s total per file, and ``min_speed=1024`` B/s averaged over
   ``min_speed_window=30`` s: a server that stalls is cut by ``timeout``; one that
   drip-feeds a byte at a time is cut by the speed rule; nothing can hang a run.
@@ -24,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from swarmget.errors import UsageError
+from swarmget.net.proxy import parse_proxy_url
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -43,6 +49,9 @@ class Options:
     dns_servers: tuple[str, ...] = ()
     cacert: str | None = None  # a PEM CA file trusted on top of the system store
     insecure: bool = False  # do not verify TLS certificates (warns once on stderr)
+    proxy: str | None = None  # http://[user:pass@]host:port; None: from the environment
+    no_proxy: str | None = None  # hosts that go direct; None: from the environment
+    trust_env: bool = True  # read the proxy environment variables
 
     def __post_init__(self) -> None:
         servers: object = self.dns_servers  # callers pass lists, or one bare string
@@ -66,6 +75,8 @@ class Options:
             raise UsageError("--hash must be sha256 or md5")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
+        if self.proxy:
+            parse_proxy_url(self.proxy)  # raises UsageError naming --proxy
 
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:

@@ -45,11 +45,18 @@ if TYPE_CHECKING:
     from swarmget.engine.core import Engine
     from swarmget.engine.pool import HostPool
 
-CONNECTING, HANDSHAKING, ACTIVE, IDLE, CLOSED = range(5)
+# TUNNELLING: waiting for an http proxy's answer to CONNECT (engine/tunnel.py).
+CONNECTING, HANDSHAKING, ACTIVE, IDLE, CLOSED, TUNNELLING = range(6)
+_SETUP_STATES = {
+    CONNECTING: "connect",
+    TUNNELLING: "connect through the proxy",
+    HANDSHAKING: "connect and TLS handshake",
+}
 # An error response body larger than this is not worth reading to keep the
 # connection: we close it instead.
 _MAX_DISCARD = 256 * 1024
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+PROXY_AUTH_HINT = " (Proxy Authentication Required: give user:password in the proxy URL)"
 
 
 class HTTPConnection:
@@ -108,9 +115,7 @@ class HTTPConnection:
         assert job is not None
         if err:
             self.job = None
-            self.engine.finish_failure(
-                job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
-            )
+            self.engine.finish_failure(job, connect_error(self.pool, err))
             self.close()
             return
         self._established(job)
@@ -238,7 +243,7 @@ class HTTPConnection:
         if not head.chunked and (length is None or length > _MAX_DISCARD):
             if job.redirect_to is not None:
                 raise Redirected(job.redirect_to)
-            raise TransferError(http_code(status), f"HTTP {status}")
+            raise http_error(self.pool, status)
 
     def _check_size(self, total: int) -> None:
         limit = self.engine.options.max_size
@@ -275,9 +280,7 @@ class HTTPConnection:
             engine.follow_redirect(job)
         else:
             retry_after = parse_retry_after(parser.head.get(b"retry-after"))
-            engine.finish_failure(
-                job, TransferError(http_code(status), f"HTTP {status}"), status, retry_after
-            )
+            engine.finish_failure(job, http_error(self.pool, status), status, retry_after)
         engine.release(self, reusable)
 
     def _fail(self, error: TransferError) -> None:
@@ -322,9 +325,9 @@ class HTTPConnection:
             if now - self.last_activity > self.engine.keepalive_idle:
                 self.close()
             return
-        if state in (CONNECTING, HANDSHAKING):
+        if state in _SETUP_STATES:
             if now - self.started > options.timeout:
-                what = "connect" if state == CONNECTING else "connect and TLS handshake"
+                what = _SETUP_STATES[state]
                 self._fail(
                     TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {options.timeout:g}s")
                 )
@@ -363,3 +366,16 @@ class HTTPConnection:
         self.engine.loop.remove(self.fd)
         self.sock.close()
         self.engine.connection_closed(self)
+
+
+def http_error(pool: HostPool, status: int) -> TransferError:
+    """``http_<status>`` for a final status that is not a success; a 407 names the proxy."""
+    if status == 407 and pool.proxy is not None:
+        return TransferError(http_code(407), f"HTTP 407 from proxy {pool.proxy}{PROXY_AUTH_HINT}")
+    return TransferError(http_code(status), f"HTTP {status}")
+
+
+def connect_error(pool: HostPool, err: int) -> TransferError:
+    """``connect``: the TCP connect to the origin (or to its proxy) failed with ``err``."""
+    via = f" to proxy {pool.proxy} ({pool.proxy.source})" if pool.proxy is not None else ""
+    return TransferError(ErrorCode.CONNECT, f"connect{via} failed: {os.strerror(err)}")

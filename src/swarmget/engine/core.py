@@ -31,17 +31,19 @@ import socket
 from collections.abc import Iterator
 from urllib.parse import urljoin, urlsplit
 
-from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection
+from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection, connect_error
 from swarmget.engine.https import HTTPSConnection
-from swarmget.engine.job import Job, Redirected, RestartTransfer, UrlSplitter, split_url
+from swarmget.engine.job import Job, Origin, Redirected, RestartTransfer, UrlSplitter, split_url
 from swarmget.engine.pool import HostPool, request_tail
 from swarmget.engine.retry import RetryPolicy
+from swarmget.engine.tunnel import TunnelHTTPSConnection
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
 from swarmget.manifest import MANIFEST_DIR, ManifestWriter, load_journal
 from swarmget.net.connect import start_connect
 from swarmget.net.dns import Address, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
+from swarmget.net.proxy import proxy_settings
 from swarmget.net.tls import ClientTLS
 from swarmget.options import Options
 from swarmget.protocol import ResponseHead
@@ -77,6 +79,9 @@ class Engine:
         self.policy = RetryPolicy(retries=options.retries)
         self.resolver = make_resolver(self.loop, servers=options.dns_servers)
         self.tls = ClientTLS(options.cacert, options.insecure)  # the run's one SSLContext
+        # None unless some origin may go through a proxy (net/proxy.py): the
+        # direct path checks only that.
+        self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
         # In an output dir that starts empty, every file is ours: no need to look
@@ -212,8 +217,31 @@ class Engine:
             self._record(FileResult(row.url, None, "failed", error=exc.code, message=exc.message))
             return None
         if origin not in self.pools:
-            self.pools[origin] = HostPool(origin, request_tail(host_header, self._headers))
+            self.pools[origin] = self._new_pool(origin, host_header)
+        if self.proxies is not None:
+            self._proxy_target(job)
         return job
+
+    def _new_pool(self, origin: Origin, host_header: str) -> HostPool:
+        tail = request_tail(host_header, self._headers)
+        scheme, host, port = origin
+        proxy = self.proxies.for_origin(scheme, host, port) if self.proxies is not None else None
+        if proxy is None:
+            return HostPool(origin, tail, _CONNECTION_TYPES[scheme])
+        if scheme == "https":
+            return HostPool(origin, tail, TunnelHTTPSConnection, proxy)
+        # Plain http through the proxy: the proxy reads the absolute-form target
+        # and our Proxy-Authorization; the Host header stays the origin's.
+        if proxy.authorization is not None:
+            tail = tail[:-2] + f"Proxy-Authorization: {proxy.authorization}\r\n\r\n".encode()
+        pool = HostPool(origin, tail, HTTPConnection, proxy)
+        pool.target_prefix = f"http://{host_header}"
+        return pool
+
+    def _proxy_target(self, job: Job) -> None:
+        prefix = self.pools[job.origin].target_prefix
+        if prefix:
+            job.target = prefix + job.target
 
     def _already_done(self, job: Job) -> bool:
         """Resume bookkeeping for a new job: True to skip it; may set ``resume_from``.
@@ -306,7 +334,9 @@ class Engine:
         job.url, job.origin, job.target = target, origin, path
         job.resume_from = 0
         if origin not in self.pools:
-            self.pools[origin] = HostPool(origin, request_tail(host_header, self._headers))
+            self.pools[origin] = self._new_pool(origin, host_header)
+        if self.proxies is not None:
+            self._proxy_target(job)
         self._enqueue(job)
 
     # -- scheduling -------------------------------------------------------------------
@@ -348,14 +378,14 @@ class Engine:
 
     def _resolve(self, pool: HostPool) -> None:
         pool.resolving = True
-        _, host, port = pool.origin
+        host, port = pool.connect_to
         self.resolver.resolve(host, port, lambda a, e: self._resolved(pool, a, e))
 
     def _resolved(
         self, pool: HostPool, addresses: list[Address] | None, error: TransferError | None
     ) -> None:
         pool.resolving = False
-        _, host, port = pool.origin
+        host, port = pool.connect_to
         # Ask again when the answer's TTL runs out.  A refresh that fails keeps the
         # addresses that worked: a DNS blip should not fail a host we are using.
         pool.refresh_at = max(self.resolver.expires(host, port), self.loop.now + 1.0)
@@ -393,12 +423,10 @@ class Engine:
             return
         sock, err = start_connect(addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
-            self.finish_failure(
-                job, TransferError(ErrorCode.CONNECT, f"connect failed: {os.strerror(err)}")
-            )
+            self.finish_failure(job, connect_error(pool, err))
             self.loop.call_soon(self._refill)  # as in _slot_freed: no release() follows
             return
-        conn = _CONNECTION_TYPES[pool.origin[0]](self, pool, sock, job)
+        conn = pool.connection_type(self, pool, sock, job)
         pool.open += 1
         self.connections.add(conn)
 
@@ -431,7 +459,7 @@ class Engine:
             return
         # Already connected: the connection finds it writable on the next turn
         # and goes on as after any connect.
-        self.connections.add(_CONNECTION_TYPES[pool.origin[0]](self, pool, sock, job))
+        self.connections.add(pool.connection_type(self, pool, sock, job))
 
     def _open_count(self) -> int:
         return len(self.connections) + len(self.dialing)

@@ -1,4 +1,12 @@
-"""Per-origin bookkeeping: queued jobs, idle keep-alive connections, addresses."""
+"""Per-origin bookkeeping: queued jobs, idle keep-alive connections, addresses.
+
+An origin reached through an http proxy keeps its own pool (the same origin
+never mixes proxied and direct connections: the choice is made once per origin
+for the whole run); only ``connect_to`` (what is resolved and dialled),
+``connection_type`` and the request tail differ.  So ``per_host`` still counts
+connections per target origin, and connections to the proxy are not shared
+between origins.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ from typing import TYPE_CHECKING
 from swarmget.engine.job import Job, Origin
 from swarmget.errors import TransferError
 from swarmget.net.dns import Address
+from swarmget.net.proxy import Proxy
 
 if TYPE_CHECKING:
     from swarmget.engine.connection import HTTPConnection
@@ -24,20 +33,37 @@ def request_tail(host_header: str, headers: dict[str, str]) -> bytes:
 class HostPool:
     __slots__ = (
         "addresses",
+        "connect_to",
+        "connection_type",
         "dns_error",
         "idle",
         "open",
         "origin",
+        "proxy",
         "queue",
         "refresh_at",
         "request_tail",
         "resolving",
+        "target_prefix",
         "tls_session",
     )
 
-    def __init__(self, origin: Origin, request_tail: bytes) -> None:
+    def __init__(
+        self,
+        origin: Origin,
+        request_tail: bytes,
+        connection_type: type[HTTPConnection],
+        proxy: Proxy | None = None,
+    ) -> None:
         self.origin = origin
         self.request_tail = request_tail
+        self.connection_type = connection_type
+        self.proxy = proxy
+        # Where connections go: the origin, or its proxy.
+        self.connect_to = (proxy.host, proxy.port) if proxy else (origin[1], origin[2])
+        # Put before each request target: "http://host:port" for an http proxy
+        # (absolute-form, RFC 9112 3.2.2), else "".
+        self.target_prefix = ""
         self.queue: deque[Job] = deque()
         self.idle: list[HTTPConnection] = []  # most recently used last
         self.open = 0  # connections of this origin, connecting, active or idle
@@ -50,4 +76,5 @@ class HostPool:
 
     def __repr__(self) -> str:
         scheme, host, port = self.origin
-        return f"<HostPool {scheme}://{host}:{port} open={self.open} queued={len(self.queue)}>"
+        via = f" via {self.proxy}" if self.proxy else ""
+        return f"<HostPool {scheme}://{host}:{port}{via} open={self.open} queued={len(self.queue)}>"

@@ -372,6 +372,34 @@ class ResponseParser:
         return False
 
 
+class ConnectResponseParser(ResponseParser):
+    """A proxy's answer to ``CONNECT``: the head only (RFC 9110, 9.3.6).
+
+    After a 2xx head the connection is a tunnel, so nothing that follows is a
+    body: ``feed`` returns True at the end of the head and :attr:`extra` counts
+    the bytes that came with it.  Those already belong to the tunnel (for TLS,
+    where the client speaks first, there can be none).  After any other status
+    the connection is closed, so a body is never read.
+    """
+
+    __slots__ = ("extra",)
+
+    def __init__(self) -> None:
+        super().__init__(_ignore, _ignore)
+        self.extra = 0
+
+    def _start_body(self, head: ResponseHead, rest: memoryview) -> bool:
+        self.head = head
+        self.extra = len(rest)
+        self.reusable = False
+        self._state = _DONE
+        return True
+
+
+def _ignore(_: object) -> None:
+    pass
+
+
 def build_request(target: str, host: str, extra_headers: bytes) -> bytes:
     """The bytes of a GET request.  ``extra_headers`` is CRLF-terminated lines."""
     return b"".join(

@@ -1,0 +1,155 @@
+"""HTTPS through an http proxy: ``CONNECT`` first, then TLS inside the tunnel.
+
+Theory of operation
+-------------------
+:class:`TunnelHTTPSConnection` is an :class:`HTTPSConnection` whose TCP connect
+goes to the proxy.  Once connected it sends ``CONNECT host:port`` (with
+``Proxy-Authorization`` when the proxy URL has credentials) and enters
+``TUNNELLING``; the proxy's answer is read with the sans-I/O
+:class:`~swarmget.protocol.ConnectResponseParser`, which stops at the end of the
+head.  A 2xx turns the socket into a tunnel to the origin, and the connection
+goes on exactly as a direct HTTPS one after its TCP connect: TLS handshake with
+the origin's name, then requests.  The tunnel is for one origin, which is why
+the pool (and its TLS session) stays per origin.
+
+Failures keep the usual codes, so retries treat them like any connection
+failure: a proxy that cannot be reached or that closes or resets before it
+answers is ``connect``; a malformed answer is ``protocol``; a non-2xx answer is
+``http_<status>`` with the status in the manifest (``http_407`` means the proxy
+wants other credentials; 502/503/504 are retried as from an origin).  The connect
+timeout covers TCP connect, tunnel and handshake together.
+
+The plain HTTPS path pays nothing for this: only tunnelled connections are of
+this class, and after the tunnel is up ``handle_io`` costs one comparison more.
+"""
+
+from __future__ import annotations
+
+import os
+
+from swarmget.engine.connection import PROXY_AUTH_HINT, TUNNELLING
+from swarmget.engine.https import HTTPSConnection
+from swarmget.engine.job import Job
+from swarmget.errors import ErrorCode, TransferError, http_code
+from swarmget.loop import EVENT_READ, EVENT_WRITE
+from swarmget.net.proxy import Proxy
+from swarmget.net.tls import WOULD_BLOCK
+from swarmget.protocol import ConnectionClosed, ConnectResponseParser
+
+
+def connect_request(host: str, port: int, proxy: Proxy, user_agent: str) -> bytes:
+    """The ``CONNECT`` request that asks ``proxy`` for a tunnel to ``host:port``."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", f"User-Agent: {user_agent}"]
+    if proxy.authorization is not None:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class TunnelHTTPSConnection(HTTPSConnection):
+    __slots__ = ("_tunnel",)
+
+    def _established(self, job: Job) -> None:
+        """TCP to the proxy is up: ask it for the tunnel (TLS starts in _tunnelled)."""
+        pool = self.pool
+        proxy = pool.proxy
+        assert proxy is not None
+        _, host, port = pool.origin
+        self._tunnel = ConnectResponseParser()
+        self.state = TUNNELLING
+        request = connect_request(host, port, proxy, self.engine.options.user_agent)
+        try:
+            sent = self.sock.send(request)
+        except WOULD_BLOCK:
+            sent = 0
+        except OSError as exc:
+            self._proxy_lost(exc)
+            return
+        if sent < len(request):
+            self._pending_out = memoryview(request)[sent:]
+            return  # still registered for writability, as for the connect
+        self.engine.loop.modify(self.fd, EVENT_READ, self)
+
+    def handle_io(self, mask: int) -> None:
+        if self.state != TUNNELLING:
+            super().handle_io(mask)
+        elif mask & EVENT_WRITE and self._pending_out is not None:
+            self._send_connect()
+        elif mask & EVENT_READ:
+            self._tunnel_readable()
+
+    def _send_connect(self) -> None:
+        out = self._pending_out
+        assert out is not None
+        try:
+            sent = self.sock.send(out)
+        except WOULD_BLOCK:
+            return
+        except OSError as exc:
+            self._proxy_lost(exc)
+            return
+        if sent < len(out):
+            self._pending_out = out[sent:]
+            return
+        self._pending_out = None
+        self.engine.loop.modify(self.fd, EVENT_READ, self)
+
+    def _tunnel_readable(self) -> None:
+        buffer = self.engine.recv_view
+        parser = self._tunnel
+        try:
+            n = self.sock.recv_into(buffer)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._proxy_lost(exc)
+            return
+        try:
+            done = parser.feed(buffer[:n]) if n else parser.feed_eof()
+        except ConnectionClosed:
+            self._fail(ConnectionClosed(f"proxy {self.pool.proxy} closed the connection"))
+            return
+        except TransferError as exc:
+            if exc.code == ErrorCode.TRUNCATED:  # closed inside the head: still a connect failure
+                exc = TransferError(ErrorCode.CONNECT, f"proxy {self.pool.proxy}: {exc.message}")
+            self._fail(exc)
+            return
+        if done:
+            self._tunnelled()
+
+    def _tunnelled(self) -> None:
+        head = self._tunnel.head
+        assert head is not None and self.job is not None
+        _, host, port = self.pool.origin
+        status = head.status
+        if not 200 <= status < 300:
+            job, self.job = self.job, None
+            hint = PROXY_AUTH_HINT if status == 407 else ""
+            error = TransferError(
+                http_code(status),
+                f"proxy {self.pool.proxy} refused CONNECT to {host}:{port}: HTTP {status}{hint}",
+            )
+            self.engine.finish_failure(job, error, status)
+            self.close()
+            return
+        if self._tunnel.extra:
+            self._fail(
+                TransferError(
+                    ErrorCode.PROTOCOL,
+                    f"proxy {self.pool.proxy} sent {self._tunnel.extra} bytes after its "
+                    f"CONNECT response, before the TLS handshake",
+                )
+            )
+            return
+        # HTTPSConnection takes over as after a direct connect, which it expects
+        # to find registered for writability.
+        self.engine.loop.modify(self.fd, EVENT_WRITE, self)
+        super()._established(self.job)
+
+    def _proxy_lost(self, exc: OSError) -> None:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        self._fail(
+            TransferError(
+                ErrorCode.CONNECT, f"connection to proxy {self.pool.proxy} failed: {reason}"
+            )
+        )

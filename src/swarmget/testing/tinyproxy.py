@@ -1,0 +1,231 @@
+"""A real http proxy (Debian's tinyproxy) on loopback, for the proxy tests.
+
+Like :mod:`swarmget.testing.nginx`: a private temporary directory holds the
+config, pid file and log, so it runs as root or a plain user without touching
+``/etc``; it runs in the foreground (``-d``) as our child in its own process
+group, and stops with SIGTERM (SIGKILL of the group if it hangs).  The port is
+picked the same racy way (bind 0, close, let tinyproxy bind it; retry when it
+says the address is in use).
+
+The log (``LogLevel Info``) is how tests prove the proxy carried a request:
+:meth:`TinyProxy.requests` lists the request lines it received, e.g.
+``GET http://127.0.0.1:8080/a HTTP/1.1`` or ``CONNECT 127.0.0.1:8443 HTTP/1.1``.
+
+Two tinyproxy habits the tests rely on: it closes the client connection after
+each forwarded request without saying ``Connection: close`` (so the client
+sees a keep-alive connection die), and it answers a CONNECT to a port outside
+``ConnectPort`` with 403, missing ``BasicAuth`` credentials with 407 and wrong
+ones with 401 (sic).  ``BasicAuth`` takes only letters, digits and ``-._``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["TinyProxy", "TinyProxyError", "find_tinyproxy"]
+
+_FALLBACK_PATHS = ("/usr/bin/tinyproxy", "/usr/sbin/tinyproxy", "/usr/local/bin/tinyproxy")
+_START_TIMEOUT = 10.0
+_STOP_TIMEOUT = 5.0
+_PORT_ATTEMPTS = 8
+_REQUEST_LINE = re.compile(r"Request \(file descriptor \d+\): (.*)$", re.MULTILINE)
+
+
+class TinyProxyError(RuntimeError):
+    """tinyproxy is missing or failed to start; the message says which and why."""
+
+
+def find_tinyproxy() -> str | None:
+    """Path of the tinyproxy binary, or None when it is not installed."""
+    found = shutil.which("tinyproxy")
+    if found:
+        return found
+    for candidate in _FALLBACK_PATHS:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class TinyProxy:
+    """tinyproxy on 127.0.0.1; use as a context manager.
+
+    ``auth=(user, password)`` requires Basic credentials (``BasicAuth``);
+    ``connect_ports`` limits CONNECT to those ports (default: any port).
+    """
+
+    def __init__(
+        self, *, auth: tuple[str, str] | None = None, connect_ports: Iterable[int] = ()
+    ) -> None:
+        self.auth = auth
+        self.connect_ports = tuple(connect_ports)
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: Path | None = None
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise TinyProxyError("tinyproxy is not running (use it as a context manager)")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``, with the configured credentials when there are some."""
+        if self.auth is None:
+            return f"http://127.0.0.1:{self.port}"
+        return self.url_with(*self.auth)
+
+    def url_with(self, user: str, password: str) -> str:
+        return f"http://{user}:{password}@127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> str:
+        return _read(self._tmp / "tinyproxy.log") if self._tmp else ""
+
+    def requests(self) -> list[str]:
+        """The request lines tinyproxy has received so far, oldest first."""
+        return _REQUEST_LINE.findall(self.log)
+
+    def __enter__(self) -> TinyProxy:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self._proc is not None:
+            raise TinyProxyError("tinyproxy is already running")
+        binary = find_tinyproxy()
+        if binary is None:
+            raise TinyProxyError(
+                "tinyproxy is not installed; `./dev test` installs it, "
+                "or run: apt-get install tinyproxy"
+            )
+        self._tmp = Path(tempfile.mkdtemp(prefix="swarmget-tinyproxy-"))
+        try:
+            failure = ""
+            for _ in range(_PORT_ATTEMPTS):
+                port = _free_port()
+                failure = self._try_start(binary, port)
+                if not failure:
+                    self._port = port
+                    return
+                if "in use" not in failure:
+                    break
+            raise TinyProxyError(f"tinyproxy failed to start: {failure}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        """Stop tinyproxy and reap it; idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            _terminate(proc)
+        self._port = None
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _try_start(self, binary: str, port: int) -> str:
+        """Start on ``port``; return "" once it listens, else why it did not."""
+        assert self._tmp is not None
+        conf = self._tmp / "tinyproxy.conf"
+        conf.write_text(self._config(port))
+        log = self._tmp / "tinyproxy.log"
+        log.unlink(missing_ok=True)
+        with open(self._tmp / "stderr.log", "wb") as stderr:
+            proc = subprocess.Popen(
+                [binary, "-d", "-c", str(conf)],
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                start_new_session=True,
+            )
+        self._proc = proc
+        deadline = time.monotonic() + _START_TIMEOUT
+        while time.monotonic() < deadline:
+            text = _read(log)
+            if proc.poll() is not None:
+                self._proc = None
+                _terminate(proc)
+                detail = (text + _read(self._tmp / "stderr.log"))[-3000:]
+                if "Could not create listening sockets" in detail:  # what a taken port says
+                    return f"port {port} is in use: {detail}"
+                return f"exit status {proc.returncode}: {detail}"
+            if "Starting main loop" in text and _accepts(port):
+                return ""
+            time.sleep(0.01)
+        self._proc = None
+        _terminate(proc)
+        return f"not listening on port {port} after {_START_TIMEOUT}s"
+
+    def _config(self, port: int) -> str:
+        assert self._tmp is not None
+        lines = [
+            "# written by swarmget.testing.tinyproxy",
+            f"Port {port}",
+            "Listen 127.0.0.1",
+            "Timeout 30",
+            f'LogFile "{self._tmp / "tinyproxy.log"}"',
+            "LogLevel Info",
+            f'PidFile "{self._tmp / "tinyproxy.pid"}"',
+            "MaxClients 256",
+            "Allow 127.0.0.1",
+        ]
+        if self.auth is not None:
+            lines.append(f"BasicAuth {self.auth[0]} {self.auth[1]}")
+        lines.extend(f"ConnectPort {p}" for p in self.connect_ports)
+        return "\n".join(lines) + "\n"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _terminate(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
