@@ -43,6 +43,8 @@ class Options:
     max_size: int | None = None
     retries: int = 3
     overwrite: bool = False
+    max_redirects: int = 10
+    allow_downgrade: bool = False  # follow https -> http redirects
     hash: str | None = None  # "sha256" or "md5": record each file's digest in the manifest
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     user_agent: str = "swarmget/0.1"
@@ -73,6 +75,8 @@ class Options:
             raise UsageError("--max-size must be >= 0")
         if self.hash not in (None, "sha256", "md5"):
             raise UsageError("--hash must be sha256 or md5")
+        if self.max_redirects < 0:
+            raise UsageError("--max-redirects must be >= 0")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
         if self.proxy:

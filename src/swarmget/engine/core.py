@@ -72,17 +72,15 @@ class Engine:
         loop: EventLoop | None = None,
     ) -> None:
         self.options = options
-        self.loop = loop or EventLoop()
-        self._own_loop = loop is None
+        # Everything that can fail on bad input comes first, before any
+        # descriptor is opened, so a failing constructor leaks nothing.
         self.output = OutputDir(out_dir)
         self.names = NameAllocator()
         self.policy = RetryPolicy(retries=options.retries)
-        self.resolver = make_resolver(self.loop, servers=options.dns_servers)
         self.tls = ClientTLS(options.cacert, options.insecure)  # the run's one SSLContext
         # None unless some origin may go through a proxy (net/proxy.py): the
         # direct path checks only that.
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
-        self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
         # In an output dir that starts empty, every file is ours: no need to look
         # for foreign files before each download (one syscall less per file).
@@ -91,6 +89,10 @@ class Engine:
         # A fresh journal with one line per row is already compact.
         self._needs_compaction = bool(self.journal)
         self.manifest = ManifestWriter(self.output.root)
+        self.loop = loop or EventLoop()
+        self._own_loop = loop is None
+        self.resolver = make_resolver(self.loop, servers=options.dns_servers)
+        self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.report = Report(manifest=self.manifest.path)
         self.progress = progress
         self._rows = rows
