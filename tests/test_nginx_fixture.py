@@ -191,14 +191,14 @@ def test_make_tree_subdirs_and_speed(out_dir: Path) -> None:
 def test_port_race_is_retried(
     nginx_bin: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_free_port = nginx_mod._free_port
+    real_free_port = nginx_mod.free_port
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         # The first "free" port is snatched by someone else before nginx binds it.
         stolen = [taken.getsockname()[1]]
         monkeypatch.setattr(
-            nginx_mod, "_free_port", lambda: stolen.pop() if stolen else real_free_port()
+            nginx_mod, "free_port", lambda: stolen.pop() if stolen else real_free_port()
         )
         with Nginx(tmp_path) as server:
             assert not stolen

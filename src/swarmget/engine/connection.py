@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from swarmget.engine.job import Job, Redirected, RestartTransfer, content_range_ok
@@ -159,6 +160,10 @@ class HTTPConnection:
             engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
 
     def _send_pending(self) -> None:
+        self._flush_out(self._transport_error)
+
+    def _flush_out(self, on_error: Callable[[OSError], None]) -> None:
+        """Write what is left of ``_pending_out``; back to read-only once it is all out."""
         out = self._pending_out
         assert out is not None
         try:
@@ -166,7 +171,7 @@ class HTTPConnection:
         except WOULD_BLOCK:
             return  # a TLS write must be retried with the same bytes: we keep them
         except OSError as exc:
-            self._transport_error(exc)
+            on_error(exc)
             return
         if sent < len(out):
             self._pending_out = out[sent:]

@@ -79,20 +79,7 @@ class TunnelHTTPSConnection(HTTPSConnection):
             self._tunnel_readable()
 
     def _send_connect(self) -> None:
-        out = self._pending_out
-        assert out is not None
-        try:
-            sent = self.sock.send(out)
-        except WOULD_BLOCK:
-            return
-        except OSError as exc:
-            self._proxy_lost(exc)
-            return
-        if sent < len(out):
-            self._pending_out = out[sent:]
-            return
-        self._pending_out = None
-        self.engine.loop.modify(self.fd, EVENT_READ, self)
+        self._flush_out(self._proxy_lost)
 
     def _tunnel_readable(self) -> None:
         buffer = self.engine.recv_view

@@ -29,14 +29,11 @@ buffer's worth of bytes produces a mismatch.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import os
 import resource
 import shutil
-import signal
-import socket
 import ssl as _ssl
 import subprocess
 import tempfile
@@ -44,6 +41,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+
+from swarmget.testing.daemons import accepts, find_binary, free_port, terminate_group
 
 __all__ = [
     "Nginx",
@@ -68,13 +67,7 @@ class NginxError(RuntimeError):
 
 def find_nginx() -> str | None:
     """Path of the nginx binary, or None when it is not installed."""
-    found = shutil.which("nginx")
-    if found:
-        return found
-    for candidate in _FALLBACK_PATHS:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return find_binary("nginx", _FALLBACK_PATHS)
 
 
 class Nginx:
@@ -169,7 +162,7 @@ class Nginx:
         """Fast-shutdown nginx and reap it; idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _terminate(proc)
+            terminate_group(proc, _STOP_TIMEOUT)
         self._port = None
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
@@ -181,7 +174,7 @@ class Nginx:
         attempts = 1 if self._requested_port else _PORT_ATTEMPTS
         failure = ""
         for _ in range(attempts):
-            port = self._requested_port or _free_port()
+            port = self._requested_port or free_port()
             failure = self._try_start(binary, port)
             if not failure:
                 self._port = port
@@ -212,16 +205,16 @@ class Nginx:
             if proc.poll() is not None:
                 self._proc = None
                 return self._why_dead(proc)
-            if pid_file.exists() and _accepts(port):
+            if pid_file.exists() and accepts(port):
                 return ""
             if "in use" in self._logs():
                 # nginx retries bind() for 2.5 s before giving up; don't wait for it.
                 self._proc = None
-                _terminate(proc)
+                terminate_group(proc, _STOP_TIMEOUT)
                 return f"port {port} is in use\n{self._logs()}"
             time.sleep(0.01)
         self._proc = None
-        _terminate(proc)
+        terminate_group(proc, _STOP_TIMEOUT)
         return f"not accepting connections on port {port} after {_START_TIMEOUT}s\n{self._logs()}"
 
     def _why_dead(self, proc: subprocess.Popen[bytes]) -> str:
@@ -428,42 +421,6 @@ def make_tls_files(directory: Path) -> TlsFiles:
 
 
 # -- helpers ----------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM (nginx fast shutdown) and reap; SIGKILL the whole group if it hangs.
-
-    A master that exits normally has already reaped its workers.  The group kill
-    is for a master that hangs (still unreaped, so its pid cannot be reused) or
-    that died on its own before we asked (then orphaned workers hold the group).
-    """
-    died_early = proc.poll() is not None
-    if not died_early:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=_STOP_TIMEOUT)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    # Workers share the master's process group (start_new_session=True).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _nofile_for(worker_connections: int) -> int:

@@ -20,18 +20,16 @@ ones with 401 (sic).  ``BasicAuth`` takes only letters, digits and ``-._``.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
+
+from swarmget.testing.daemons import accepts, find_binary, free_port, terminate_group
 
 __all__ = ["TinyProxy", "TinyProxyError", "find_tinyproxy"]
 
@@ -48,13 +46,7 @@ class TinyProxyError(RuntimeError):
 
 def find_tinyproxy() -> str | None:
     """Path of the tinyproxy binary, or None when it is not installed."""
-    found = shutil.which("tinyproxy")
-    if found:
-        return found
-    for candidate in _FALLBACK_PATHS:
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
+    return find_binary("tinyproxy", _FALLBACK_PATHS)
 
 
 class TinyProxy:
@@ -122,7 +114,7 @@ class TinyProxy:
         try:
             failure = ""
             for _ in range(_PORT_ATTEMPTS):
-                port = _free_port()
+                port = free_port()
                 failure = self._try_start(binary, port)
                 if not failure:
                     self._port = port
@@ -138,7 +130,7 @@ class TinyProxy:
         """Stop tinyproxy and reap it; idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _terminate(proc)
+            terminate_group(proc, _STOP_TIMEOUT)
         self._port = None
         tmp, self._tmp = self._tmp, None
         if tmp is not None:
@@ -165,16 +157,16 @@ class TinyProxy:
             text = _read(log)
             if proc.poll() is not None:
                 self._proc = None
-                _terminate(proc)
+                terminate_group(proc, _STOP_TIMEOUT)
                 detail = (text + _read(self._tmp / "stderr.log"))[-3000:]
                 if "Could not create listening sockets" in detail:  # what a taken port says
                     return f"port {port} is in use: {detail}"
                 return f"exit status {proc.returncode}: {detail}"
-            if "Starting main loop" in text and _accepts(port):
+            if "Starting main loop" in text and accepts(port):
                 return ""
             time.sleep(0.01)
         self._proc = None
-        _terminate(proc)
+        terminate_group(proc, _STOP_TIMEOUT)
         return f"not listening on port {port} after {_START_TIMEOUT}s"
 
     def _config(self, port: int) -> str:
@@ -194,34 +186,6 @@ class TinyProxy:
             lines.append(f"BasicAuth {self.auth[0]} {self.auth[1]}")
         lines.extend(f"ConnectPort {p}" for p in self.connect_ports)
         return "\n".join(lines) + "\n"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _accepts(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=_STOP_TIMEOUT)
-            return
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 def _read(path: Path) -> str:

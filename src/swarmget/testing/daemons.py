@@ -1,0 +1,60 @@
+"""Running real server programs (nginx, tinyproxy) for tests: find, probe, stop."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+from collections.abc import Iterable
+
+STOP_TIMEOUT = 10.0
+
+
+def find_binary(name: str, fallbacks: Iterable[str] = ()) -> str | None:
+    """Path of program ``name`` on PATH or at one of ``fallbacks``, else None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for candidate in fallbacks:
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (callers retry on a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def accepts(port: int) -> bool:
+    """Does something accept TCP connections on 127.0.0.1:``port``?"""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def terminate_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
+    """SIGTERM and reap; SIGKILL the whole process group if it hangs or died early.
+
+    The program must have been started with ``start_new_session=True``.  A
+    master that exits normally has already reaped its workers; the group kill
+    is for one that hangs, or that died on its own and left orphaned workers.
+    """
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+            return
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
