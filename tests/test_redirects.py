@@ -150,22 +150,17 @@ def test_credentials_stay_with_the_first_origin(
     assert b"x-custom: kept" in to_other[0]
 
 
-def test_https_to_http_downgrade_is_refused_unless_allowed(tmp_path: Path) -> None:
-    from swarmget.engine.core import Engine
+def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
     from swarmget.engine.job import Job
+    from swarmget.engine.redirects import redirect_target
     from swarmget.errors import TransferError
     from swarmget.options import Options
     from swarmget.sources.rows import Row
 
-    def target(**options: Any) -> str:
-        engine = Engine(iter(()), tmp_path, Options(**options))
-        try:
-            job = Job(Row(0, "https://a.example/x"), ("https", "a.example", 443), "/x", "x", "")
-            return engine.redirect_target(job, b"http://a.example/y")
-        finally:
-            engine.run()
-
+    job = Job(Row(0, "https://a.example/x"), ("https", "a.example", 443), "/x", "x", "")
     with pytest.raises(TransferError) as info:
-        target()
+        redirect_target(job, b"http://a.example/y", Options())
     assert info.value.code == "bad_redirect"
-    assert target(allow_downgrade=True) == "http://a.example/y"
+    allowed = redirect_target(job, b"http://a.example/y", Options(allow_downgrade=True))
+    assert allowed == "http://a.example/y"
+    assert redirect_target(job, b"/z", Options()) == "https://a.example/z"

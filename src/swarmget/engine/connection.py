@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from swarmget.engine.job import Job, Redirected, RestartTransfer, content_range_ok
+from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
 from swarmget.engine.retry import parse_retry_after
 from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
@@ -56,7 +57,6 @@ _SETUP_STATES = {
 # An error response body larger than this is not worth reading to keep the
 # connection: we close it instead.
 _MAX_DISCARD = 256 * 1024
-REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 PROXY_AUTH_HINT = " (Proxy Authentication Required: give user:password in the proxy URL)"
 
 
@@ -226,7 +226,7 @@ class HTTPConnection:
                 )
             self._check_size(job.resume_from + (head.content_length or 0))
             self.part = PartFile(
-                job.final, resume_from=job.resume_from, hashers=engine.hashers_for(job)
+                job.final, resume_from=job.resume_from, hashers=engine.resume.hashers_for(job)
             )
             return
         if 200 <= status < 300:
@@ -235,13 +235,13 @@ class HTTPConnection:
             job.resume_from = 0
             if head.content_length is not None:
                 self._check_size(head.content_length)
-            self.part = PartFile(job.final, hashers=engine.hashers_for(job))
-            engine.note_partial(job, head)
+            self.part = PartFile(job.final, hashers=engine.resume.hashers_for(job))
+            engine.resume.note_partial(job, head, engine.manifest)
             return
         if status in REDIRECT_STATUSES:
             location = head.get(b"location")
             if location is not None:
-                job.redirect_to = engine.redirect_target(job, location)
+                job.redirect_to = redirect_target(job, location, engine.options)
         # An error status or a redirect: read a small body to keep the connection,
         # else give up on the connection.
         length = head.content_length
@@ -293,7 +293,7 @@ class HTTPConnection:
         job, parser, part = self.job, self.parser, self.part
         self.job = self.parser = self.part = None
         if part is not None:
-            keep = job is not None and self.engine.keep_part(job, part)
+            keep = job is not None and self.engine.resume.keep_part(job, part)
             part.abort(keep=keep)
         if job is not None:
             # On a reused connection, a close or junk before our response's head

@@ -24,38 +24,33 @@ Every row ends as exactly one manifest record.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import os
 import socket
 from collections.abc import Iterator
-from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection, connect_error
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Job, Origin, Redirected, RestartTransfer, UrlSplitter, split_url
 from swarmget.engine.pool import HostPool, request_tail
+from swarmget.engine.resume import ResumeState
 from swarmget.engine.retry import RetryPolicy
 from swarmget.engine.tunnel import TunnelHTTPSConnection
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
-from swarmget.manifest import MANIFEST_DIR, ManifestWriter, load_journal
+from swarmget.manifest import ManifestWriter
 from swarmget.net.connect import start_connect
 from swarmget.net.dns import Address, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
 from swarmget.net.proxy import proxy_settings
 from swarmget.net.tls import ClientTLS
 from swarmget.options import Options
-from swarmget.protocol import ResponseHead
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
-from swarmget.sinks.files import PART_SUFFIX, Hasher, OutputDir, OutputError, PartFile
+from swarmget.sinks.files import OutputDir, OutputError, PartFile
 from swarmget.sinks.naming import NameAllocator
 from swarmget.sources.rows import Row
 
 RECV_BUFFER_SIZE = 256 * 1024
 CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
-# Bodies at least this large keep their .part on failure and resume with Range.
-RESUME_MIN_BYTES = 1 << 20
 PROGRESS_INTERVAL = 0.1
 _CONNECTION_TYPES = {"http": HTTPConnection, "https": HTTPSConnection}
 MANIFEST_FLUSH_INTERVAL = 1.0
@@ -81,13 +76,8 @@ class Engine:
         # None unless some origin may go through a proxy (net/proxy.py): the
         # direct path checks only that.
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
-        self.journal = load_journal(self.output.root)  # what earlier runs did, for resuming
-        # In an output dir that starts empty, every file is ours: no need to look
-        # for foreign files before each download (one syscall less per file).
-        self._fresh_dir = not self.journal and not _has_files(self.output.root)
+        self.resume = ResumeState(self.output.root, options)  # what earlier runs did
         self._split = UrlSplitter().split
-        # A fresh journal with one line per row is already compact.
-        self._needs_compaction = bool(self.journal)
         self.manifest = ManifestWriter(self.output.root)
         self.loop = loop or EventLoop()
         self._own_loop = loop is None
@@ -146,7 +136,7 @@ class Engine:
         finally:
             self.report.elapsed = loop.time() - self._started_at
             self._shutdown()
-        if self._fatal is None and self._input_error is None and self._needs_compaction:
+        if self._fatal is None and self._input_error is None and self.resume.needs_compaction:
             self.manifest.compact()
         if self.progress is not None:
             self.progress.finish(self.report)
@@ -177,7 +167,7 @@ class Engine:
             self._publish()
         for conn in list(self.connections):
             if conn.part is not None:
-                keep = conn.job is not None and self.keep_part(conn.job, conn.part)
+                keep = conn.job is not None and self.resume.keep_part(conn.job, conn.part)
                 conn.part.abort(keep=keep)
                 conn.part = None
             conn.job = None
@@ -211,7 +201,7 @@ class Engine:
             rel = self.names.allocate(row)
             final = self.output.final_path(rel)
             job = Job(row, origin, target, rel, final)
-            if self._already_done(job):
+            if self.resume.already_done(job):
                 self._in_memory -= 1
                 self.report.skipped += 1
                 return None
@@ -244,82 +234,6 @@ class Engine:
         prefix = self.pools[job.origin].target_prefix
         if prefix:
             job.target = prefix + job.target
-
-    def _already_done(self, job: Job) -> bool:
-        """Resume bookkeeping for a new job: True to skip it; may set ``resume_from``.
-
-        Raises ``exists`` for a file at the final path that no run of ours made.
-        """
-        previous = self.journal.get(job.row.url)
-        ours = previous is not None and previous.path == job.rel_path
-        overwrite = self.options.overwrite
-        if ours and previous is not None and not overwrite:
-            if previous.status == "ok":
-                with contextlib.suppress(OSError):
-                    if os.stat(job.final).st_size == previous.bytes:
-                        return True
-            elif previous.status == "partial" and previous.validator:
-                with contextlib.suppress(OSError):
-                    job.resume_from = os.stat(job.final + PART_SUFFIX).st_size
-                    job.validator = previous.validator
-        if not ours and not overwrite and not self._fresh_dir and os.path.lexists(job.final):
-            raise TransferError(
-                ErrorCode.EXISTS,
-                f"{job.rel_path} already exists and was not downloaded by swarmget "
-                "(use --overwrite to replace it)",
-            )
-        return False
-
-    def hashers_for(self, job: Job) -> dict[str, Hasher] | None:
-        row = job.row
-        if row.sha256 is None and row.md5 is None and not self.options.hash:
-            return None
-        names = set(job.expected_digests())
-        if self.options.hash:
-            names.add(self.options.hash)
-        return {name: hashlib.new(name) for name in sorted(names)} or None
-
-    def note_partial(self, job: Job, head: ResponseHead) -> None:
-        """A large body is starting: journal its validator so a later run can resume it."""
-        length = head.content_length
-        if length is None or length < RESUME_MIN_BYTES:
-            return
-        validator = head.get(b"etag")
-        if validator is None or validator.startswith(b"W/"):  # If-Range needs a strong one
-            validator = head.get(b"last-modified")
-        if validator is None:
-            job.validator = None
-            return
-        job.validator = validator.decode("latin-1")
-        self.manifest.write_partial(job.row.url, job.rel_path, job.validator)
-        self._needs_compaction = True
-
-    def keep_part(self, job: Job, part: PartFile) -> bool:
-        """Keep a failed or interrupted ``.part`` for resuming?  Only large, validated ones."""
-        if job.validator is None or part.written < RESUME_MIN_BYTES:
-            job.resume_from = 0
-            return False
-        job.resume_from = part.written
-        return True
-
-    def redirect_target(self, job: Job, location: bytes) -> str:
-        """The URL a 3xx sends ``job`` to, or a ``bad_redirect``/``too_many_redirects`` error."""
-        if job.redirects >= self.options.max_redirects:
-            raise TransferError(
-                ErrorCode.TOO_MANY_REDIRECTS,
-                f"more than {self.options.max_redirects} redirects (last to {location!r})",
-            )
-        target = urljoin(job.url, location.decode("latin-1").strip())
-        scheme = urlsplit(target).scheme.lower()
-        if scheme not in ("http", "https"):
-            # file:, ftp:, data:... are never followed, and nothing local is read.
-            raise TransferError(ErrorCode.BAD_REDIRECT, f"redirect to a {scheme or 'relative'} URL")
-        if job.origin[0] == "https" and scheme == "http" and not self.options.allow_downgrade:
-            raise TransferError(
-                ErrorCode.BAD_REDIRECT,
-                f"redirect from https to http refused ({target}); --allow-downgrade permits it",
-            )
-        return target
 
     def follow_redirect(self, job: Job) -> None:
         target, job.redirect_to = job.redirect_to, None
@@ -627,8 +541,3 @@ class Engine:
         assert self.progress is not None
         self.progress.update(self.snapshot())
         self.loop.call_later(PROGRESS_INTERVAL, self._tick_progress)
-
-
-def _has_files(root: str) -> bool:
-    with os.scandir(root) as entries:
-        return any(entry.name != MANIFEST_DIR for entry in entries)
