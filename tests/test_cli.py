@@ -320,6 +320,7 @@ def test_options_reach_the_engine(
         "dns_servers": ("127.0.0.1:5353", "[::1]:53"),
         "cacert": None,
         "insecure": True,
+        "workers": 0,
         "proxy": None,
         "no_proxy": None,
     }

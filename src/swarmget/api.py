@@ -10,6 +10,7 @@ from typing import Any
 from swarmget.engine.core import Engine
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.options import Options
+from swarmget.parallel import run_parallel, worker_count
 from swarmget.report import ProgressListener, Report
 from swarmget.sources.rows import Row
 
@@ -47,4 +48,7 @@ def download(
         rows = itertools.chain(rows, _rows_from(urls))
     # Each connection is a file descriptor, and so is each file being written.
     raise_nofile_limit(2 * opts.concurrency + 64)
+    workers = worker_count(opts)
+    if workers > 1:
+        return run_parallel(rows, dest, opts, workers, progress)
     return Engine(rows, dest, opts, progress=progress).run()

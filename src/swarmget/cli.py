@@ -177,6 +177,16 @@ def build_parser() -> ArgumentParser:
         help=f"connections open at once, in total (default: {d.concurrency})",
     )
     run.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        metavar="N",
+        help=(
+            "processes, each with its own event loop and its share of --concurrency "
+            "and --per-host (default: $SWARMGET_WORKERS, else one per CPU)"
+        ),
+    )
+    run.add_argument(
         "--per-host",
         type=int,
         default=d.per_host,
@@ -334,6 +344,7 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's keyword options, validated now so mistakes fail before the run."""
     options: dict[str, Any] = {
         "concurrency": args.concurrency,
+        "workers": args.workers,
         "per_host": args.per_host,
         "timeout": args.timeout,
         "deadline": args.deadline,

@@ -43,6 +43,7 @@ class Options:
     max_size: int | None = None
     retries: int = 3
     overwrite: bool = False
+    workers: int = 0  # processes, each with its own event loop; 0 = one per CPU
     max_redirects: int = 10
     allow_downgrade: bool = False  # follow https -> http redirects
     hash: str | None = None  # "sha256" or "md5": record each file's digest in the manifest
@@ -77,6 +78,8 @@ class Options:
             raise UsageError("--hash must be sha256 or md5")
         if self.max_redirects < 0:
             raise UsageError("--max-redirects must be >= 0")
+        if self.workers < 0:
+            raise UsageError("--workers must be >= 0 (0 = one per CPU)")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
         if self.proxy:

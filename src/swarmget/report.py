@@ -88,6 +88,17 @@ class Report:
             key = result.error or "unknown"
             self._error_counts[key] = self._error_counts.get(key, 0) + 1
 
+    def merge(self, other: Report) -> None:
+        """Add another process's report of the same run to this one."""
+        self.ok += other.ok
+        self.failed += other.failed
+        self.skipped += other.skipped
+        self.bytes += other.bytes
+        room = MAX_FAILURES_KEPT - len(self.failures)
+        self.failures.extend(other.failures[: max(0, room)])
+        for code, count in other._error_counts.items():
+            self._error_counts[code] = self._error_counts.get(code, 0) + count
+
     def error_counts(self) -> dict[str, int]:
         """Failures per error code (all of them), most frequent first."""
         return dict(sorted(self._error_counts.items(), key=lambda kv: (-kv[1], kv[0])))
@@ -112,7 +123,7 @@ class Report:
 class Snapshot:
     """Progress so far, handed to a progress listener a few times a second."""
 
-    done: int  # rows finished, ok or failed
+    done: int  # rows finished: ok, failed, or skipped as already done
     failed: int
     bytes: int  # body bytes received so far (including files still in flight)
     elapsed: float  # seconds since the run started

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from typing import TextIO
 
 from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection, connect_error
 from swarmget.engine.https import HTTPSConnection
@@ -59,24 +60,40 @@ MANIFEST_FLUSH_INTERVAL = 1.0
 class Engine:
     def __init__(
         self,
-        rows: Iterator[Row],
+        rows: Iterator[Row | None],
         out_dir: str | os.PathLike[str],
         options: Options,
         *,
         progress: ProgressListener | None = None,
         loop: EventLoop | None = None,
+        names_allocated: bool = False,
+        fresh_dir: bool | None = None,
+        warn_to: TextIO | None = None,
+        compact_journal: bool = True,
     ) -> None:
+        """``rows`` may yield None for "no row yet" (then call :meth:`refill` later).
+
+        ``names_allocated``: every row's ``path`` was already allocated by a
+        parent process (swarmget.parallel) and is used as is.  ``fresh_dir``
+        overrides the check for an output dir that started empty.
+        ``compact_journal=False`` leaves compaction to whoever runs last (a
+        worker must not rewrite a journal its siblings are still appending to).
+        """
         self.options = options
         # Everything that can fail on bad input comes first, before any
         # descriptor is opened, so a failing constructor leaks nothing.
         self.output = OutputDir(out_dir)
         self.names = NameAllocator()
         self.policy = RetryPolicy(retries=options.retries)
-        self.tls = ClientTLS(options.cacert, options.insecure)  # the run's one SSLContext
+        self.tls = ClientTLS(
+            options.cacert, options.insecure, warn_to=warn_to
+        )  # the run's one SSLContext
         # None unless some origin may go through a proxy (net/proxy.py): the
         # direct path checks only that.
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
-        self.resume = ResumeState(self.output.root, options)  # what earlier runs did
+        self.resume = ResumeState(self.output.root, options, fresh_dir)  # what earlier runs did
+        self._names_allocated = names_allocated
+        self._compact_journal = compact_journal
         self._split = UrlSplitter().split
         self.manifest = ManifestWriter(self.output.root)
         self.loop = loop or EventLoop()
@@ -136,7 +153,12 @@ class Engine:
         finally:
             self.report.elapsed = loop.time() - self._started_at
             self._shutdown()
-        if self._fatal is None and self._input_error is None and self.resume.needs_compaction:
+        if (
+            self._fatal is None
+            and self._input_error is None
+            and self.resume.needs_compaction
+            and self._compact_journal
+        ):
             self.manifest.compact()
         if self.progress is not None:
             self.progress.finish(self.report)
@@ -181,6 +203,8 @@ class Engine:
                 return
             try:
                 row = next(self._rows)
+                if row is None:
+                    return  # none available yet; the source calls refill() when it has more
             except StopIteration:
                 self._input_done = True
                 return
@@ -195,10 +219,14 @@ class Engine:
             if job is not None:
                 self._enqueue(job)
 
+    def refill(self) -> None:
+        """More input is available (for sources that yielded None)."""
+        self._refill()
+
     def _make_job(self, row: Row) -> Job | None:
         try:
             origin, target, host_header = self._split(row.url)
-            rel = self.names.allocate(row)
+            rel = row.path if self._names_allocated and row.path else self.names.allocate(row)
             final = self.output.final_path(rel)
             job = Job(row, origin, target, rel, final)
             if self.resume.already_done(job):
@@ -528,7 +556,7 @@ class Engine:
                     in_flight += conn.part.written
         report = self.report
         return Snapshot(
-            done=report.total,
+            done=report.total + report.skipped,  # skipped rows are finished rows too
             failed=report.failed,
             bytes=report.bytes + in_flight,
             elapsed=self.loop.now - self._started_at,

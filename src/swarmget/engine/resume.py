@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+from collections.abc import Mapping
 
 from swarmget.engine.job import Job
 from swarmget.errors import ErrorCode, TransferError
@@ -27,12 +28,13 @@ RESUME_MIN_BYTES = 1 << 20
 
 
 class ResumeState:
-    def __init__(self, root: str, options: Options) -> None:
+    def __init__(self, root: str, options: Options, fresh_dir: bool | None = None) -> None:
         self.options = options
         self.journal = load_journal(root)
         # In an output dir that starts empty, every file is ours: no need to look
         # for foreign files before each download (one syscall less per file).
-        self.fresh_dir = not self.journal and not _has_files(root)
+        # Worker processes are told: by the time they look, siblings have written.
+        self.fresh_dir = is_fresh(root, self.journal) if fresh_dir is None else fresh_dir
         # A fresh journal with one line per row is already compact.
         self.needs_compaction = bool(self.journal)
 
@@ -90,6 +92,13 @@ class ResumeState:
             return False
         job.resume_from = part.written
         return True
+
+
+def is_fresh(root: str, journal: Mapping[str, object] | None = None) -> bool:
+    """No earlier run's journal and no file in the output dir."""
+    if journal is None:
+        journal = load_journal(root)
+    return not journal and not _has_files(root)
 
 
 def _has_files(root: str) -> bool:

@@ -1,0 +1,136 @@
+"""Several worker processes: the same files, names and manifest as one process."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget.options import Options
+from swarmget.parallel import worker_count
+from swarmget.report import Report, Snapshot
+from swarmget.sources.rows import Row
+from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ProcessServer]:
+    with serve_in_subprocess() as srv:
+        yield srv
+
+
+def rows(server: ProcessServer) -> list[Row]:
+    out: list[Row] = []
+    for i in range(600):
+        # Every third name collides with another, so suffixes must be dealt
+        # out exactly as one process would.
+        name = f"dir{i % 7}/img{i // 3}.jpg"
+        out.append(Row(i, server.url(f"/files/{name}", size=1000 + i)))
+    out.append(Row(600, server.file_url("gone.bin", status=404)))
+    out.append(Row(601, "ftp://nope/x"))
+    out.append(Row(602, server.file_url("x.bin", size=10), path="../escape"))
+    return out
+
+
+def manifest(out: Path) -> dict[str, dict[str, Any]]:
+    lines = (out / ".swarmget" / "manifest.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert len(records) == len({r["url"] for r in records})
+    return {r["url"]: r for r in records}
+
+
+def tree(out: Path) -> dict[str, bytes]:
+    files = {}
+    for base, _, names in os.walk(out):
+        for name in names:
+            path = Path(base) / name
+            if ".swarmget" not in path.parts:
+                files[str(path.relative_to(out))] = path.read_bytes()
+    return files
+
+
+def test_two_workers_match_one(server: ProcessServer, tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = swarmget.download(rows(server), one, workers=1, retries=0, concurrency=8)
+    double = swarmget.download(rows(server), two, workers=2, retries=0, concurrency=8)
+    assert (single.ok, single.failed) == (double.ok, double.failed) == (600, 3)
+    assert single.error_counts() == double.error_counts() == {
+        "bad_path": 1, "bad_url": 1, "http_404": 1,
+    }  # fmt: skip
+    assert tree(one) == tree(two)
+    assert len(tree(two)) == 600
+    for url, record in manifest(one).items():
+        other = manifest(two)[url]
+        assert (record["status"], record["path"], record["error"]) == (
+            other["status"], other["path"], other["error"],
+        )  # fmt: skip
+    sample = next(r for r in manifest(two).values() if r["path"] == "img0-1.jpg")
+    assert (two / "img0-1.jpg").read_bytes() == expected_body("dir1/img0.jpg", 1001)
+    assert sample["url"].endswith("/files/dir1/img0.jpg?size=1001")
+
+
+def test_progress_is_the_sum_of_the_workers(server: ProcessServer, tmp_path: Path) -> None:
+    seen: list[Snapshot] = []
+    finished: list[Report] = []
+
+    class Listener:
+        def start(self) -> None:
+            pass
+
+        def update(self, snapshot: Snapshot) -> None:
+            seen.append(snapshot)
+
+        def finish(self, report: Report) -> None:
+            finished.append(report)
+
+    urls = [server.file_url(f"p{i}.bin", size=5000, latency=0.01) for i in range(400)]
+    report = swarmget.download(urls, tmp_path, workers=2, concurrency=8, progress=Listener())
+    assert report.ok == 400 and finished == [report]
+    assert seen and seen[-1].rows_seen == 400 and seen[-1].input_done
+    done = [s.done for s in seen]
+    assert done == sorted(done)  # never goes backwards
+    assert max(s.active for s in seen) > 4  # both workers were busy at once
+
+
+def test_rerun_with_workers_skips_what_is_done(server: ProcessServer, tmp_path: Path) -> None:
+    urls = [server.file_url(f"r{i}.bin", size=700) for i in range(300)]
+    assert swarmget.download(urls, tmp_path, workers=2).ok == 300
+    again = swarmget.download(urls, tmp_path, workers=2)
+    assert (again.ok, again.skipped) == (0, 300)
+    assert len(manifest(tmp_path)) == 300
+
+
+def test_a_fatal_error_in_a_worker_stops_the_run(server: ProcessServer, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(swarmget.TransferError) as info:
+        swarmget.download([server.file_url("a.bin")], blocker / "out", workers=2)
+    assert info.value.code == "io"
+
+
+def test_worker_count_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SWARMGET_WORKERS", raising=False)
+    assert worker_count(Options(workers=3)) == 3
+    assert worker_count(Options(workers=8, concurrency=2)) == 2
+    monkeypatch.setenv("SWARMGET_WORKERS", "5")
+    assert worker_count(Options()) == 5
+    assert worker_count(Options(workers=2)) == 2
+    monkeypatch.setenv("SWARMGET_WORKERS", "many")
+    with pytest.raises(swarmget.UsageError):
+        worker_count(Options())
+    monkeypatch.delenv("SWARMGET_WORKERS")
+    # A threaded caller gets one process unless it asks: forking threads is unsafe.
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert worker_count(Options()) == 1
+    finally:
+        stop.set()
+        thread.join()
