@@ -433,6 +433,46 @@ class _External:
                 return
 
 
+def _cpu(external: bool) -> float:
+    """User + system CPU seconds of the downloading processes so far."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = children.ru_utime + children.ru_stime
+    if not external:
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        total += own.ru_utime + own.ru_stime
+    return total
+
+
+_SAMPLER = """
+import os, select, sys
+sys.path.insert(0, {here!r})
+from peers import _process_tree, proc_status_kb
+peak = 0
+while not select.select([sys.stdin], [], [], 0.01)[0]:
+    # The tool's process and its workers, not this sampler.
+    tree = [p for p in _process_tree({pid}) if p != os.getpid()]
+    peak = max(peak, sum(proc_status_kb(p, "VmRSS") or 0 for p in tree))
+print(peak)
+"""
+
+
+class _TreeSampler:
+    """Samples the summed VmRSS of a process and its workers every 10 ms, from outside."""
+
+    def __init__(self, pid: int) -> None:
+        code = _SAMPLER.format(here=str(Path(__file__).parent), pid=pid)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def stop(self) -> int:
+        out, _ = self._proc.communicate("stop\n", timeout=30)
+        try:
+            return int(out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return 0
+
+
 def proc_status_kb(pid: int | str, field: str) -> int | None:
     """A ``kB`` field of ``/proc/<pid>/status`` (None once the process is gone)."""
     try:
@@ -543,23 +583,32 @@ def measure(tool: str, jobs_file: Path, out: Path, concurrency: int) -> dict[str
     work = out.parent / f".{out.name}-work"
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    sampler: _TreeSampler | None = None
     try:
         run = prepare(jobs, out, concurrency, work)
-        who = resource.RUSAGE_CHILDREN if external else resource.RUSAGE_SELF
-        before = resource.getrusage(who)
+        before = _cpu(external)
+        # In-process tools may fork workers (swarmget does, one per CPU): their
+        # memory is sampled from another process, since a sampling thread here
+        # would itself change what the tool does (a threaded caller gets one
+        # worker); their CPU arrives in RUSAGE_CHILDREN once they are reaped.
+        sampler = None if external else _TreeSampler(os.getpid())
         start = time.perf_counter()
         errors = run()
         elapsed = time.perf_counter() - start
-        after = resource.getrusage(who)
+        after = _cpu(external)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     # Peak RSS of the downloading address space (see _External for why not ru_maxrss).
-    peak_kb = getattr(run, "peak_kb", 0) if external else proc_status_kb("self", "VmHWM")
+    if external:
+        peak_kb = getattr(run, "peak_kb", 0)
+    else:
+        assert sampler is not None
+        peak_kb = max(sampler.stop(), proc_status_kb("self", "VmHWM") or 0)
     return {
         "elapsed": elapsed,
         "maxrss_kb": peak_kb,
-        "ru_maxrss_kb": after.ru_maxrss,
-        "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
+        "ru_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "cpu_s": after - before,
         "errors": errors[:5],
         "error_count": len(errors),
     }
