@@ -88,6 +88,12 @@ def prepare_swarmget(jobs: list[Job], out: Path, concurrency: int, work: Path) -
     return run
 
 
+def prepare_swarmget_1(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """The library API in one process (``workers=1``): one event loop, one core."""
+    os.environ["SWARMGET_WORKERS"] = "1"
+    return prepare_swarmget(jobs, out, concurrency, work)
+
+
 def prepare_swarmget_cli(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
     """The command line, timed from exec to exit (interpreter start-up included)."""
     url_file = work / "urls.txt"
@@ -553,6 +559,7 @@ def prepare_curl(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Ru
 TOOLS: dict[str, tuple[Callable[[list[Job], Path, int, Path], Runner], bool]] = {
     # name: (prepare function, runs as an external program)
     "swarmget": (prepare_swarmget, False),
+    "swarmget-1": (prepare_swarmget_1, False),
     "swarmget-cli": (prepare_swarmget_cli, True),
     "pycurl": (prepare_pycurl, False),
     "pycurl-epoll": (prepare_pycurl_epoll, False),

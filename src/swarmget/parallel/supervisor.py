@@ -157,8 +157,11 @@ def run_parallel(
     # Workers report progress every 0.1 s; the backlog must outlast that at
     # full speed (~5,000 rows/s per worker on loopback) or they idle.
     backlog_limit = 2 * share.concurrency + 8 * BATCH
-    # fork is cheap and safe while we are single-threaded; else start clean.
-    method = "fork" if threading.active_count() == 1 else "spawn"
+    # fork: cheap, and it does not re-import the caller's main module (spawn
+    # does, which breaks scripts without an ``if __name__ == "__main__"``
+    # guard).  It is also Python's own default on Linux.  Workers touch no lock
+    # a caller's thread could hold (they log nothing, print nothing).
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     context: Any = multiprocessing.get_context(method)
     pool: list[_Worker] = []
     started = time.monotonic()
