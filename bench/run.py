@@ -148,9 +148,15 @@ SCENARIOS = {
         "nginx-50k",
         "{files:,} x 50 KB from nginx (1 worker) on loopback, concurrency 100",
         [
-            "swarmget", "swarmget-1", "swarmget-cli", "pycurl", "aiohttp", "requests",
-            "aria2c", "curl",
-        ],  # fmt: skip
+            "swarmget",
+            "swarmget-1",
+            "swarmget-cli",
+            "pycurl",
+            "aiohttp",
+            "requests",
+            "aria2c",
+            "curl",
+        ],
         10_000,
         180.0,
         setup_nginx,
