@@ -148,16 +148,25 @@ class HTTPConnection:
                 ).encode("latin-1")
             tail = tail[:-2] + extra + b"\r\n"
         request = b"GET " + job.target.encode("ascii") + tail
+        if self._send(request, self._transport_error) and self._pending_out is not None:
+            engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
+
+    def _send(self, data: bytes, on_error: Callable[[OSError], None]) -> bool:
+        """Send ``data`` at once if the socket takes it; keep the rest in ``_pending_out``.
+
+        False when the connection failed (``on_error`` has been called).  The
+        caller registers for writability when something is left.
+        """
         try:
-            sent = self.sock.send(request)
+            sent = self.sock.send(data)
         except WOULD_BLOCK:
             sent = 0
         except OSError as exc:
-            self._transport_error(exc)
-            return
-        if sent < len(request):
-            self._pending_out = memoryview(request)[sent:]
-            engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
+            on_error(exc)
+            return False
+        if sent < len(data):
+            self._pending_out = memoryview(data)[sent:]
+        return True
 
     def _send_pending(self) -> None:
         self._flush_out(self._transport_error)

@@ -33,7 +33,6 @@ from swarmget.engine.job import Job
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.proxy import Proxy
-from swarmget.net.tls import WOULD_BLOCK
 from swarmget.protocol import ConnectionClosed, ConnectResponseParser
 
 
@@ -58,15 +57,9 @@ class TunnelHTTPSConnection(HTTPSConnection):
         self._tunnel = ConnectResponseParser()
         self.state = TUNNELLING
         request = connect_request(host, port, proxy, self.engine.options.user_agent)
-        try:
-            sent = self.sock.send(request)
-        except WOULD_BLOCK:
-            sent = 0
-        except OSError as exc:
-            self._proxy_lost(exc)
+        if not self._send(request, self._proxy_lost):
             return
-        if sent < len(request):
-            self._pending_out = memoryview(request)[sent:]
+        if self._pending_out is not None:
             return  # still registered for writability, as for the connect
         self.engine.loop.modify(self.fd, EVENT_READ, self)
 
