@@ -37,11 +37,11 @@ def write_list(server: ProcessServer, path: Path) -> dict[str, int]:
     for i in range(SMALL):
         name = f"img{i:05d}.jpg"
         names[name] = size_of(i)
-        lines.append(server.file_url(name, size=size_of(i), latency=0.02))
+        lines.append(server.file_url(name, size=size_of(i), latency=0.05))
     for i in range(BIG):
         name = f"big{i}.bin"
         names[name] = BIG_SIZE
-        lines.append(server.file_url(name, size=BIG_SIZE, latency=0.02))
+        lines.append(server.file_url(name, size=BIG_SIZE, latency=0.05))
     path.write_text("\n".join(lines) + "\n")
     return names
 
@@ -87,7 +87,7 @@ def test_sigkill_at_random_moments_then_resume(server: ProcessServer, tmp_path: 
         for name in os.listdir(out):
             if name in names:
                 assert (out / name).stat().st_size == names[name], (seed, name)
-    assert kills >= 1, f"the run finished before any kill (seed {seed})"
+    assert kills >= 3, f"only {kills} of the runs were killed (seed {seed})"
     final = swarmget(urls, out)
     _, stderr = final.communicate(timeout=120)
     assert final.returncode == 0, stderr.decode()
