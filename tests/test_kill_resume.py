@@ -128,3 +128,25 @@ def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
     again.communicate(timeout=60)
     assert again.returncode == 0
     assert (out / "interrupted.bin").read_bytes() == expected_body("interrupted.bin", size)
+
+
+def test_ctrl_c_keeps_small_parts_too_and_the_rerun_overwrites_them(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    urls = tmp_path / "urls.txt"
+    urls.write_text(server.file_url("small.bin", size=40_000, fault="stall", times=1) + "\n")
+    out = tmp_path / "out"
+    proc = swarmget(urls, out)
+    part = out / "small.bin.part"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == 20_000):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    assert proc.returncode == 130
+    assert part.stat().st_size == 20_000  # kept, though too small to resume with Range
+    again = swarmget(urls, out)
+    again.communicate(timeout=60)
+    assert again.returncode == 0
+    assert (out / "small.bin").read_bytes() == expected_body("small.bin", 40_000)
+    assert not part.exists()

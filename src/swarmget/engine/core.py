@@ -183,14 +183,17 @@ class Engine:
             self.loop.close()
 
     def _abort(self) -> None:
-        """Interrupted: drop in-flight work without recording it (a rerun redoes it)."""
+        """Interrupted: stop without recording in-flight rows (a rerun redoes them).
+
+        Their ``.part`` files stay: a rerun continues the large ones that have a
+        validator with Range, and overwrites the others from zero.
+        """
         self._input_done = True
         if self._to_publish:  # these are complete: keep them
             self._publish()
         for conn in list(self.connections):
             if conn.part is not None:
-                keep = conn.job is not None and self.resume.keep_part(conn.job, conn.part)
-                conn.part.abort(keep=keep)
+                conn.part.abort(keep=True)
                 conn.part = None
             conn.job = None
             conn.close()
