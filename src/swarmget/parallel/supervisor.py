@@ -62,8 +62,16 @@ def worker_count(options: Options) -> int:
     """
     wanted = options.workers or _env_workers()
     if not wanted:
-        wanted = len(os.sched_getaffinity(0)) if threading.active_count() == 1 else 1
+        wanted = _usable_cpus() if threading.active_count() == 1 else 1
     return max(1, min(wanted, options.concurrency))
+
+
+def _usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is not None:
+        return len(affinity(0))
+    return os.cpu_count() or 1
 
 
 def _env_workers() -> int:
