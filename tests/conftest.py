@@ -82,26 +82,24 @@ def _fast_tmp_base() -> str | None:
     return _SHM
 
 
-@pytest.fixture(scope="session")
-def nginx_bin() -> str:
-    binary = find_nginx()
+def _required(binary: str | None, name: str, package: str) -> str:
+    """The program's path; a skip on a developer's machine without it, a failure under CI."""
     if binary is None:
-        reason = "nginx is not installed (`./dev test` installs it: apt-get install nginx-light)"
+        reason = f"{name} is not installed (`./dev test` installs it: apt-get install {package})"
         if under_ci():
             pytest.fail(f"{reason}; under CI it is required, not skipped", pytrace=False)
         pytest.skip(reason)
     return binary
+
+
+@pytest.fixture(scope="session")
+def nginx_bin() -> str:
+    return _required(find_nginx(), "nginx", "nginx-light")
 
 
 @pytest.fixture(scope="session")
 def tinyproxy_bin() -> str:
-    binary = find_tinyproxy()
-    if binary is None:
-        reason = "tinyproxy is not installed (`./dev test` installs it: apt-get install tinyproxy)"
-        if under_ci():
-            pytest.fail(f"{reason}; under CI it is required, not skipped", pytrace=False)
-        pytest.skip(reason)
-    return binary
+    return _required(find_tinyproxy(), "tinyproxy", "tinyproxy")
 
 
 @pytest.fixture(scope="session")

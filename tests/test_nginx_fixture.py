@@ -161,7 +161,9 @@ def test_explicit_port_in_use_is_a_clear_error(nginx_bin: str, tmp_path: Path) -
 
 
 def test_missing_binary_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(nginx_mod.shutil, "which", lambda _name: None)
+    from swarmget.testing import daemons
+
+    monkeypatch.setattr(daemons.shutil, "which", lambda _name: None)
     monkeypatch.setattr(nginx_mod, "_FALLBACK_PATHS", ())
     assert nginx_mod.find_nginx() is None
     with pytest.raises(NginxError, match="not installed"), Nginx(tmp_path):

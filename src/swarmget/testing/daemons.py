@@ -8,7 +8,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Self
 
 STOP_TIMEOUT = 10.0
 
@@ -58,3 +62,46 @@ def terminate_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+class Daemon:
+    """What nginx and tinyproxy share: a process group, a temp dir, a port.
+
+    Subclasses set ``_proc`` and ``_port`` in ``start()``; ``stop()`` reaps the
+    group and removes the temp dir, and is idempotent.
+    """
+
+    stop_timeout = STOP_TIMEOUT
+
+    def __init__(self) -> None:
+        self._port: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._tmp: Path | None = None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def _make_tmp(self, prefix: str) -> Path:
+        self._tmp = Path(tempfile.mkdtemp(prefix=prefix))
+        return self._tmp
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            terminate_group(proc, self.stop_timeout)
+        self._port = None
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -33,16 +33,13 @@ import functools
 import hashlib
 import os
 import resource
-import shutil
 import ssl as _ssl
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
 
-from swarmget.testing.daemons import accepts, find_binary, free_port, terminate_group
+from swarmget.testing.daemons import Daemon, accepts, find_binary, free_port, terminate_group
 
 __all__ = [
     "Nginx",
@@ -57,7 +54,6 @@ __all__ = [
 
 _FALLBACK_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
 _START_TIMEOUT = 15.0
-_STOP_TIMEOUT = 10.0
 _PORT_ATTEMPTS = 8
 
 
@@ -70,7 +66,7 @@ def find_nginx() -> str | None:
     return find_binary("nginx", _FALLBACK_PATHS)
 
 
-class Nginx:
+class Nginx(Daemon):
     """nginx serving ``root`` on 127.0.0.1; use as a context manager.
 
     ``port=0`` picks a free port.  ``extra_locations`` is pasted into the
@@ -95,9 +91,7 @@ class Nginx:
         self.extra_locations = extra_locations
         self.ssl = (Path(ssl[0]).resolve(), Path(ssl[1]).resolve()) if ssl else None
         self._requested_port = port
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: Path | None = None
+        super().__init__()
 
     # -- public surface ---------------------------------------------------------
 
@@ -128,18 +122,6 @@ class Nginx:
         """What nginx has written to its error log so far (for failure messages)."""
         return _tail(self._tmp / "error.log") if self._tmp else ""
 
-    def __enter__(self) -> Nginx:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         if self._proc is not None:
             raise NginxError("nginx is already running")
@@ -151,22 +133,12 @@ class Nginx:
             )
         if not self.root.is_dir():
             raise NginxError(f"nginx root {self.root} is not a directory")
-        self._tmp = Path(tempfile.mkdtemp(prefix="swarmget-nginx-"))
+        self._make_tmp("swarmget-nginx-")
         try:
             self._start_with_retries(binary)
         except BaseException:
             self.stop()
             raise
-
-    def stop(self) -> None:
-        """Fast-shutdown nginx and reap it; idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            terminate_group(proc, _STOP_TIMEOUT)
-        self._port = None
-        tmp, self._tmp = self._tmp, None
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     # -- starting -----------------------------------------------------------------
 
@@ -210,11 +182,11 @@ class Nginx:
             if "in use" in self._logs():
                 # nginx retries bind() for 2.5 s before giving up; don't wait for it.
                 self._proc = None
-                terminate_group(proc, _STOP_TIMEOUT)
+                terminate_group(proc, self.stop_timeout)
                 return f"port {port} is in use\n{self._logs()}"
             time.sleep(0.01)
         self._proc = None
-        terminate_group(proc, _STOP_TIMEOUT)
+        terminate_group(proc, self.stop_timeout)
         return f"not accepting connections on port {port} after {_START_TIMEOUT}s\n{self._logs()}"
 
     def _why_dead(self, proc: subprocess.Popen[bytes]) -> str:

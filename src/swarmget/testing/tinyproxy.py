@@ -21,21 +21,17 @@ ones with 401 (sic).  ``BasicAuth`` takes only letters, digits and ``-._``.
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 
-from swarmget.testing.daemons import accepts, find_binary, free_port, terminate_group
+from swarmget.testing.daemons import Daemon, accepts, find_binary, free_port, terminate_group
 
 __all__ = ["TinyProxy", "TinyProxyError", "find_tinyproxy"]
 
 _FALLBACK_PATHS = ("/usr/bin/tinyproxy", "/usr/sbin/tinyproxy", "/usr/local/bin/tinyproxy")
 _START_TIMEOUT = 10.0
-_STOP_TIMEOUT = 5.0
 _PORT_ATTEMPTS = 8
 _REQUEST_LINE = re.compile(r"Request \(file descriptor \d+\): (.*)$", re.MULTILINE)
 
@@ -49,7 +45,9 @@ def find_tinyproxy() -> str | None:
     return find_binary("tinyproxy", _FALLBACK_PATHS)
 
 
-class TinyProxy:
+class TinyProxy(Daemon):
+    stop_timeout = 5.0
+
     """tinyproxy on 127.0.0.1; use as a context manager.
 
     ``auth=(user, password)`` requires Basic credentials (``BasicAuth``);
@@ -61,9 +59,7 @@ class TinyProxy:
     ) -> None:
         self.auth = auth
         self.connect_ports = tuple(connect_ports)
-        self._port: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._tmp: Path | None = None
+        super().__init__()
 
     @property
     def port(self) -> int:
@@ -89,18 +85,6 @@ class TinyProxy:
         """The request lines tinyproxy has received so far, oldest first."""
         return _REQUEST_LINE.findall(self.log)
 
-    def __enter__(self) -> TinyProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         if self._proc is not None:
             raise TinyProxyError("tinyproxy is already running")
@@ -110,7 +94,7 @@ class TinyProxy:
                 "tinyproxy is not installed; `./dev test` installs it, "
                 "or run: apt-get install tinyproxy"
             )
-        self._tmp = Path(tempfile.mkdtemp(prefix="swarmget-tinyproxy-"))
+        self._make_tmp("swarmget-tinyproxy-")
         try:
             failure = ""
             for _ in range(_PORT_ATTEMPTS):
@@ -125,16 +109,6 @@ class TinyProxy:
         except BaseException:
             self.stop()
             raise
-
-    def stop(self) -> None:
-        """Stop tinyproxy and reap it; idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            terminate_group(proc, _STOP_TIMEOUT)
-        self._port = None
-        tmp, self._tmp = self._tmp, None
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
 
     def _try_start(self, binary: str, port: int) -> str:
         """Start on ``port``; return "" once it listens, else why it did not."""
@@ -157,7 +131,7 @@ class TinyProxy:
             text = _read(log)
             if proc.poll() is not None:
                 self._proc = None
-                terminate_group(proc, _STOP_TIMEOUT)
+                terminate_group(proc, self.stop_timeout)
                 detail = (text + _read(self._tmp / "stderr.log"))[-3000:]
                 if "Could not create listening sockets" in detail:  # what a taken port says
                     return f"port {port} is in use: {detail}"
@@ -166,7 +140,7 @@ class TinyProxy:
                 return ""
             time.sleep(0.01)
         self._proc = None
-        terminate_group(proc, _STOP_TIMEOUT)
+        terminate_group(proc, self.stop_timeout)
         return f"not listening on port {port} after {_START_TIMEOUT}s"
 
     def _config(self, port: int) -> str:
