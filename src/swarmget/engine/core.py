@@ -129,6 +129,8 @@ class Engine:
         self.recv_view = memoryview(self._recv_buffer)
         self._fatal: OutputError | None = None
         self._to_publish: list[tuple[FileResult, PartFile]] = []  # complete, not yet renamed
+        self._outbox: list[HTTPConnection] = []  # requests to send at the end of this turn
+        self._end_turn_scheduled = False
         self._started_at = 0.0
 
     # -- running -------------------------------------------------------------------
@@ -463,9 +465,31 @@ class Engine:
         part.close()
         # Files finished in this loop turn are journaled with one write, then
         # renamed into place: see _publish.
-        if not self._to_publish:
-            self.loop.call_soon(self._publish)
         self._to_publish.append((result, part))
+        self._end_turn_soon()
+
+    def queue_send(self, conn: HTTPConnection) -> None:
+        """``conn`` has a request to send: it goes with the others at the end of the turn."""
+        self._outbox.append(conn)
+        self._end_turn_soon()
+
+    def _end_turn_soon(self) -> None:
+        if not self._end_turn_scheduled:
+            self._end_turn_scheduled = True
+            self.loop.call_soon(self._end_turn)
+
+    def _end_turn(self) -> None:
+        """Once per loop turn with work: send the queued requests, then publish files.
+
+        Requests first, so the server works on the next files while we rename
+        the finished ones (see connection.py on why requests wait for this).
+        """
+        self._end_turn_scheduled = False
+        outbox, self._outbox = self._outbox, []
+        for conn in outbox:
+            conn.send_queued()
+        if self._to_publish:
+            self._publish()
 
     def _publish(self) -> None:
         batch, self._to_publish = self._to_publish, []

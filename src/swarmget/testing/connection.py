@@ -4,9 +4,13 @@ Theory of operation.  Requests on a connection are answered strictly one after
 another, as HTTP/1.1 demands.  The common case (a plain ``/files`` GET) is
 answered synchronously inside ``data_received`` with a single ``writev`` of
 the head and a ``memoryview`` of the body, so it costs no task and no copy.
-Anything with timing in it (latency, faults, scripts) runs as one task per
-response; while it runs, further pipelined requests wait in the buffer, and
-when it ends the connection either closes or goes back to reading.
+A plain file that only asks for latency is answered by a timer calling the
+same synchronous writer (the latency benchmark serves 2,000 of them a second,
+and a task per response would make this server, not the client, the slowest
+part).  Anything else with timing in it (faults, scripts) runs as one task per
+response; while a timer or task is pending, further pipelined requests wait in
+the buffer, and when it ends the connection either closes or goes back to
+reading.
 
 End of input from the client ends the task at once only for the responses
 that would otherwise never finish (stalls, drips, endless 1xx): those are
@@ -25,7 +29,7 @@ import socket
 import struct
 import termios
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from swarmget.testing.files import respond_file
@@ -53,6 +57,7 @@ class ServerConnection(asyncio.Protocol):
         self._fd = -1
         self._task: asyncio.Task[bool] | None = None
         self._task_ends_on_eof = False
+        self._timer: asyncio.TimerHandle | None = None
         self._skip = 0  # request body bytes still to discard
         self._served = 0
         self._internal = False  # opened only to ask /_stats; not counted
@@ -78,7 +83,7 @@ class ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
-        if self._task is None:
+        if self._idle():
             self._process()
         elif self._head_waiter is not None:
             self._feed_waiter()
@@ -87,6 +92,8 @@ class ServerConnection(asyncio.Protocol):
         self.eof = True
         if self._head_waiter is not None:
             self._feed_waiter()
+        if self._timer is not None:
+            return True  # finish the response first; _timer_fired closes
         if self._task is None:
             return False  # the transport closes itself
         if self._task_ends_on_eof:
@@ -101,6 +108,9 @@ class ServerConnection(asyncio.Protocol):
         self.state.live.discard(self)
         if self._task is not None:
             self._task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for fut in (self._resumed, self._head_waiter):
             if fut is not None and not fut.done():
                 fut.cancel()
@@ -187,6 +197,23 @@ class ServerConnection(asyncio.Protocol):
         if ends_on_eof and self.eof:
             task.cancel()
 
+    def answer_later(self, delay: float, respond: Callable[[], bool]) -> None:
+        """Call ``respond`` (which writes and returns "keep alive?") after ``delay`` s."""
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(delay, self._timer_fired, respond)
+
+    def _timer_fired(self, respond: Callable[[], bool]) -> None:
+        self._timer = None
+        if self.closed:
+            return
+        if not respond() or self.eof:
+            self.close()
+        else:
+            self._process()
+
+    def _idle(self) -> bool:
+        return self._task is None and self._timer is None
+
     def _task_done(self, task: asyncio.Task[bool]) -> None:
         self._task = None
         self.state.tasks.discard(task)
@@ -240,7 +267,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _process(self) -> None:
         """Answer every complete request in the buffer until one needs a task."""
-        while self._task is None and not self.closed and not self._transport_closing():
+        while self._idle() and not self.closed and not self._transport_closing():
             if self._skip:
                 n = min(self._skip, len(self._buf))
                 del self._buf[:n]

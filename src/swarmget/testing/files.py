@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote
 
@@ -60,9 +61,12 @@ class FileOptions:
     @property
     def plain(self) -> bool:
         """True when nothing but the body (and maybe a range) is asked for."""
-        return not (
-            self.latency or self.chunked or self.close or self.fault or self.status or self.redirect
-        )
+        return not self.latency and self.plain_after_latency
+
+    @property
+    def plain_after_latency(self) -> bool:
+        """True when nothing but a delay, the body (and maybe a range) is asked for."""
+        return not (self.chunked or self.close or self.fault or self.status or self.redirect)
 
 
 def _flag(value: str) -> bool:
@@ -161,8 +165,11 @@ def respond_file(conn: ServerConnection, request: Request) -> bool | None:
         state.hits[request.target] += 1
         if state.hits[request.target] > opts.times:
             opts = dataclasses.replace(opts, fault=None, status=None, redirect=None)
-    if opts.plain and opts.size <= BLOCK_SIZE:
-        return _write_plain(conn, request, name, opts)
+    if opts.plain_after_latency and opts.size <= BLOCK_SIZE:
+        if not opts.latency:
+            return _write_plain(conn, request, name, opts)
+        conn.answer_later(opts.latency, partial(_write_plain, conn, request, name, opts))
+        return None
     conn.start(respond_later(conn, request, name, opts), ends_on_eof=opts.fault in ENDLESS)
     return None
 
