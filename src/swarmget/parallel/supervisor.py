@@ -44,7 +44,7 @@ from swarmget.parallel.worker import worker_main
 from swarmget.report import ProgressListener, Report, Snapshot
 from swarmget.sinks.files import OutputDir
 from swarmget.sinks.naming import NameAllocator
-from swarmget.sources.rows import Row
+from swarmget.sources.rows import Row, RowTuple
 
 BATCH = 256  # rows per message: big enough to amortise pickling, small for balance
 PROGRESS_INTERVAL = 0.1
@@ -115,8 +115,9 @@ class _Dealer:
         self.done = False
         self.error: UsageError | None = None
 
-    def take(self, count: int) -> list[Row]:
-        batch: list[Row] = []
+    def take(self, count: int) -> list[RowTuple]:
+        """Up to ``count`` named rows, as tuples (see worker.py)."""
+        batch: list[RowTuple] = []
         while len(batch) < count and not self.done:
             try:
                 row = next(self._rows)
@@ -131,7 +132,7 @@ class _Dealer:
             batch.append(self._name(row))
         return batch
 
-    def _name(self, row: Row) -> Row:
+    def _name(self, row: Row) -> RowTuple:
         # Same order as Engine._make_job: a row whose URL is bad takes no name
         # (its worker fails it with bad_url); one whose path is bad is sent
         # unnamed too, and its worker fails it with the same bad_path error.
@@ -139,8 +140,8 @@ class _Dealer:
             self._split(row.url)
             path = self._names.allocate(row)
         except TransferError:
-            return row
-        return dataclasses.replace(row, path=path)
+            return row.as_tuple()
+        return (row.index, row.url, path, row.sha256, row.md5, row.size)
 
 
 def run_parallel(
@@ -207,7 +208,7 @@ def run_parallel(
     return report
 
 
-def _deal(pool: list[_Worker], batch: list[Row], start: int) -> int:
+def _deal(pool: list[_Worker], batch: list[RowTuple], start: int) -> int:
     """Give ``batch`` to the worker with the smallest backlog; returns its index."""
     target = min(range(len(pool)), key=lambda i: (pool[i].backlog, (i - start) % len(pool)))
     if batch:

@@ -32,7 +32,7 @@ from swarmget.sources.rows import Row
 #   ("report", Report, needs_compaction)        at the end
 #   ("error", SwarmgetError)                    a run-stopping error
 #   ("interrupted",)                            stopped by the parent or its death
-# Parent -> worker: a list of Rows, or None for "no more rows".
+# Parent -> worker: a list of Row.as_tuple() tuples, or None for "no more rows".
 
 
 class PipeFeed(Iterator[Row | None]):
@@ -60,7 +60,7 @@ class PipeFeed(Iterator[Row | None]):
                     # parent's death is still noticed (EOF) until we finish.
                     self._ended = True
                     break
-                self._rows.extend(batch)
+                self._rows.extend([Row(*fields) for fields in batch])
         except (EOFError, OSError):
             # The parent is gone: stop the way Ctrl-C does.
             raise KeyboardInterrupt from None
