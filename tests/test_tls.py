@@ -381,8 +381,8 @@ def test_a_body_cut_short_is_truncated(
 def test_truncation_is_seen_through_either_record_reader(
     certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, reader: str
 ) -> None:
-    # The fast reader calls the private SSLSocket._sslobj; the fallback must
-    # see a ragged EOF too (it would not if the socket suppressed ragged EOFs).
+    # The fast reader calls the private SSLObject._sslobj; the public fallback
+    # must see the ragged EOF (a TCP close without close_notify) just the same.
     if reader == "public":
         monkeypatch.setattr(https, "record_reader", tls_module.public_record_reader)
     with TLSServer(certs.contexts["good"], _cut_body("until-close", False)) as server:

@@ -26,10 +26,10 @@ Timeouts are not timers: the engine sweeps all connections a few times a second
 and calls :meth:`HTTPConnection.check`, which compares ``loop.now`` with the
 connection's timestamps.  That keeps the per-read cost at one attribute store.
 
-HTTPS is the subclass in ``engine/https.py``: after the TCP connect it wraps the
-socket and runs the TLS handshake (state ``HANDSHAKING``) before the first
-request; everything else here is shared, which is why sends treat
-``WOULD_BLOCK`` (plain *and* TLS "try again later") alike.
+HTTPS is the subclass in ``engine/https.py``: after the TCP connect it runs the
+TLS handshake (state ``HANDSHAKING``) before the first request, and puts a TLS
+layer between the socket and the parser; the socket itself stays plain, so
+sends, timeouts and the pool are shared.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class HTTPConnection:
         try:
             sent = self.sock.send(out)
         except WOULD_BLOCK:
-            return  # a TLS write must be retried with the same bytes: we keep them
+            return
         except OSError as exc:
             on_error(exc)
             return

@@ -1,37 +1,39 @@
-"""HTTPS: an :class:`HTTPConnection` whose socket becomes a non-blocking ``SSLSocket``.
+"""HTTPS: an :class:`HTTPConnection` with a TLS layer between its socket and its parser.
 
 Theory of operation
 -------------------
-The TCP connect is the plain one.  When it completes, the socket is wrapped
-(``net/tls.py``, the run's one context, the origin's last TLS session) and the
-connection enters ``HANDSHAKING``: every readiness event calls
-``do_handshake()`` again, and the loop registration follows what OpenSSL asks
-for next (``SSLWantReadError`` -> readable, ``SSLWantWriteError`` -> writable).
+The TCP connect is the plain one.  When it completes, the connection creates an
+``ssl.SSLObject`` over two memory BIOs (``net/tls.py``, the run's one context,
+the origin's last TLS session) and enters ``HANDSHAKING``.  The socket stays a
+plain non-blocking socket, and this class moves the ciphertext:
+
+* **Out.**  Whatever OpenSSL writes (handshake messages, encrypted requests)
+  lands in the outgoing BIO and goes to the socket with the shared ``_send``;
+  a short write waits for writability like any plain send.
+* **In.**  One ``recv_into`` takes everything the kernel has into the engine's
+  receive buffer, which is copied into the incoming BIO; then ``read`` decrypts
+  the complete records side by side into the same buffer (free again: the BIO
+  holds its own copy), and the parser gets them in one go, so a 50 KB body is
+  one parser call and one ``os.write``.  A partial record stays in the BIO for
+  the next event.
+* **The end of the stream.**  A TCP close becomes ``write_eof()``; close_notify
+  reads as 0 bytes (a clean EOF that may complete a close-delimited body), and
+  a TCP close without it raises ``SSLEOFError``, which is ``truncated`` once
+  the response has begun.
+
 The request goes out only after the handshake, through the shared ``start``.
-
-Reading is where TLS differs from TCP, so this class has its own loop (and the
-plain one stays untouched):
-
-* ``recv_into`` returns at most one TLS record (16 KB) per call, and decrypted
-  bytes can wait inside OpenSSL with no epoll event to announce them, so a
-  short read proves nothing: we read until ``SSLWantReadError``.  The records
-  are decrypted side by side into the receive buffer and parsed in one go, so
-  a 50 KB body costs one parser call and one ``os.write``, not four.
-* The end of the stream: close_notify reads as 0 bytes (a clean EOF that may
-  complete a close-delimited body); a TCP close without it raises
-  ``SSLEOFError``, which is ``truncated`` once the response has begun.
-
 While idle in the pool, a readable event is not necessarily the server going
-away: TLS 1.3 session tickets and key updates are records without data.  We
-read once; ``SSLWantReadError`` means it was one of those and the connection
-stays.  The origin's TLS session is saved when a response completes, by then
-TLS 1.3 tickets (sent after the handshake) have surely been read, so reconnects
-to the origin resume instead of redoing the full handshake.
+away: TLS 1.3 session tickets and key updates are records without data, so the
+connection stays unless the read yields data or an end.  The origin's TLS
+session is saved when a response completes, by then TLS 1.3 tickets (sent after
+the handshake) have surely been read, so reconnects to the origin resume
+instead of redoing the full handshake.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 
 from swarmget.engine.connection import ACTIVE, CONNECTING, HANDSHAKING, IDLE, HTTPConnection
 from swarmget.engine.job import Job
@@ -46,69 +48,101 @@ _SAVED = object()  # HTTPSConnection._offered once its session has been saved
 
 
 class HTTPSConnection(HTTPConnection):
-    __slots__ = ("_events", "_offered", "_read", "_read_wants_write", "_tls")
+    __slots__ = ("_incoming", "_offered", "_outgoing", "_read", "_tls")
 
     # -- handshake ------------------------------------------------------------------
 
     def _established(self, job: Job) -> None:
         pool = self.pool
         host = pool.origin[1]
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
         try:
-            tls = self.engine.tls.wrap(self.sock, host, pool.tls_session)
+            self._tls = self.engine.tls.wrap(self._incoming, self._outgoing, host, pool.tls_session)
             self._offered: object = pool.tls_session  # or _SAVED
         except (OSError, ValueError) as exc:  # ValueError: a host name ssl will not send
             self._fail(TransferError(ErrorCode.TLS, f"cannot start TLS with {host}: {exc}"))
             return
-        self.sock = self._tls = tls
-        self._read = record_reader(tls)
-        self._events = EVENT_WRITE  # as registered for the connect
-        self._read_wants_write = False
+        self._read = record_reader(self._tls)
         self.state = HANDSHAKING
         self._handshake()
 
     def _handshake(self) -> None:
         try:
             self._tls.do_handshake()
+            done = True
         except ssl.SSLWantReadError:
-            self._want(EVENT_READ)
-            return
-        except ssl.SSLWantWriteError:
-            self._want(EVENT_WRITE)
-            return
+            done = False
         except ssl.SSLError as exc:
             self._fail(tls_error(exc, self.pool.origin[1], handshake=True))
             return
-        except OSError as exc:  # reset or refused mid-handshake: a connection failure
-            self._transport_error(exc)
+        if not self._send_tls_output(self._transport_error):
             return
-        self._want(EVENT_READ)
-        job = self.job
-        assert job is not None
-        self.start(job)
+        self.engine.loop.modify(
+            self.fd, EVENT_READ | (EVENT_WRITE if self._pending_out is not None else 0), self
+        )
+        if done:
+            job = self.job
+            assert job is not None
+            self.start(job)
 
-    def _want(self, events: int) -> None:
-        if events != self._events:
-            self._events = events
-            self.engine.loop.modify(self.fd, events, self)
+    def _handshake_readable(self) -> None:
+        if self._receive() is not None:
+            self._handshake()
+
+    # -- moving ciphertext ------------------------------------------------------------
+
+    def _send(self, data: bytes, on_error: Callable[[OSError], None]) -> bool:
+        """Encrypt ``data`` and send it (what is left waits in ``_pending_out``)."""
+        try:
+            self._tls.write(data)
+        except ssl.SSLError as exc:
+            on_error(exc)
+            return False
+        return self._send_tls_output(on_error)
+
+    def _send_tls_output(self, on_error: Callable[[OSError], None]) -> bool:
+        """Send what OpenSSL wrote to the outgoing BIO; False if the connection failed."""
+        outgoing = self._outgoing
+        if not outgoing.pending:
+            return True
+        data = outgoing.read()
+        pending = self._pending_out
+        if pending is not None:  # still sending earlier bytes: these go after them
+            self._pending_out = memoryview(bytes(pending) + data)
+            return True
+        return HTTPConnection._send(self, data, on_error)
+
+    def _receive(self) -> int | None:
+        """Move what the socket has into the incoming BIO: the byte count (0 at the end
+        of the stream), or None when there was nothing or the connection failed."""
+        buffer = self.engine.recv_view
+        try:
+            n = self.sock.recv_into(buffer)
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            self._transport_error(exc)
+            return None
+        if n:
+            self._incoming.write(buffer[:n])
+        else:
+            self._incoming.write_eof()
+        return n
 
     # -- events ---------------------------------------------------------------------
 
     def handle_io(self, mask: int) -> None:
         state = self.state
+        if mask & EVENT_WRITE and self._pending_out is not None and state in (ACTIVE, HANDSHAKING):
+            self._flush_out(self._transport_error)  # back to read-only once all is out
+            state = self.state
+        if not mask & EVENT_READ and state != CONNECTING:
+            return
         if state == ACTIVE:
-            if mask & EVENT_WRITE:
-                if self._pending_out is not None:
-                    self._send_pending()
-                if self._read_wants_write and self.state == ACTIVE:
-                    self._read_wants_write = False
-                    if self._pending_out is None:  # else _send_pending drops WRITE later
-                        self.engine.loop.modify(self.fd, EVENT_READ, self)
-                    self._readable()
-                    return
-            if mask & EVENT_READ and self.state == ACTIVE:
-                self._readable()
+            self._readable()
         elif state == HANDSHAKING:
-            self._handshake()
+            self._handshake_readable()
         elif state == IDLE:
             self._idle_event()
         elif state == CONNECTING:
@@ -119,27 +153,25 @@ class HTTPSConnection(HTTPConnection):
         buffer = engine.recv_view
         parser = self.parser
         assert parser is not None
+        received = self._receive()
+        if received is None:
+            return
         read = self._read
+        incoming = self._incoming
         size = len(buffer)
         room = size - _MAX_RECORD
         while True:
-            # Gather records until OpenSSL and the kernel run dry (SSLWantReadError)
-            # or the buffer is nearly full, then parse and write them in one go: a
-            # 50 KB body is four records, and one os.write beats four.
+            # Decrypt the records the BIO holds side by side into the buffer (until
+            # it is nearly full), then parse and write them in one go.
             filled = 0
             eof = False
-            error: OSError | None = None
-            while filled < room:
+            error: ssl.SSLError | None = None
+            while filled < room and (incoming.pending or incoming.eof or not received):
                 try:
                     n = read(size - filled, buffer[filled:] if filled else buffer)
                 except ssl.SSLWantReadError:
-                    break
-                except ssl.SSLWantWriteError:
-                    # OpenSSL must send something (a key update) before reading on.
-                    self._read_wants_write = True
-                    engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
-                    break
-                except OSError as exc:
+                    break  # the rest of a record is still on its way
+                except ssl.SSLError as exc:
                     error = exc
                     break
                 if not n:
@@ -159,11 +191,15 @@ class HTTPSConnection(HTTPConnection):
                 return
             if done:
                 self._save_session()
-                self._complete(reusable=parser.reusable and not eof and error is None)
+                self._complete(
+                    reusable=parser.reusable and not eof and error is None and received > 0
+                )
                 return
             if error is not None:
                 self._transport_error(error)
                 return
+            if self._outgoing.pending and not self._send_tls_output(self._transport_error):
+                return  # OpenSSL answered something (a key update) and the send failed
             if filled < room:
                 return  # drained for now
 
@@ -181,18 +217,17 @@ class HTTPSConnection(HTTPConnection):
         if session is not None:
             pool.tls_session = session
 
-    def _send_pending(self) -> None:
-        super()._send_pending()
-        if self._pending_out is None and self._read_wants_write:
-            self.engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
-
     def _idle_event(self) -> None:
-        try:
-            self._tls.recv_into(self.engine.recv_view)
-        except ssl.SSLWantReadError:
-            return  # a record without data (session ticket, key update): still usable
-        except OSError:
-            pass
+        received = self._receive()
+        if received is None:
+            return
+        if received:
+            try:
+                self._tls.read(len(self.engine.recv_view), self.engine.recv_view)
+            except ssl.SSLWantReadError:
+                return  # a record without data (session ticket, key update): still usable
+            except OSError:
+                pass
         self.close()  # data while idle, close_notify, or the TCP connection ended
 
     # -- failures -------------------------------------------------------------------

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from swarmget.engine.connection import PROXY_AUTH_HINT, TUNNELLING
+from swarmget.engine.connection import PROXY_AUTH_HINT, TUNNELLING, HTTPConnection
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Job
 from swarmget.errors import ErrorCode, TransferError, http_code
@@ -57,7 +57,8 @@ class TunnelHTTPSConnection(HTTPSConnection):
         self._tunnel = ConnectResponseParser()
         self.state = TUNNELLING
         request = connect_request(host, port, proxy, self.engine.options.user_agent)
-        if not self._send(request, self._proxy_lost):
+        # In clear to the proxy: TLS starts inside the tunnel, once it is up.
+        if not HTTPConnection._send(self, request, self._proxy_lost):
             return
         if self._pending_out is not None:
             return  # still registered for writability, as for the connect

@@ -2,16 +2,19 @@
 
 Theory of operation
 -------------------
-An HTTPS connection is a non-blocking ``ssl.SSLSocket``.  We chose it over
-``SSLObject`` + ``MemoryBIO`` because OpenSSL then reads straight from the
-kernel and decrypts into our receive buffer: one copy and one Python call per
-TLS record, where a memory BIO costs an extra copy and two more calls.
+An HTTPS connection is an ``ssl.SSLObject`` over two ``MemoryBIO``s: the
+connection itself moves ciphertext between its plain non-blocking socket and
+the BIOs (``engine/https.py``).  We first used a non-blocking ``SSLSocket``,
+where OpenSSL reads from the kernel itself, but it reads each record in two
+``read`` calls (5-byte header, then body) and one more to learn that nothing
+is left: ten syscalls per 50 KB response, where libcurl makes about two.  With
+BIOs one ``recv_into`` takes everything the kernel has, and OpenSSL decrypts
+it from memory; the price is one memcpy into the BIO.
 
-* **When to wrap.**  After the TCP connect has completed, never while it is in
-  flight: ``wrap_socket`` on a socket that is still connecting probes it with a
-  ``recv`` and can raise.  ``do_handshake_on_connect=False`` leaves the handshake
-  to the loop, which calls ``do_handshake()`` on each readiness event until it
-  stops raising ``SSLWantReadError`` / ``SSLWantWriteError``.
+* **When to wrap.**  After the TCP connect has completed; the loop then drives
+  ``do_handshake()`` on each readable event until it stops raising
+  ``SSLWantReadError`` (with memory BIOs OpenSSL never waits to write: what it
+  writes lands in the outgoing BIO, which the connection sends).
 * **One context per run.**  Loading the system trust store costs ~30 ms and
   a context owns the session machinery, so :class:`ClientTLS` builds one, on
   first use (an http-only run never pays for it) or at once when the options
@@ -21,14 +24,15 @@ TLS record, where a memory BIO costs an extra copy and two more calls.
   variables *replaces* the system store, as with curl and every OpenSSL tool.
   ``cacert`` adds one more CA on top.  ``insecure`` turns verification off and
   says so once on stderr.
-* **Truncation.**  Sockets are wrapped with ``suppress_ragged_eofs=False`` and
-  the context never sets ``OP_IGNORE_UNEXPECTED_EOF``, so a TCP close without
-  TLS close_notify surfaces as ``ssl.SSLEOFError``.  Once a response has
+* **Truncation.**  The end of the TCP stream is passed on with
+  ``MemoryBIO.write_eof()`` and the context never sets
+  ``OP_IGNORE_UNEXPECTED_EOF``, so a TCP close without TLS close_notify
+  surfaces as ``ssl.SSLEOFError``.  Once a response has
   started, that is ``truncated`` even for a body framed only by the close:
   without close_notify nothing proves the server meant to stop there.
   (Before a response starts it is an ordinary close: servers such as nginx
   drop idle keep-alive connections without close_notify.)
-* **Resumption.**  The caller keeps the last ``SSLSocket.session`` per origin
+* **Resumption.**  The caller keeps the last ``SSLObject.session`` per origin
   and passes it to the next :meth:`ClientTLS.wrap` for that origin.  TLS 1.3
   tickets arrive *after* the handshake, so the session is taken once the first
   response on a connection is complete, when OpenSSL has surely read them.
@@ -40,7 +44,6 @@ TLS record, where a memory BIO costs an extra copy and two more calls.
 from __future__ import annotations
 
 import re
-import socket
 import ssl
 import sys
 from collections.abc import Callable
@@ -106,30 +109,28 @@ class ClientTLS:
             out.flush()
         return self._context
 
-    def wrap(self, sock: socket.socket, host: str, session: ssl.SSLSession | None) -> ssl.SSLSocket:
-        """Wrap a *connected* non-blocking socket; the handshake is left to the caller.
+    def wrap(
+        self,
+        incoming: ssl.MemoryBIO,
+        outgoing: ssl.MemoryBIO,
+        host: str,
+        session: ssl.SSLSession | None,
+    ) -> ssl.SSLObject:
+        """A client ``SSLObject`` over two memory BIOs; the caller moves the bytes.
 
         ``host`` is sent as SNI (Python leaves SNI out for IP literals but still
-        checks the certificate against the address).  ``sock`` is detached: use
-        only the returned socket, which keeps the same file descriptor.
+        checks the certificate against the address).
         """
-        return self.context.wrap_socket(
-            sock,
-            server_hostname=host,
-            do_handshake_on_connect=False,
-            suppress_ragged_eofs=False,
-            session=session,
-        )
+        return self.context.wrap_bio(incoming, outgoing, server_hostname=host, session=session)
 
 
-def record_reader(tls: ssl.SSLSocket) -> Callable[[int, memoryview], int]:
+def record_reader(tls: ssl.SSLObject) -> Callable[[int, memoryview], int]:
     """``read(size, buffer) -> n``: decrypt the next record's bytes into ``buffer``.
 
-    ``SSLSocket.recv_into`` is two Python frames around the C ``read`` of the
-    socket's ``_sslobj``; at four records per 50 KB file those frames cost ~7% of
-    an HTTPS run, so we call the C method directly.  It behaves exactly like
-    ``recv_into`` on a wrapped socket with ``suppress_ragged_eofs=False`` (which
-    only adds a closed check).  ``_sslobj`` is private, hence the fallback.
+    ``SSLObject.read`` is a Python frame around the C ``read`` of its private
+    ``_sslobj``; at four records per 50 KB file we call the C method directly.
+    Same arguments, same result, same exceptions; the public method is the
+    fallback should ``_sslobj`` ever go away.
     """
     sslobj = getattr(tls, "_sslobj", None)
     read = getattr(sslobj, "read", None)
@@ -139,9 +140,10 @@ def record_reader(tls: ssl.SSLSocket) -> Callable[[int, memoryview], int]:
     return public_record_reader(tls)
 
 
-def public_record_reader(tls: ssl.SSLSocket) -> Callable[[int, memoryview], int]:
-    """The same as :func:`record_reader` through the public (slower) ``recv_into``."""
-    return lambda size, buffer: tls.recv_into(buffer, size)
+def public_record_reader(tls: ssl.SSLObject) -> Callable[[int, memoryview], int]:
+    """The same as :func:`record_reader` through the public (slower) ``read``."""
+    # With a buffer, read() returns the byte count (typeshed says bytes).
+    return lambda size, buffer: tls.read(size, buffer)  # type: ignore[return-value]
 
 
 def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError:
@@ -166,7 +168,6 @@ def describe(exc: ssl.SSLError) -> str:
     return _SSL_LOCATION.sub("", text)
 
 
-# What a non-blocking send or recv raises when it would block: plain sockets raise
-# BlockingIOError; an SSLSocket raises one of the SSLWant* errors, which are NOT
-# BlockingIOError subclasses (and a read may need to write, or a write to read).
-WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+# What a non-blocking send raises when it would block.  Only plain sockets reach
+# the kernel (TLS goes through memory BIOs), so this is BlockingIOError alone.
+WOULD_BLOCK = BlockingIOError
