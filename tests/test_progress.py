@@ -302,3 +302,17 @@ def test_rich_stays_on_one_line(width: int) -> None:
     assert "\n" not in frame.strip("\r\n")
     assert frame.startswith(("━", "123456/"))
     progress.close()
+
+
+def test_report_repr_counts_failures_instead_of_listing_them() -> None:
+    report = Report(manifest="/out/.swarmget/manifest.jsonl")
+    for i in range(5000):
+        report.add(FileResult(f"http://h/{i}", None, "failed", 404, 0, "http_404", 1, 1))
+    report.add(FileResult("http://h/x", None, "failed", None, 0, "dns", 1, 1))
+    report.add(FileResult("http://h/ok", "ok", "ok", 200, 10, None, 1, 1))
+    text = repr(report)
+    assert text == (
+        "Report(ok=1, failed=5001, skipped=0, bytes=10, elapsed=0.000, "
+        "errors={http_404: 5000, dns: 1}, manifest='/out/.swarmget/manifest.jsonl')"
+    )
+    assert len(report.failures) == 5001  # still all there, just not printed

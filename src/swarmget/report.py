@@ -61,9 +61,19 @@ class Report:
     # The first MAX_FAILURES_KEPT failures; every one is in the manifest, and
     # error_counts() counts them all (a million failed rows must not mean a
     # million objects in memory).
-    failures: list[FileResult] = dataclasses.field(default_factory=list)
+    failures: list[FileResult] = dataclasses.field(default_factory=list, repr=False)
     manifest: str | None = None
     _error_counts: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
+
+    def __repr__(self) -> str:
+        # Not the dataclass default: printing a report of a million rows must not
+        # print up to ten thousand failures.  They are in .failures and the manifest.
+        errors = ", ".join(f"{code}: {n}" for code, n in self.error_counts().items())
+        return (
+            f"Report(ok={self.ok}, failed={self.failed}, skipped={self.skipped}, "
+            f"bytes={self.bytes}, elapsed={self.elapsed:.3f}, errors={{{errors}}}, "
+            f"manifest={self.manifest!r})"
+        )
 
     @property
     def total(self) -> int:

@@ -11,10 +11,11 @@ we notice a server closing a keep-alive connection before we reuse it.
 
 :meth:`HTTPConnection.start` does not send: it queues the request, and the
 engine sends the queued requests together at the end of the loop turn, or as
-soon as ``SEND_BATCH`` of them wait (:meth:`send_queued`).  One burst of requests wakes a busy server once and lets
-it read them all in one ``epoll_wait``, where a request sent the moment each
-response ends wakes it every time: on the nginx benchmark that cut our CPU per
-file by a quarter, in kernel time on both sides.  The delay is at most one
+soon as ``SEND_BATCH`` of them wait (:meth:`send_queued`).  One burst of
+requests wakes a busy server once and lets it read them all in one
+``epoll_wait``, where a request sent the moment each response ends wakes it
+every time: on the nginx benchmark that cut our CPU per file by a quarter, in
+kernel time on both sides.  The delay is at most one
 loop turn.
 
 Each readable event is one ``recv_into`` into the engine's shared receive
