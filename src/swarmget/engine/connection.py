@@ -15,8 +15,7 @@ soon as ``SEND_BATCH`` of them wait (:meth:`send_queued`).  One burst of
 requests wakes a busy server once and lets it read them all in one
 ``epoll_wait``, where a request sent the moment each response ends wakes it
 every time: on the nginx benchmark that cut our CPU per file by a quarter, in
-kernel time on both sides.  The delay is at most one
-loop turn.
+kernel time on both sides.  The delay is at most one loop turn.
 
 Each readable event is one ``recv_into`` into the engine's shared receive
 buffer (one buffer for the whole loop: only one connection runs at a time), and
@@ -48,7 +47,6 @@ from swarmget.engine.retry import parse_retry_after
 from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.connect import connect_result
-from swarmget.net.tls import WOULD_BLOCK
 from swarmget.protocol import ConnectionClosed, ResponseHead, ResponseParser
 from swarmget.sinks.files import PartFile
 
@@ -178,7 +176,7 @@ class HTTPConnection:
         """
         try:
             sent = self.sock.send(data)
-        except WOULD_BLOCK:
+        except BlockingIOError:
             sent = 0
         except OSError as exc:
             on_error(exc)
@@ -196,7 +194,7 @@ class HTTPConnection:
         assert out is not None
         try:
             sent = self.sock.send(out)
-        except WOULD_BLOCK:
+        except BlockingIOError:
             return
         except OSError as exc:
             on_error(exc)

@@ -222,8 +222,9 @@ class HTTPSConnection(HTTPConnection):
         if received is None:
             return
         if received:
+            buffer = self.engine.recv_view
             try:
-                self._tls.read(len(self.engine.recv_view), self.engine.recv_view)
+                self._read(len(buffer), buffer)
             except ssl.SSLWantReadError:
                 return  # a record without data (session ticket, key update): still usable
             except OSError:

@@ -166,8 +166,3 @@ def describe(exc: ssl.SSLError) -> str:
         return reason.lower().replace("_", " ")
     text = exc.args[1] if len(exc.args) > 1 and isinstance(exc.args[1], str) else str(exc)
     return _SSL_LOCATION.sub("", text)
-
-
-# What a non-blocking send raises when it would block.  Only plain sockets reach
-# the kernel (TLS goes through memory BIOs), so this is BlockingIOError alone.
-WOULD_BLOCK = BlockingIOError

@@ -204,12 +204,8 @@ class ServerConnection(asyncio.Protocol):
 
     def _timer_fired(self, respond: Callable[[], bool]) -> None:
         self._timer = None
-        if self.closed:
-            return
-        if not respond() or self.eof:
-            self.close()
-        else:
-            self._process()
+        if not self.closed:
+            self._answered(respond())
 
     def _idle(self) -> bool:
         return self._task is None and self._timer is None
@@ -224,7 +220,12 @@ class ServerConnection(asyncio.Protocol):
         if exc is not None:
             self.state.errors.append(exc)
             self.abort()
-        elif not task.result() or self.eof:
+        else:
+            self._answered(task.result())
+
+    def _answered(self, keep_alive: bool) -> None:
+        """A response is written: close, or go on with the next request in the buffer."""
+        if not keep_alive or self.eof:
             self.close()
         elif not self.closed:
             self._process()

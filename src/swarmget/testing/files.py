@@ -60,12 +60,7 @@ class FileOptions:
 
     @property
     def plain(self) -> bool:
-        """True when nothing but the body (and maybe a range) is asked for."""
-        return not self.latency and self.plain_after_latency
-
-    @property
-    def plain_after_latency(self) -> bool:
-        """True when nothing but a delay, the body (and maybe a range) is asked for."""
+        """True when nothing but the body (maybe a range, maybe a delay) is asked for."""
         return not (self.chunked or self.close or self.fault or self.status or self.redirect)
 
 
@@ -165,7 +160,7 @@ def respond_file(conn: ServerConnection, request: Request) -> bool | None:
         state.hits[request.target] += 1
         if state.hits[request.target] > opts.times:
             opts = dataclasses.replace(opts, fault=None, status=None, redirect=None)
-    if opts.plain_after_latency and opts.size <= BLOCK_SIZE:
+    if opts.plain and opts.size <= BLOCK_SIZE:
         if not opts.latency:
             return _write_plain(conn, request, name, opts)
         conn.answer_later(opts.latency, partial(_write_plain, conn, request, name, opts))
