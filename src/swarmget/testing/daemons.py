@@ -72,6 +72,8 @@ class Daemon:
     """
 
     stop_timeout = STOP_TIMEOUT
+    program = "the daemon"  # its name in error messages
+    error: type[RuntimeError] = RuntimeError  # what its misuse and failures raise
 
     def __init__(self) -> None:
         self._port: int | None = None
@@ -80,6 +82,16 @@ class Daemon:
 
     def start(self) -> None:
         raise NotImplementedError
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise self.error(f"{self.program} is not running (use it as a context manager)")
+        return self._port
+
+    def _check_not_running(self) -> None:
+        if self._proc is not None:
+            raise self.error(f"{self.program} is already running")
 
     def _make_tmp(self, prefix: str) -> Path:
         self._tmp = Path(tempfile.mkdtemp(prefix=prefix))

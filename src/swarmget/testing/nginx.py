@@ -75,6 +75,9 @@ class Nginx(Daemon):
     the listen line) instead of HTTP.
     """
 
+    program = "nginx"
+    error = NginxError
+
     def __init__(
         self,
         root: Path,
@@ -94,12 +97,6 @@ class Nginx(Daemon):
         super().__init__()
 
     # -- public surface ---------------------------------------------------------
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise NginxError("nginx is not running (use it as a context manager)")
-        return self._port
 
     @property
     def scheme(self) -> str:
@@ -123,8 +120,7 @@ class Nginx(Daemon):
         return _tail(self._tmp / "error.log") if self._tmp else ""
 
     def start(self) -> None:
-        if self._proc is not None:
-            raise NginxError("nginx is already running")
+        self._check_not_running()
         binary = find_nginx()
         if binary is None:
             raise NginxError(

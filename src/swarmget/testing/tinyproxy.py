@@ -46,13 +46,15 @@ def find_tinyproxy() -> str | None:
 
 
 class TinyProxy(Daemon):
-    stop_timeout = 5.0
-
     """tinyproxy on 127.0.0.1; use as a context manager.
 
     ``auth=(user, password)`` requires Basic credentials (``BasicAuth``);
     ``connect_ports`` limits CONNECT to those ports (default: any port).
     """
+
+    stop_timeout = 5.0
+    program = "tinyproxy"
+    error = TinyProxyError
 
     def __init__(
         self, *, auth: tuple[str, str] | None = None, connect_ports: Iterable[int] = ()
@@ -60,12 +62,6 @@ class TinyProxy(Daemon):
         self.auth = auth
         self.connect_ports = tuple(connect_ports)
         super().__init__()
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            raise TinyProxyError("tinyproxy is not running (use it as a context manager)")
-        return self._port
 
     @property
     def url(self) -> str:
@@ -86,8 +82,7 @@ class TinyProxy(Daemon):
         return _REQUEST_LINE.findall(self.log)
 
     def start(self) -> None:
-        if self._proc is not None:
-            raise TinyProxyError("tinyproxy is already running")
+        self._check_not_running()
         binary = find_tinyproxy()
         if binary is None:
             raise TinyProxyError(
