@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import swarmget
+from swarmget.errors import UsageError
 from swarmget.options import Options
-from swarmget.parallel import worker_count
+from swarmget.parallel import supervisor, worker_count
 from swarmget.report import Report, Snapshot
 from swarmget.sources.rows import Row
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
@@ -134,3 +135,21 @@ def test_worker_count_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         stop.set()
         thread.join()
+
+
+def _worker_that_fails_at_start_up(conn: Any, *_args: Any) -> None:
+    # What worker_main does when its engine cannot start (a bad setting): say
+    # why, then end, so the parent's later sends meet a broken pipe.
+    conn.send(("error", UsageError("bad setting found by the worker")))
+    conn.close()
+
+
+def test_a_worker_ending_at_start_up_reports_its_error_not_a_broken_pipe(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(supervisor, "worker_main", _worker_that_fails_at_start_up)
+    # Far more rows than a pipe buffers, so the parent keeps sending after the
+    # workers are gone.
+    urls = [f"http://127.0.0.1:1/{'x' * 200}{i}" for i in range(20_000)]
+    with pytest.raises(UsageError, match="bad setting found by the worker"):
+        swarmget.download(urls, tmp_path / "out", workers=2)

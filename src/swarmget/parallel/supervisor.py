@@ -92,7 +92,7 @@ class _Worker:
     failed: int = 0
     bytes: int = 0
     active: int = 0
-    ended: bool = False  # told there are no more rows
+    ended: bool = False  # told there are no more rows, or gone: deal it nothing more
     result: tuple[Any, ...] | None = None  # its final message
 
     @property
@@ -210,11 +210,28 @@ def run_parallel(
 
 def _deal(pool: list[_Worker], batch: list[RowTuple], start: int) -> int:
     """Give ``batch`` to the worker with the smallest backlog; returns its index."""
-    target = min(range(len(pool)), key=lambda i: (pool[i].backlog, (i - start) % len(pool)))
-    if batch:
-        pool[target].conn.send(batch)
+    live = [i for i, worker in enumerate(pool) if not worker.ended]
+    if not live:
+        return start  # every worker has gone: the run fails with their results
+    target = min(live, key=lambda i: (pool[i].backlog, (i - start) % len(pool)))
+    if batch and _send(pool[target], batch):
         pool[target].sent += len(batch)
     return target
+
+
+def _send(worker: _Worker, message: list[RowTuple] | None) -> bool:
+    """Send rows (None: no more rows) to ``worker``; False if it has gone.
+
+    A worker may end at any moment (an error in its start-up, a crash), and its
+    pipe then breaks.  That is not our error to raise: the worker's own result
+    (read by _receive) says what happened, and it is dealt nothing more.
+    """
+    try:
+        worker.conn.send(message)
+    except OSError:
+        worker.ended = True
+        return False
+    return True
 
 
 def _supervise(
@@ -227,13 +244,16 @@ def _supervise(
     turn = 0
     next_progress = 0.0
     while any(worker.result is None for worker in pool):
-        while not dealer.done and min(w.backlog for w in pool if not w.ended) < backlog_limit:
+        while (
+            not dealer.done
+            and min((w.backlog for w in pool if not w.ended), default=backlog_limit) < backlog_limit
+        ):
             turn = _deal(pool, dealer.take(BATCH), turn + 1)
         if dealer.done:
             for worker in pool:
                 if not worker.ended:
                     worker.ended = True
-                    worker.conn.send(None)
+                    _send(worker, None)
         for conn in wait([w.conn for w in pool if w.result is None], timeout=PROGRESS_INTERVAL):
             worker = next(w for w in pool if w.conn is conn)
             _receive(worker)
@@ -261,10 +281,12 @@ def _receive(worker: _Worker) -> None:
                 _, worker.done, worker.failed, worker.bytes, worker.active = message
             else:
                 worker.result = message
+                worker.ended = True  # it reads no more rows
                 return
     except (EOFError, OSError):
         worker.process.join(5)
         worker.result = ("crashed", worker.process.exitcode)
+        worker.ended = True
 
 
 def _stop_all(pool: list[_Worker]) -> None:
