@@ -153,3 +153,64 @@ def test_a_worker_ending_at_start_up_reports_its_error_not_a_broken_pipe(
     urls = [f"http://127.0.0.1:1/{'x' * 200}{i}" for i in range(20_000)]
     with pytest.raises(UsageError, match="bad setting found by the worker"):
         swarmget.download(urls, tmp_path / "out", workers=2)
+
+
+def test_a_short_input_is_split_evenly_between_the_workers(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # 200 rows fit in one dealing batch.  Dealt whole, they all went to one
+    # worker, which has only half the connections (100), so half the rows
+    # waited for a second round.  Split level, each worker opens a connection
+    # for each of its 100 rows at once (every response is 0.3 s away).
+    urls = [server.file_url(f"even{i}.bin", size=100, latency=0.3) for i in range(200)]
+    server.reset_stats()
+    report = swarmget.download(urls, tmp_path / "out", workers=2, concurrency=200, per_host=200)
+    assert report.ok == 200
+    assert (server.stats.connections, server.stats.peak_active) == (200, 200)
+
+
+class _FakeConn:
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+
+    def send(self, message: Any) -> None:
+        self.sent.append(message)
+
+
+def _fake_worker(backlog: int) -> supervisor._Worker:
+    worker = supervisor._Worker(process=None, conn=_FakeConn())  # type: ignore[arg-type]
+    worker.sent = backlog
+    return worker
+
+
+def test_dealing_levels_the_backlogs() -> None:
+    pool = [_fake_worker(1000), _fake_worker(976)]
+    batch = [(i,) for i in range(256)]
+    supervisor._deal(pool, batch, 0)  # type: ignore[arg-type]
+    assert [w.backlog for w in pool] == [1116, 1116]
+    sent = [m for w in pool for m in w.conn.sent]  # type: ignore[attr-defined]
+    assert sorted(row for message in sent for row in message) == batch  # each row once
+    ended = _fake_worker(0)
+    ended.ended = True
+    pool.append(ended)
+    supervisor._deal(pool, [(0,), (1,), (2,)], 1)  # type: ignore[arg-type]
+    assert [w.backlog for w in pool] == [1117, 1118, 0]  # the odd row goes round-robin
+    assert not ended.conn.sent  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("backlogs", "rows", "start", "shares"),
+    [
+        ([0, 0], 256, 0, [128, 128]),
+        ([0, 0], 255, 0, [128, 127]),
+        ([0, 0], 255, 1, [127, 128]),
+        ([0, 500], 256, 0, [256, 0]),
+        ([5, 3, 9], 10, 0, [4, 6, 0]),
+        ([5, 3, 9], 17, 2, [6, 8, 3]),
+        ([7], 5, 0, [5]),
+        ([0, 0, 0], 0, 0, [0, 0, 0]),
+    ],
+)
+def test_level_shares(backlogs: list[int], rows: int, start: int, shares: list[int]) -> None:
+    assert supervisor.level_shares(backlogs, rows, start) == shares
+    assert sum(shares) == rows
