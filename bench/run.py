@@ -2,7 +2,8 @@
 
 Usage (from the repository root, with the venv's python)::
 
-    .venv/bin/python bench/run.py [--scenario nginx-50k|latency-100ms|scale-10k|all]
+    .venv/bin/python bench/run.py [--scenario nginx-50k|nginx-https-50k|latency-100ms|
+        latency-100ms-nginx|scale-10k|all]
         [--rounds 5] [--tools swarmget,pycurl,...] [--files N] [--timeout S]
 
 Method (``bench/README.md`` says why): every run of every tool is a fresh process
@@ -120,6 +121,20 @@ def setup_latency(work: Path, files: int) -> Iterator[Setup]:
 
 
 @contextlib.contextmanager
+def setup_latency_nginx(work: Path, files: int) -> Iterator[Setup]:
+    # The same workload from nginx: the delay is a timer in nginx, so what is
+    # left of the run's time beyond the ideal is the client's own.
+    from swarmget.testing.nginx import make_tree
+
+    root = work / "srv"
+    root.mkdir()
+    names = make_tree(root, files, SIZE)
+    with servers.nginx(root, delay=0.1) as server:
+        jobs = [(server.url(f"delayed/{name}"), name) for name in names]
+        yield server, [Case("", 200, jobs, SIZE, lambda rel: (root / rel).read_bytes())]
+
+
+@contextlib.contextmanager
 def setup_scale(work: Path, files: int) -> Iterator[Setup]:
     # All connections at once: one file per connection, each answered after 2 s.
     # The baseline fetches the same files over 100 connections; a shorter delay
@@ -177,6 +192,15 @@ SCENARIOS = {
         2_000,
         120.0,
         setup_latency,
+    ),
+    "latency-100ms-nginx": Scenario(
+        "latency-100ms-nginx",
+        "{files:,} x 50 KB from nginx (1 worker), every response delayed 100 ms by nginx, "
+        "concurrency 200 (ideal: files / 200 x 0.1 s)",
+        ["swarmget", "swarmget-1", "swarmget-cli", "pycurl", "aiohttp", "aria2c", "curl"],
+        2_000,
+        120.0,
+        setup_latency_nginx,
     ),
     "scale-10k": Scenario(
         "scale-10k",

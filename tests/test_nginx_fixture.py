@@ -13,9 +13,11 @@ import pytest
 
 from swarmget.testing import nginx as nginx_mod
 from swarmget.testing.nginx import (
+    ECHO_MODULE,
     Nginx,
     NginxError,
     ServedTree,
+    delayed_location,
     expected_file_bytes,
     make_tls_files,
     make_tree,
@@ -125,6 +127,33 @@ def test_extra_locations_redirect_chain(nginx_bin: str, tmp_path: Path) -> None:
             assert (status, body) == (200, expected_file_bytes(names[0], 1000))
         finally:
             conn.close()
+
+
+def test_echo_module_delays_a_response(nginx_bin: str, tmp_path: Path) -> None:
+    names = make_tree(tmp_path, 1, 5000)
+    with Nginx(tmp_path, modules=(ECHO_MODULE,), extra_locations=delayed_location(0.2)) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        try:
+            for _ in range(2):  # and again on the same connection
+                started = time.monotonic()
+                status, body, response = _get(conn, f"/delayed/{names[0]}")
+                assert time.monotonic() - started >= 0.2
+                assert (status, body) == (200, expected_file_bytes(names[0], 5000))
+                assert response.getheader("Content-Length") == "5000"
+        finally:
+            conn.close()
+
+
+def test_missing_module_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, nginx_bin: str, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(nginx_mod, "MODULE_DIRS", (tmp_path,))
+    assert nginx_mod.find_module(ECHO_MODULE) is None
+    with (
+        pytest.raises(NginxError, match="ngx_http_echo_module not found"),
+        Nginx(tmp_path, modules=(ECHO_MODULE,)),
+    ):
+        pass
 
 
 def test_clean_shutdown(nginx_bin: str, tmp_path: Path) -> None:

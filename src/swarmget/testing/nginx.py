@@ -42,17 +42,27 @@ from pathlib import Path
 from swarmget.testing.daemons import Daemon, accepts, find_binary, free_port, terminate_group
 
 __all__ = [
+    "ECHO_MODULE",
     "Nginx",
     "NginxError",
     "ServedTree",
     "TlsFiles",
+    "delayed_location",
     "expected_file_bytes",
+    "find_module",
     "find_nginx",
     "make_tls_files",
     "make_tree",
 ]
 
 _FALLBACK_PATHS = ("/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/local/nginx/sbin/nginx")
+# Where Debian's libnginx-mod-* packages put dynamic modules (nginx-light pulls in
+# libnginx-mod-http-echo), then the usual places of a build from source.
+MODULE_DIRS = (
+    Path("/usr/lib/nginx/modules"),
+    Path("/usr/share/nginx/modules"),
+    Path("/usr/local/nginx/modules"),
+)
 _START_TIMEOUT = 15.0
 _PORT_ATTEMPTS = 8
 
@@ -66,13 +76,35 @@ def find_nginx() -> str | None:
     return find_binary("nginx", _FALLBACK_PATHS)
 
 
+def find_module(name: str) -> Path | None:
+    """Path of the dynamic module ``name`` (``"ngx_http_echo_module"``), or None."""
+    for directory in MODULE_DIRS:
+        path = directory / f"{name}.so"
+        if path.is_file():
+            return path
+    return None
+
+
+ECHO_MODULE = "ngx_http_echo_module"
+
+
+def delayed_location(seconds: float, prefix: str = "/delayed/") -> str:
+    """An ``extra_locations`` block: ``{prefix}PATH`` answers with the file ``/PATH``
+    after ``seconds``.  ``echo_sleep`` is a timer, not a blocked worker, so one
+    nginx worker holds thousands of delayed responses at almost no CPU; the
+    server needs ``modules=(ECHO_MODULE,)``."""
+    return f"location ~ ^{prefix}(.*)$ {{ echo_sleep {seconds:g}; echo_exec /$1; }}"
+
+
 class Nginx(Daemon):
     """nginx serving ``root`` on 127.0.0.1; use as a context manager.
 
     ``port=0`` picks a free port.  ``extra_locations`` is pasted into the
     ``server`` block verbatim (e.g. ``"location /old { return 301 /new; }"``).
     ``ssl=(cert_path, key_path)`` serves HTTPS (HTTP/1.1 only: no ``http2`` on
-    the listen line) instead of HTTP.
+    the listen line) instead of HTTP.  ``modules`` names dynamic modules to load
+    (``"ngx_http_echo_module"`` gives ``echo_sleep``, a response delayed without
+    tying up the worker).
     """
 
     program = "nginx"
@@ -87,8 +119,11 @@ class Nginx(Daemon):
         worker_connections: int = 16384,
         extra_locations: str = "",
         ssl: tuple[Path | str, Path | str] | None = None,
+        modules: tuple[str, ...] = (),
     ) -> None:
         self.root = Path(root).resolve()
+        self.modules = modules
+        self._module_paths: list[Path] = []  # found when started
         self.workers = workers
         self.worker_connections = worker_connections
         self.extra_locations = extra_locations
@@ -129,6 +164,7 @@ class Nginx(Daemon):
             )
         if not self.root.is_dir():
             raise NginxError(f"nginx root {self.root} is not a directory")
+        self._module_paths = [self._module_path(name) for name in self.modules]
         self._make_tmp("swarmget-nginx-")
         try:
             self._start_with_retries(binary)
@@ -137,6 +173,17 @@ class Nginx(Daemon):
             raise
 
     # -- starting -----------------------------------------------------------------
+
+    @staticmethod
+    def _module_path(name: str) -> Path:
+        path = find_module(name)
+        if path is None:
+            searched = ", ".join(str(d) for d in MODULE_DIRS)
+            raise NginxError(
+                f"nginx module {name} not found (looked in {searched}); Debian's "
+                "nginx-light brings ngx_http_echo_module (libnginx-mod-http-echo)"
+            )
+        return path
 
     def _start_with_retries(self, binary: str) -> None:
         attempts = 1 if self._requested_port else _PORT_ATTEMPTS
@@ -210,8 +257,9 @@ class Nginx(Daemon):
         ssl_protocols TLSv1.2 TLSv1.3;
         ssl_session_cache shared:SSL:10m;
         ssl_session_timeout 10m;"""
+        modules = "".join(f"load_module {_quote(path)};\n" for path in self._module_paths)
         return f"""# written by swarmget.testing.nginx
-{user}
+{modules}{user}
 daemon off;
 master_process on;
 worker_processes {self.workers};
