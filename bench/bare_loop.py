@@ -2,11 +2,13 @@
 
 Usage::
 
-    .venv/bin/python bench/bare_loop.py HOST PORT PATH_PREFIX FILES CONCURRENCY [--write DIR]
+    .venv/bin/python bench/bare_loop.py HOST PORT PATH_PREFIX FILES CONCURRENCY
+        [--name img{i:06d}.jpg] [--write DIR]
 
 One ``selectors`` loop, CONCURRENCY blocking-connected keep-alive sockets, one
-request per response (``GET PATH_PREFIX/f{i}.bin``), each response read by its
-Content-Length and, with ``--write``, written to its own file.  No URL parsing,
+request per response (``GET PATH_PREFIX/NAME``, NAME from ``--name`` with
+i = 0 .. FILES-1; the default matches the bench's nginx tree), each response
+read by its Content-Length and, with ``--write``, written to its own file.  No URL parsing,
 no output names, no ``.part`` and rename, no manifest, no retries, no timeouts:
 not a downloader, a yardstick.  Against nginx delaying every response by
 100 ms (``bench/servers.py``, ``delay=0.1``) it shows how far above the ideal
@@ -29,10 +31,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("host")
     parser.add_argument("port", type=int)
-    parser.add_argument("prefix", help="path before f{i}.bin, e.g. /delayed")
+    parser.add_argument("prefix", help="path before each name, e.g. /delayed")
     parser.add_argument("files", type=int)
     parser.add_argument("concurrency", type=int)
-    parser.add_argument("--write", metavar="DIR", help="write each body to DIR/f{i}.bin")
+    parser.add_argument("--name", default="img{i:06d}.jpg", help="file name format (i)")
+    parser.add_argument("--write", metavar="DIR", help="write each body to DIR/NAME")
     args = parser.parse_args()
     if args.write:
         os.makedirs(args.write, exist_ok=True)
@@ -49,11 +52,12 @@ def main() -> None:
             sock.close()
             return
         i = todo.pop()
+        name = args.name.format(i=i)
         state.update(i=i, got=0, need=-1, fd=-1)
         if args.write:
-            path = os.path.join(args.write, f"f{i}.bin")
+            path = os.path.join(args.write, os.path.basename(name))
             state["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        sock.send(f"GET {args.prefix}/f{i}.bin HTTP/1.1\r\nHost: {args.host}\r\n\r\n".encode())
+        sock.send(f"GET {args.prefix}/{name} HTTP/1.1\r\nHost: {args.host}\r\n\r\n".encode())
 
     for _ in range(min(args.concurrency, args.files)):
         sock = socket.create_connection((args.host, args.port))
@@ -68,7 +72,7 @@ def main() -> None:
             assert isinstance(sock, socket.socket)
             n = sock.recv_into(buffer)
             if not n:
-                raise SystemExit(f"server closed the connection during f{state['i']}.bin")
+                raise SystemExit(f"server closed the connection during file {state['i']}")
             body = view[:n]
             if state["need"] < 0:  # the head is in the first read at these sizes
                 head_end = bytes(view[: min(n, 4096)]).find(b"\r\n\r\n") + 4
