@@ -220,7 +220,7 @@ def _deal(pool: list[_Worker], batch: list[RowTuple], start: int) -> None:
     """
     live = [worker for worker in pool if not worker.ended]
     if not live or not batch:
-        return  # every worker has gone: the run fails with their results
+        return  # no rows, or every worker has gone (the run fails with their results)
     counts = level_shares([worker.backlog for worker in live], len(batch), start)
     taken = 0
     for worker, count in zip(live, counts, strict=True):
