@@ -97,6 +97,16 @@ class Daemon:
         self._tmp = Path(tempfile.mkdtemp(prefix=prefix))
         return self._tmp
 
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``argv`` as ``_proc``, in its own process group (so ``stop()`` can
+        reap every worker it forks), its output to ``stderr.log`` in the temp dir."""
+        assert self._tmp is not None
+        with open(self._tmp / "stderr.log", "wb") as stderr:
+            self._proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True
+            )
+        return self._proc
+
     def stop(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None:

@@ -206,15 +206,7 @@ class Nginx(Daemon):
         pid_file = self._tmp / "nginx.pid"
         pid_file.unlink(missing_ok=True)
         (self._tmp / "error.log").unlink(missing_ok=True)
-        with open(self._tmp / "stderr.log", "wb") as stderr:
-            proc = subprocess.Popen(
-                [binary, "-p", f"{self._tmp}/", "-c", str(conf)],
-                stdin=subprocess.DEVNULL,
-                stdout=stderr,
-                stderr=stderr,
-                start_new_session=True,
-            )
-        self._proc = proc
+        proc = self._spawn([binary, "-p", f"{self._tmp}/", "-c", str(conf)])
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.poll() is not None:

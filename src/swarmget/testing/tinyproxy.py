@@ -21,7 +21,6 @@ ones with 401 (sic).  ``BasicAuth`` takes only letters, digits and ``-._``.
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -112,15 +111,7 @@ class TinyProxy(Daemon):
         conf.write_text(self._config(port))
         log = self._tmp / "tinyproxy.log"
         log.unlink(missing_ok=True)
-        with open(self._tmp / "stderr.log", "wb") as stderr:
-            proc = subprocess.Popen(
-                [binary, "-d", "-c", str(conf)],
-                stdin=subprocess.DEVNULL,
-                stdout=stderr,
-                stderr=stderr,
-                start_new_session=True,
-            )
-        self._proc = proc
+        proc = self._spawn([binary, "-d", "-c", str(conf)])
         deadline = time.monotonic() + _START_TIMEOUT
         while time.monotonic() < deadline:
             text = _read(log)
