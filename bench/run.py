@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import servers
+import swarmget
+from swarmget.testing.process import child_env
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -256,8 +258,7 @@ def run_once(
     _counters(server, reset=True)
     argv = [sys.executable, str(BENCH / "peers.py"), tool, str(case.jobs_file), str(out)]
     argv += ["--concurrency", str(case.concurrency), "--result", str(result_file)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env = child_env()  # the swarmget this script imports, compiled or not
     env.update(case.env)
     run = Run(tool, case.label, round_no, ok=False)
     with open(stderr_file, "wb") as stderr:
@@ -593,6 +594,8 @@ def _versions() -> dict[str, str]:
     for line in proc.stdout.splitlines():
         name, _, version = line.partition(" ")
         versions[name] = version
+    build = "compiled with mypyc" if swarmget.compiled() else "pure Python"
+    versions["swarmget"] = f"{versions.get('swarmget', '?')} ({build})"
     return versions
 
 

@@ -29,15 +29,13 @@ from swarmget.progress import ProgressListener
 from swarmget.report import FileResult, Report, Snapshot
 from swarmget.sources.rows import Row
 from swarmget.testing.nginx import ServedTree
-
-SRC = str(Path(swarmget.__file__).resolve().parent.parent)
+from swarmget.testing.process import child_env
 
 
 def run_subprocess(
     *args: str, cwd: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    env = child_env()
     return subprocess.run(
         [sys.executable, "-m", "swarmget", *args],
         capture_output=True,
@@ -169,7 +167,22 @@ def test_every_error_code_is_documented() -> None:
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--version"]) == 0
-    assert capsys.readouterr().out == f"swarmget {swarmget.__version__}\n"
+    build = "compiled" if swarmget.compiled() else "pure Python"
+    assert capsys.readouterr().out == f"swarmget {swarmget.__version__} ({build})\n"
+
+
+def test_compiled_reports_the_build_in_use() -> None:
+    # ./dev runs the suite twice: on the .py files and on the mypyc build, and
+    # says which through SWARMGET_EXPECT_BUILD, so a build that silently fell
+    # back to plain Python (no compiler, a failed extension) is caught here.
+    from swarmget.engine import connection
+
+    compiled = swarmget.compiled()
+    assert compiled == connection.__file__.endswith(".so")
+    expected = os.environ.get("SWARMGET_EXPECT_BUILD")
+    if expected is not None:
+        assert expected in ("compiled", "pure"), expected
+        assert compiled == (expected == "compiled"), connection.__file__
 
 
 def test_demo_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -547,8 +560,7 @@ def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
     with TestServer() as srv:
         urls = [srv.file_url(f"slow{i}.bin", size=100, latency=30) for i in range(3)]
         urls.append(srv.file_url("fast.bin", size=100))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+        env = child_env()
         proc = subprocess.Popen(
             [sys.executable, "-m", "swarmget", *urls, "-o", str(out_dir)],
             stdin=subprocess.DEVNULL,

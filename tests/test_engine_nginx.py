@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import swarmget
-from swarmget.testing.nginx import ServedTree
+from swarmget.testing.nginx import Nginx, ServedTree
 
 
 def manifest(out: Path) -> list[dict[str, object]]:
@@ -30,28 +34,28 @@ def test_2500_files_byte_for_byte(nginx_server: ServedTree, out_dir: Path) -> No
     assert {r["path"] for r in records} == set(nginx_server.names)
 
 
-def test_keep_alive_connections_are_reused(nginx_server: ServedTree, out_dir: Path) -> None:
-    # With 4 connections, 400 files must not open anywhere near 400 connections.
-    # nginx's stub counters are not available in nginx-light, so count accepted
-    # sockets from our side: the engine's pool never exceeds per_host.
-    from swarmget.engine.core import Engine
-    from swarmget.options import Options
-    from swarmget.sources.rows import Row
+@pytest.fixture(scope="module")
+def numbered_nginx(nginx_server: ServedTree) -> Iterator[Nginx]:
+    """nginx whose ``/conn/ANY`` answers with the serial number of the connection
+    it came on (``$connection``, unique across workers): nginx itself says how
+    many connections a run opened."""
+    location = 'location /conn/ { default_type text/plain; return 200 "$connection"; }'
+    with Nginx(nginx_server.root, workers=2, extra_locations=location) as nginx:
+        yield nginx
 
-    rows = iter(Row(i, u) for i, u in enumerate(nginx_server.urls()[:400]))
-    engine = Engine(rows, out_dir, Options(concurrency=4, per_host=4))
-    opened = 0
-    original = engine._connect
 
-    def counting_connect(*args: object) -> None:
-        nonlocal opened
-        opened += 1
-        original(*args)  # type: ignore[arg-type]
+def connections_used(nginx: Nginx, out: Path, count: int, **options: Any) -> set[bytes]:
+    urls = [nginx.url(f"conn/c{i}") for i in range(count)]
+    report = swarmget.download(urls, out, **options)
+    assert report.ok == count
+    return {(out / f"c{i}").read_bytes() for i in range(count)}
 
-    engine._connect = counting_connect  # type: ignore[method-assign]
-    report = engine.run()
-    assert report.ok == 400
-    assert opened <= 4
+
+def test_keep_alive_connections_are_reused(numbered_nginx: Nginx, out_dir: Path) -> None:
+    # 400 files over 4 connections: each connection is opened once, then reused.
+    used = connections_used(numbered_nginx, out_dir, 400, concurrency=4, per_host=4)
+    assert 1 <= len(used) <= 4, used
+    assert all(serial.isdigit() for serial in used)
 
 
 def test_missing_files_fail_with_http_404_and_leave_nothing(
@@ -71,21 +75,8 @@ def test_missing_files_fail_with_http_404_and_leave_nothing(
     assert by_url[urls[1]]["error"] == "http_404"
 
 
-def test_per_host_limit_caps_connections(nginx_server: ServedTree, out_dir: Path) -> None:
-    from swarmget.engine.core import Engine
-    from swarmget.options import Options
-    from swarmget.sources.rows import Row
-
-    rows = iter(Row(i, u) for i, u in enumerate(nginx_server.urls()[:300]))
-    engine = Engine(rows, out_dir, Options(concurrency=50, per_host=3))
-    peak = 0
-    original = engine.release
-
-    def watch(conn: object, reusable: bool) -> None:
-        nonlocal peak
-        peak = max(peak, len(engine.connections))
-        original(conn, reusable)  # type: ignore[arg-type]
-
-    engine.release = watch  # type: ignore[method-assign]
-    assert engine.run().ok == 300
-    assert 1 <= peak <= 3
+def test_per_host_limit_caps_connections(numbered_nginx: Nginx, out_dir: Path) -> None:
+    # concurrency 50 but per_host 3: never more than 3 connections to the one
+    # host, so (as none is closed) no more than 3 ever opened.
+    used = connections_used(numbered_nginx, out_dir, 300, concurrency=50, per_host=3)
+    assert 1 <= len(used) <= 3, used

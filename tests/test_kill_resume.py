@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
+from swarmget.testing.process import child_env
 
 SMALL = 2000
 BIG = 3
@@ -47,7 +48,7 @@ def write_list(server: ProcessServer, path: Path) -> dict[str, int]:
 
 
 def swarmget(urls: Path, out: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    env = child_env()
     return subprocess.Popen(
         [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "-q", "--concurrency", "16"],
         stdout=subprocess.PIPE,

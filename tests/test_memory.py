@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from swarmget.testing.process import child_env
 
 CHILD = """
 import swarmget
@@ -30,7 +31,7 @@ def test_a_million_rows_in_under_200_mb(tmp_path: Path, nxdomain_dns: str) -> No
         for i in range(1_000_000):
             f.write(f"http://host.invalid/d/img{i:07d}.jpg\n")
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1] / "src"))
+    env = child_env()
     done = subprocess.run(
         [sys.executable, "-c", CHILD.format(out=str(out), urls=str(urls), dns=nxdomain_dns)],
         capture_output=True, text=True, env=env, timeout=300, check=False,

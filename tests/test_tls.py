@@ -28,12 +28,11 @@ import swarmget
 from swarmget import cli
 from swarmget.engine import https
 from swarmget.engine.core import Engine
-from swarmget.engine.https import HTTPSConnection
 from swarmget.net import tls as tls_module
 from swarmget.net.tls import INSECURE_WARNING
 from swarmget.options import Options
 from swarmget.sources.rows import Row
-from swarmget.testing.nginx import ServedTree, TlsFiles
+from swarmget.testing.nginx import Nginx, ServedTree, TlsFiles
 
 Handler = Callable[[ssl.SSLSocket], None]
 BODY = bytes(range(256)) * 64  # 16 KB: more than one TLS record's worth with the head
@@ -231,31 +230,23 @@ def test_https_to_a_plain_http_port_is_a_tls_error(nginx_server: ServedTree, out
 
 @pytest.mark.parametrize("version", ["TLSv1_2", "TLSv1_3"])
 def test_reconnects_resume_the_tls_session(
-    nginx_tls_server: ServedTree,
-    tls_files: TlsFiles,
-    out_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    version: str,
+    nginx_server: ServedTree, tls_files: TlsFiles, out_dir: Path, version: str
 ) -> None:
-    # "Connection: close" makes nginx end every connection after one response,
-    # so each file after the first is fetched on a new, hopefully resumed, one.
-    reused: list[bool] = []
-    original = HTTPSConnection.start
-
-    def spy(conn: HTTPSConnection, job: Any) -> None:
-        if conn.served == 0:
-            reused.append(conn._tls.session_reused)
-        original(conn, job)
-
-    monkeypatch.setattr(HTTPSConnection, "start", spy)
-    urls = [nginx_tls_server.url(name) for name in nginx_tls_server.names[:4]]
-    options = Options(concurrency=1, cacert=str(tls_files.ca_pem), headers={"Connection": "close"})
-    engine = Engine(iter(Row(i, u) for i, u in enumerate(urls)), out_dir, options)
-    tls_version = ssl.TLSVersion[version]
-    engine.tls.context.minimum_version = engine.tls.context.maximum_version = tls_version
-    report = engine.run()
+    # nginx answers /session/ANY with $ssl_session_reused ("r" or "."), and
+    # "Connection: close" makes it end every connection after one response, so
+    # each file after the first comes over a new, hopefully resumed, connection.
+    location = 'location /session/ { default_type text/plain; return 200 "$ssl_session_reused"; }'
+    with Nginx(nginx_server.root, ssl=tls_files.server, extra_locations=location) as nginx:
+        urls = [nginx.url(f"session/s{i}") for i in range(4)]
+        options = Options(
+            concurrency=1, cacert=str(tls_files.ca_pem), headers={"Connection": "close"}
+        )
+        engine = Engine(iter(Row(i, u) for i, u in enumerate(urls)), out_dir, options)
+        tls_version = ssl.TLSVersion[version]
+        engine.tls.context.minimum_version = engine.tls.context.maximum_version = tls_version
+        report = engine.run()
     assert report.ok == 4
-    assert reused == [False, True, True, True]
+    assert [(out_dir / f"s{i}").read_bytes() for i in range(4)] == [b".", b"r", b"r", b"r"]
 
 
 def test_ssl_cert_file_replaces_the_system_store(

@@ -14,6 +14,15 @@ def download(urls, dest, **options):  # type: ignore[no-untyped-def]
     return _download(urls, dest, **options)
 
 
+def compiled() -> bool:
+    """True when the hot path runs as C compiled by mypyc (see setup.py), False
+    when it runs from the ``.py`` files (``SWARMGET_PURE_PYTHON=1``, no C compiler,
+    or a checkout's ``src`` on the path)."""
+    from swarmget.engine import connection
+
+    return not connection.__file__.endswith(".py")
+
+
 __all__ = [
     "ErrorCode",
     "FileResult",
@@ -23,5 +32,6 @@ __all__ = [
     "TransferError",
     "UsageError",
     "__version__",
+    "compiled",
     "download",
 ]

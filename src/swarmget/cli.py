@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import IO, Any, NoReturn
 
+import swarmget
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
 from swarmget.net.proxy import proxy_settings
@@ -323,7 +324,8 @@ def build_parser() -> ArgumentParser:
         ),
     )
     add_output_flags(parser)
-    parser.add_argument("--version", action="version", version=f"swarmget {__version__}")
+    build = "compiled" if swarmget.compiled() else "pure Python"
+    parser.add_argument("--version", action="version", version=f"swarmget {__version__} ({build})")
     return parser
 
 

@@ -10,29 +10,31 @@ arguments in ``self.args``.
 
 from __future__ import annotations
 
+from typing import Final
+
 
 class ErrorCode:
     """The stable error codes.  ``http_<status>`` is built by :func:`http_code`."""
 
-    TIMEOUT = "timeout"  # connect, idle-read or total deadline expired
-    CONNECT = "connect"  # TCP connect refused / unreachable / reset before a response
-    DNS = "dns"  # host name did not resolve
-    TRUNCATED = "truncated"  # connection ended before the body was complete
-    PROTOCOL = "protocol"  # malformed or over-limit response
-    TOO_LARGE = "too_large"  # body larger than --max-size
-    BAD_URL = "bad_url"  # not an absolute http(s) URL
-    BAD_PATH = "bad_path"  # output path would leave the output directory
-    EXISTS = "exists"  # a file not made by swarmget is already at the path
-    IO = "io"  # writing the output file failed (disk full, permissions)
-    TLS = "tls"  # TLS handshake or record-layer failure
-    TLS_VERIFY = "tls_verify"  # certificate verification failed
-    TOO_MANY_REDIRECTS = "too_many_redirects"
-    BAD_REDIRECT = "bad_redirect"
-    CHECKSUM = "checksum"
-    SIZE_MISMATCH = "size_mismatch"
-    CANCELLED = "cancelled"  # the run was interrupted before this row finished
+    TIMEOUT: Final = "timeout"  # connect, idle-read or total deadline expired
+    CONNECT: Final = "connect"  # TCP connect refused / unreachable / reset before a response
+    DNS: Final = "dns"  # host name did not resolve
+    TRUNCATED: Final = "truncated"  # connection ended before the body was complete
+    PROTOCOL: Final = "protocol"  # malformed or over-limit response
+    TOO_LARGE: Final = "too_large"  # body larger than --max-size
+    BAD_URL: Final = "bad_url"  # not an absolute http(s) URL
+    BAD_PATH: Final = "bad_path"  # output path would leave the output directory
+    EXISTS: Final = "exists"  # a file not made by swarmget is already at the path
+    IO: Final = "io"  # writing the output file failed (disk full, permissions)
+    TLS: Final = "tls"  # TLS handshake or record-layer failure
+    TLS_VERIFY: Final = "tls_verify"  # certificate verification failed
+    TOO_MANY_REDIRECTS: Final = "too_many_redirects"
+    BAD_REDIRECT: Final = "bad_redirect"
+    CHECKSUM: Final = "checksum"
+    SIZE_MISMATCH: Final = "size_mismatch"
+    CANCELLED: Final = "cancelled"  # the run was interrupted before this row finished
 
-    ALL = frozenset(
+    ALL: Final = frozenset(
         {
             TIMEOUT, CONNECT, DNS, TRUNCATED, PROTOCOL, TOO_LARGE, BAD_URL, BAD_PATH,
             EXISTS, IO, TLS, TLS_VERIFY, TOO_MANY_REDIRECTS, BAD_REDIRECT, CHECKSUM,

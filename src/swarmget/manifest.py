@@ -117,7 +117,9 @@ class ManifestWriter:
         data = "".join(lines).encode("utf-8")
         view = memoryview(data)
         while view:
-            view = view[os.write(self._fd, view) :]
+            # Not ``view[os.write(...) :]``: mypyc evaluates a slice bound twice.
+            written = os.write(self._fd, view)
+            view = view[written:]
 
     def write_partial(self, url: str, path: str, validator: str) -> None:
         self._append({"url": url, "path": path, "status": "partial", "validator": validator})

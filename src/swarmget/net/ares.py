@@ -222,7 +222,7 @@ class AresResolver:
         self._cache = {host: e for host, e in self._cache.items() if e[0] > now}
         self._purge_at = max(1024, 2 * len(self._cache))
 
-    def _sock_state(self, fd: int, readable: bool, writable: bool) -> None:
+    def _sock_state(self, fd: int, readable: int, writable: int) -> None:
         if self._closed:
             return  # pycares's shutdown thread closing the sockets: not ours to touch
         events = (EVENT_READ if readable else 0) | (EVENT_WRITE if writable else 0)

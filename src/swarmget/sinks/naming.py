@@ -41,8 +41,8 @@ RESERVED = ".swarmget"  # the run's state directory at the top of the output dir
 FALLBACK_NAME = "index"  # for URLs whose path is empty or ends in "/"
 
 # C0, DEL, C1, and lone surrogates (which cannot be encoded as a file name).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff/\\\\]")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff/\\]")
 _MAX_EXT_CHARS = 16  # longer "extensions" are just part of the name
 _DOUBLE_EXTS = (".tar",)  # a.tar.gz -> a-1.tar.gz, not a.tar-1.gz
 

@@ -32,8 +32,17 @@ from swarmget.testing.state import ServerStats
 from swarmget.testing.urls import ServerUrls
 
 # The directory that holds the ``swarmget`` package, so the child imports this
-# very copy even when swarmget is not installed (running from a checkout).
+# very copy even when swarmget is not installed (running from a checkout), and
+# the compiled build when that is the one running (./dev puts it first).
 _IMPORT_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``os.environ`` (or ``base``) with PYTHONPATH set so that a child Python
+    imports this same copy of swarmget, compiled or not."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
+    return env
 
 
 class ProcessServer(ServerUrls):
@@ -68,8 +77,7 @@ class ProcessServer(ServerUrls):
         cmd = [sys.executable, "-m", "swarmget.testing", "--host", self.host]
         cmd += ["--port", str(self.port), "--latency", repr(self.latency)]
         cmd += ["--default-size", str(self.default_size), "--exit-on-stdin-eof"]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
+        env = child_env()
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, env=env)
         # A handle dropped without stop() must not leave a server running.
         self._finalizer = weakref.finalize(self, _terminate, self._proc)
