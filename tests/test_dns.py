@@ -17,6 +17,7 @@ import json
 import os
 import socket
 import ssl
+import subprocess
 import sys
 import threading
 import time
@@ -35,10 +36,11 @@ import swarmget.engine.core
 from swarmget.errors import UsageError
 from swarmget.loop import EventLoop
 from swarmget.net.ares import AresResolver
-from swarmget.net.dns import Address, ThreadedResolver, make_resolver
+from swarmget.net.dns import Address, LazyResolver, ThreadedResolver, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs, interleave
 from swarmget.options import Options
 from swarmget.testing import TestServer, expected_body
+from swarmget.testing.process import child_env
 
 V4, V6 = socket.AF_INET, socket.AF_INET6
 
@@ -304,6 +306,47 @@ def test_ip_literals_are_not_looked_up(resolver: AresResolver, loop: EventLoop) 
     assert resolve(resolver, loop, "[::1]", 5) == ([(V6, ("::1", 5, 0, 0))], None)
     assert resolve(resolver, loop, "127.0.0.1", 5) == ([(V4, ("127.0.0.1", 5))], None)
     assert resolver.expires("127.0.0.1", 5) == float("inf")
+
+
+def test_the_lazy_resolver_makes_the_real_one_at_the_first_name(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    made: list[AresResolver] = []
+
+    def make() -> AresResolver:
+        made.append(AresResolver(loop, servers=[dns.address]))
+        return made[-1]
+
+    lazy = LazyResolver(loop, make, eager=False)
+    try:
+        assert resolve(lazy, loop, "127.0.0.1", 8) == ([(V4, ("127.0.0.1", 8))], None)
+        assert resolve(lazy, loop, "[::1]", 9) == ([(V6, ("::1", 9, 0, 0))], None)
+        assert lazy.expires("127.0.0.1", 8) == float("inf")
+        assert lazy.expires("v4.test", 8) == 0.0
+        assert made == []  # IP literals never needed it
+        assert resolve(lazy, loop, "v4.test", 8) == ([(V4, ("127.0.0.1", 8))], None)
+        assert resolve(lazy, loop, "dual.test", 8)[1] is None
+        assert len(made) == 1 and dns.zone.count("v4.test") > 0
+        assert lazy.expires("v4.test", 8) > loop.now
+    finally:
+        lazy.close()
+    eager = LazyResolver(loop, make, eager=True)  # explicit servers: checked up front
+    assert len(made) == 2
+    eager.close()
+
+
+def test_a_run_on_ip_literals_never_loads_c_ares(web: TestServer, tmp_path: Path) -> None:
+    # A fresh interpreter, since this one has imported pycares long ago.
+    child = (
+        "import sys, swarmget\n"
+        f"report = swarmget.download([{web.file_url('lit.bin', size=1000)!r}], {str(tmp_path)!r})\n"
+        "print(report.ok, 'pycares' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, env=child_env(), check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False"]
 
 
 def test_close_with_a_query_pending_calls_nothing_and_leaves_no_descriptor(

@@ -40,7 +40,7 @@ from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
 from swarmget.manifest import ManifestWriter
 from swarmget.net.connect import start_connect
-from swarmget.net.dns import Address, make_resolver
+from swarmget.net.dns import Address, LazyResolver, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
 from swarmget.net.proxy import proxy_settings
 from swarmget.net.tls import ClientTLS
@@ -106,7 +106,10 @@ class Engine:
         self.manifest = ManifestWriter(self.output.root)
         self.loop = loop or EventLoop()
         self._own_loop = loop is None
-        self.resolver = make_resolver(self.loop, servers=options.dns_servers)
+        servers = options.dns_servers
+        self.resolver = LazyResolver(
+            self.loop, lambda: make_resolver(self.loop, servers=servers), eager=bool(servers)
+        )
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self.report = Report(manifest=self.manifest.path)
         self.progress = progress

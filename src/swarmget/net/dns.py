@@ -68,6 +68,41 @@ def sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
     return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)
 
 
+class LazyResolver:
+    """Answers IP literals itself and makes the real resolver on the first name.
+
+    Importing pycares (and with it idna) costs ~25 ms, paid again by every
+    forked worker, and setting up a channel reads resolv.conf: a waste on a run
+    whose URLs are all IP literals, and a delay before its first connect.
+    ``make`` builds the real resolver; with ``eager`` (explicit DNS servers,
+    whose mistakes must be reported before the run starts) it is built now.
+    """
+
+    def __init__(self, loop: EventLoop, make: Callable[[], Resolver], *, eager: bool) -> None:
+        self._loop = loop
+        self._make = make
+        self._real: Resolver | None = make() if eager else None
+
+    def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
+        literal = ip_literal(host)
+        if literal is not None:
+            family, (bare,) = literal
+            self._loop.call_soon(callback, [(family, sockaddr(family, str(bare), port))], None)
+            return
+        if self._real is None:
+            self._real = self._make()
+        self._real.resolve(host, port, callback)
+
+    def expires(self, host: str, port: int) -> float:
+        if ip_literal(host) is not None:
+            return float("inf")
+        return self._real.expires(host, port) if self._real is not None else 0.0
+
+    def close(self) -> None:
+        if self._real is not None:
+            self._real.close()
+
+
 class ThreadedResolver:
     def __init__(
         self, loop: EventLoop, *, workers: int = 4, ttl: float = 300.0, negative_ttl: float = 30.0
