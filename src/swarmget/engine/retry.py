@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import email.utils
 import random
 import time
 
@@ -46,6 +45,8 @@ def parse_retry_after(value: bytes | None, now: float | None = None) -> float | 
     text = value.decode("latin-1").strip()
     if text.isdigit():
         return float(text)
+    import email.utils  # ~14 ms to import, and HTTP-dates are rare here: only now
+
     try:
         when = email.utils.parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):

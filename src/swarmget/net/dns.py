@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
 ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
@@ -135,6 +137,10 @@ class ThreadedResolver:
             return
         self._waiting[key] = [callback]
         if self._executor is None:
+            # Imported here: concurrent.futures pulls in logging (~13 ms), and
+            # this resolver is only the fallback for a missing pycares.
+            from concurrent.futures import ThreadPoolExecutor
+
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="swarmget-dns")
         self._executor.submit(self._lookup, key)
 
