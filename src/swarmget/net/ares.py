@@ -42,7 +42,7 @@ import pycares
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EVENT_READ, EVENT_WRITE, EventLoop, Timer
-from swarmget.net.dns import Address, ResolveCallback, ip_literal, sockaddr
+from swarmget.net.dns import Address, ResolveCallback, ip_literal, literal_addresses, sockaddr
 
 _BAD = pycares.ARES_SOCKET_BAD
 # ARES_AI_ENVHOSTS in ares.h: read the hosts file named by $CARES_HOSTS.
@@ -113,10 +113,9 @@ class AresResolver:
     def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
         """Call ``callback(addresses, None)`` or ``callback(None, error)`` on the loop thread."""
         loop = self._loop
-        literal = ip_literal(host)
+        literal = literal_addresses(host, port)
         if literal is not None:
-            family, (bare,) = literal
-            loop.call_soon(callback, [(family, sockaddr(family, str(bare), port))], None)
+            loop.call_soon(callback, literal, None)
             return
         cached = self._cache.get(host)
         if cached is not None and cached[0] > loop.now:

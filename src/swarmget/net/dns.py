@@ -65,6 +65,15 @@ def ip_literal(host: str) -> Address | None:
     return None
 
 
+def literal_addresses(host: str, port: int) -> list[Address] | None:
+    """The one address of an IP literal ``host`` (no lookup needed), else None."""
+    literal = ip_literal(host)
+    if literal is None:
+        return None
+    family, (bare,) = literal
+    return [(family, sockaddr(family, str(bare), port))]
+
+
 def sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
     """The ``connect()`` address for an IP in ``family``."""
     return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)
@@ -86,10 +95,9 @@ class LazyResolver:
         self._real: Resolver | None = make() if eager else None
 
     def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
-        literal = ip_literal(host)
+        literal = literal_addresses(host, port)
         if literal is not None:
-            family, (bare,) = literal
-            self._loop.call_soon(callback, [(family, sockaddr(family, str(bare), port))], None)
+            self._loop.call_soon(callback, literal, None)
             return
         if self._real is None:
             self._real = self._make()
@@ -121,10 +129,9 @@ class ThreadedResolver:
 
     def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
         """Call ``callback(addresses, None)`` or ``callback(None, error)`` on the loop thread."""
-        literal = ip_literal(host)
+        literal = literal_addresses(host, port)
         if literal is not None:
-            family, (bare,) = literal
-            self._loop.call_soon(callback, [(family, sockaddr(family, str(bare), port))], None)
+            self._loop.call_soon(callback, literal, None)
             return
         key = (host, port)
         cached = self._cache.get(key)
