@@ -5,7 +5,7 @@ few dozen Python statements; with the kernel's share fixed, that interpreter
 time is the part of our CPU per file we can cut.  mypyc turns these already
 strictly typed modules into C extensions, with no second source to maintain:
 on the nginx benchmark it removes about 40% of our user-space instructions
-(bench/README.md has the figures).
+(README.md, "Speed", has the figures).
 
 What is compiled is the list below: modules that run per file or per read.
 Not compiled, on purpose: the public ``Options`` (mypyc would enforce its
