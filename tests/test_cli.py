@@ -571,9 +571,15 @@ def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
         )
         try:
             deadline = time.monotonic() + 30
+
             # The server having answered is not enough: wait until the client has
-            # the fast file in place, or Ctrl-C may land before it arrives.
-            while not (out_dir / "fast.bin").exists() and time.monotonic() < deadline:
+            # the fast file in place, or Ctrl-C may land before it arrives.  And
+            # all four requests must be in: with two workers, the one without
+            # fast.bin may still be connecting when the other has it.
+            def ready() -> bool:
+                return (out_dir / "fast.bin").exists() and srv.stats.requests == 4
+
+            while not ready() and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert srv.stats.requests == 4
             proc.send_signal(signal.SIGINT)
