@@ -125,6 +125,29 @@ class ArgumentParser(argparse.ArgumentParser):
         raise _Exit(status)
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, with the build that runs.  Which build that is is only
+    looked up when asked: it imports the engine, which ``--help`` and a usage
+    error have no need for."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0,
+            help="show the version and the build (compiled or pure Python), then exit",
+        )  # fmt: skip
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        build = "compiled" if swarmget.compiled() else "pure Python"
+        sys.stdout.write(f"swarmget {__version__} ({build})\n")
+        parser.exit()
+
+
 def _epilog() -> str:
     codes = "\n".join(f"  {code:<20}{text}" for code, text in ERROR_CODE_HELP.items())
     return f"""\
@@ -324,8 +347,7 @@ def build_parser() -> ArgumentParser:
         ),
     )
     add_output_flags(parser)
-    build = "compiled" if swarmget.compiled() else "pure Python"
-    parser.add_argument("--version", action="version", version=f"swarmget {__version__} ({build})")
+    parser.add_argument("--version", action=_VersionAction)
     return parser
 
 

@@ -37,10 +37,10 @@ from swarmget.testing.urls import ServerUrls
 _IMPORT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
-    """``os.environ`` (or ``base``) with PYTHONPATH set so that a child Python
-    imports this same copy of swarmget, compiled or not."""
-    env = dict(os.environ if base is None else base)
+def child_env() -> dict[str, str]:
+    """``os.environ`` with PYTHONPATH set so that a child Python imports this
+    same copy of swarmget, compiled or not."""
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_IMPORT_ROOT, env.get("PYTHONPATH")]))
     return env
 
