@@ -60,6 +60,7 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.CHECKSUM: "the body did not match the row's sha256/md5",
     ErrorCode.SIZE_MISMATCH: "the body length did not match the row's size",
     ErrorCode.CANCELLED: "the run was interrupted before this row finished",
+    ErrorCode.BAD_ROW: "a malformed input row; its line number is in the message",
     "http_<status>": "the final HTTP status was not a success, e.g. http_404 "
     "(http_407: the proxy wants user:password)",
 }

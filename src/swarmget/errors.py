@@ -33,12 +33,13 @@ class ErrorCode:
     CHECKSUM: Final = "checksum"
     SIZE_MISMATCH: Final = "size_mismatch"
     CANCELLED: Final = "cancelled"  # the run was interrupted before this row finished
+    BAD_ROW: Final = "bad_row"  # a malformed input row (its line number is in the message)
 
     ALL: Final = frozenset(
         {
             TIMEOUT, CONNECT, DNS, TRUNCATED, PROTOCOL, TOO_LARGE, BAD_URL, BAD_PATH,
             EXISTS, IO, TLS, TLS_VERIFY, TOO_MANY_REDIRECTS, BAD_REDIRECT, CHECKSUM,
-            SIZE_MISMATCH, CANCELLED,
+            SIZE_MISMATCH, CANCELLED, BAD_ROW,
         }
     )  # fmt: skip
 

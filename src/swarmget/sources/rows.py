@@ -5,7 +5,15 @@ import dataclasses
 
 @dataclasses.dataclass(slots=True)
 class Row:
-    """One input row.  ``index`` is its 0-based position across all sources."""
+    """One input row.  ``index`` is its 0-based position across all sources.
+
+    ``problem`` is set on a row the input could not be read as (bad quoting,
+    broken JSON, an invalid column, text that is not UTF-8): it is the message
+    naming the input and line, and the row fails with ``bad_row`` without being
+    downloaded.  ``url`` is then the row's URL if one could be read, else the
+    line itself (stripped, at most 200 characters), so the manifest shows
+    which row it was.
+    """
 
     index: int
     url: str
@@ -13,11 +21,12 @@ class Row:
     sha256: str | None = None
     md5: str | None = None
     size: int | None = None
+    problem: str | None = None  # why the row is malformed; None for a good row
 
     def as_tuple(self) -> RowTuple:
         """The fields in order: how rows cross a process pipe (a tuple pickles
         about eight times faster than the dataclass)."""
-        return (self.index, self.url, self.path, self.sha256, self.md5, self.size)
+        return (self.index, self.url, self.path, self.sha256, self.md5, self.size, self.problem)
 
 
-RowTuple = tuple[int, str, str | None, str | None, str | None, int | None]
+RowTuple = tuple[int, str, str | None, str | None, str | None, int | None, str | None]
