@@ -4,7 +4,7 @@ CSV cells arrive as strings and JSONL values as whatever JSON holds, so one
 function, :func:`build_row`, takes a mapping of column name to raw value and
 applies the same rules to both:
 
-* ``url`` must be present and non-empty.  It is *not* checked further: a
+* ``url`` must be present and non-empty.  It is *not* checked as a URL: a
   syntactically bad URL (``ftp://x``, ``not a url``) is one row that fails with
   ``bad_url`` later, not a reason to stop a run of millions.
 * ``path``, ``sha256``, ``md5`` and ``size`` are optional; an empty string or
@@ -12,9 +12,16 @@ applies the same rules to both:
   "no value".
 * digests are lower-cased and must be hex of the right length; ``size`` is a
   non-negative integer (a JSON number or a string of ASCII digits).
+* ``url`` and ``path`` must be valid text.  Inputs are decoded with
+  ``surrogateescape``, so bytes that are not UTF-8 arrive as lone surrogates
+  (and JSON can spell one, ``"\\ud800"``); such a value can be neither
+  requested nor written to the manifest.  Columns swarmget does not read are
+  not looked at, whatever their bytes.
 
 Problems raise :class:`FieldError` with a message that says *what* is wrong;
-the caller knows *where* (file and line) and adds that.
+the caller knows *where* (file and line) and adds that.  :func:`is_text`,
+:func:`printable` and :func:`why_not_text` are the helpers the parsers use
+for text that is not valid.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ def build_row(index: int, fields: Mapping[str, object]) -> Row:
     url = url.strip() if url else ""
     if not url:
         raise FieldError("missing or empty 'url' field")
+    if not is_text(url):
+        raise FieldError(_not_text("url", url))
     return Row(
         index,
         url,
@@ -52,11 +61,65 @@ def build_row(index: int, fields: Mapping[str, object]) -> Row:
     )
 
 
+def usable_url(fields: Mapping[str, object]) -> str | None:
+    """The row's URL if :func:`build_row` would accept it, else None.
+
+    A row rejected for another column still names its URL in the manifest.
+    """
+    url = fields.get("url")
+    if isinstance(url, str):
+        url = url.strip()
+        if url and is_text(url):
+            return url
+    return None
+
+
+def is_text(text: str) -> bool:
+    """True unless ``text`` holds lone surrogates (bytes that were not UTF-8)."""
+    if text.isascii():  # O(1): CPython knows it from the string's kind
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def why_not_text(text: str) -> str:
+    """Where :func:`is_text` fails: ``"byte 0xe9 at column 13"``."""
+    for column, char in enumerate(text, 1):
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # surrogateescape's stand-in for one byte
+            return f"byte 0x{code - 0xDC00:02x} at column {column}"
+        if 0xD800 <= code <= 0xDFFF:  # from JSON's "\ud800", say
+            return f"lone surrogate U+{code:04X} at column {column}"
+    return "no invalid character"
+
+
+def printable(text: str) -> str:
+    """``text`` with undecodable bytes shown as ``\\xff`` (and lone surrogates
+    as ``\\ud800``), so that it can be written as UTF-8: to the manifest, to a
+    terminal."""
+    if is_text(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _not_text(column: str, value: str) -> str:
+    # Quoted by hand: repr() would double the backslashes printable() adds.
+    return f"{column!r} is not valid UTF-8: '{printable(_clip(value))}'"
+
+
 def _optional_text(value: object, column: str) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str):
         raise FieldError(f"{column!r} must be a string, got {_json_type(value)}")
+    if not is_text(value):
+        raise FieldError(_not_text(column, value))
     # Surrounding blanks are almost always an artefact of ", " separators or
     # hand-edited files; a file name that really starts with a space is not
     # worth the confusion.

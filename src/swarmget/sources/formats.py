@@ -1,94 +1,261 @@
 """Parsers for the three input formats: plain URL lists, CSV/TSV and JSONL.
 
 Each parser takes an iterator of text lines (line endings still attached),
-the input's display name for error messages, and a shared counter that hands
-out row indices, so indices run on across several inputs without the reader
+the input's display name for messages, and a shared counter that hands out
+row indices, so indices run on across several inputs without the reader
 renumbering anything.  Parsers are generators: nothing is read ahead beyond
 what the ``csv`` module buffers for one record.
 
-Errors are :class:`~swarmget.errors.UsageError` naming the input and line:
-the rows of one list are usually produced by one script, so a bad line is
-almost always a systematic mistake that the user wants to fix before a run,
-not a single row to skip.
+Malformed rows
+--------------
+One bad row must not stop a run of millions, nor hide the rows after it.  A
+row that cannot be read is yielded as ``Row(index, url, problem=message)``:
+it takes its index like any row, ``message`` names the input and the line
+(``input 'list.csv', line 7: not valid CSV: ...``), and ``url`` is the row's
+URL when one could be read (a JSONL object with a good ``url`` and a bad
+``sha256``), else the line itself, stripped and clipped to 200 characters.
+The engine fails such a row with ``bad_row``.  Per format:
+
+* text: a line that is not valid UTF-8.  (Every other line is a URL, however
+  wrong; blank lines and ``#`` comments are skipped and take no index.)
+* JSONL: a line that is not JSON, or not a JSON object; a column that is
+  invalid (:mod:`~swarmget.sources.fields`).  Blank lines are skipped.
+* CSV/TSV: bad quoting; more non-empty fields than the header has (most
+  likely an unquoted delimiter inside a URL: taking the first cells would
+  quietly download something else); a column that is invalid.  Blank
+  records (``,,,``) are skipped.
+
+What is *not* one bad row is an input that is the wrong thing as a whole, and
+the first non-blank line is where that shows: a CSV/TSV header that is not
+valid or names no ``url`` column, or a JSONL input whose first line is not a
+JSON object (a JSON array, pretty-printed JSON) raise
+:class:`~swarmget.errors.UsageError`.
+
+CSV needs care, because a quote opens a field that may span lines, and an
+unclosed quote would swallow the lines after it into one record.  A field
+that spans lines is accepted in a named column swarmget does not read (a
+description, say); the row's line is then the record's first.  A record that
+spans lines *and* is wrong -- bad quoting, a line break in a column swarmget
+reads or past the header's last column, too many fields -- is one bad row
+for its first line, and the lines after that are read again as records of
+their own, so the good rows an unclosed quote swallowed come back.  The one
+case this cannot see is a stray quote in an ignored column that a later
+quote happens to close right before a delimiter or a line end: that is a
+legal multi-line field, and it is read as one.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Final
 
 from swarmget.errors import UsageError
-from swarmget.sources.fields import COLUMNS, FieldError, build_row
+from swarmget.sources.fields import (
+    COLUMNS,
+    FieldError,
+    build_row,
+    is_text,
+    printable,
+    usable_url,
+    why_not_text,
+)
 from swarmget.sources.rows import Row
 
+RAW_LIMIT = 200  # characters of a bad line kept as its row's url
 
-def parse_text(lines: Iterable[str], counter: Iterator[int]) -> Iterator[Row]:
+
+class ByteErrors:
+    """How many undecodable bytes the inputs have had: the reader's codec error
+    handler counts them (see :func:`parse_text`)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+BYTE_ERRORS: Final = ByteErrors()
+
+
+def parse_text(
+    lines: Iterable[str], name: str, counter: Iterator[int], byte_errors: int = -1
+) -> Iterator[Row]:
     """One URL per line; blank lines and ``#`` comments are skipped.
 
     This is the hot path for huge lists, so it does the least possible work per
-    line: one strip, one test, one Row.
+    line: one strip, one test, one Row.  A line with bytes that are not UTF-8
+    is a bad row, but checking each line for them (a method call) would cost
+    more than the rest of the loop: ``byte_errors`` is ``BYTE_ERRORS.count``
+    from before the input was decoded, and while the count stays the same no
+    line has such a byte and none is checked.  (-1: check every line, for text
+    that was not decoded by the reader.)
     """
+    errors = BYTE_ERRORS
+    lineno = 0
     for line in lines:
+        lineno += 1  # noqa: SIM113 -- compiled, a native int; enumerate() boxes one per line
         url = line.strip()
         if url and url[0] != "#":
-            yield Row(next(counter), url)
+            if errors.count == byte_errors or is_text(url):
+                yield Row(next(counter), url)
+            else:
+                problem = f"not valid UTF-8 ({why_not_text(line)})"
+                yield bad_row(next(counter), name, lineno, problem, None, url)
 
 
 def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iterator[Row]:
     """One JSON object per line with ``url`` and the optional columns."""
+    first = True
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
+        value: object = None
+        problem = ""
         try:
             value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            # exc.colno counts the line ending as a line of its own.
-            column = min(exc.pos, len(line.rstrip("\r\n"))) + 1
-            raise _at(name, lineno, f"not valid JSON: {exc.msg} (column {column})") from None
+        except ValueError as exc:  # JSONDecodeError, or an int too long for int()
+            problem = _json_problem(exc, line)
         except RecursionError:
-            raise _at(name, lineno, "not valid JSON: nested too deeply") from None
-        if not isinstance(value, dict):
+            problem = "not valid JSON: nested too deeply"
+        if not problem and not isinstance(value, dict):
             kind = "an array" if isinstance(value, list) else type(value).__name__
-            raise _at(name, lineno, f"expected a JSON object, got {kind}")
+            problem = f"expected a JSON object, got {kind}"
+        if problem:
+            if first:
+                raise _at(name, lineno, f"{problem}; {_JSONL_HINT}")
+            yield bad_row(next(counter), name, lineno, problem, None, line)
+            continue
+        first = False
+        assert isinstance(value, dict)
+        index = next(counter)
         try:
-            row = build_row(next(counter), value)
-        except FieldError as exc:
-            raise _at(name, lineno, str(exc)) from None
+            row = build_row(index, value)
+        except FieldError as bad_field:  # not `exc`: mypyc gives a name one type per function
+            row = bad_row(index, name, lineno, str(bad_field), usable_url(value), line)
         yield row
+
+
+_JSONL_HINT = (
+    "the input is read as JSON Lines, one JSON object per line "
+    "(jq -c '.[]' turns a JSON array into that, jq -c . pretty-printed JSON)"
+)
+
+
+def _json_problem(exc: ValueError, line: str) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        # exc.colno counts the line ending as a line of its own.
+        column = min(exc.pos, len(line.rstrip("\r\n"))) + 1
+        return f"not valid JSON: {exc.msg} (column {column})"
+    return f"not valid JSON: {exc}"
+
+
+class _Lines:
+    """The csv module's input: numbered lines, and the lines of the record
+    being read kept, so that those of a failed record can be read again."""
+
+    def __init__(self, lines: Iterable[str]) -> None:
+        self._lines = iter(lines)
+        self.lineno = 0  # lines read from the input so far
+        self.again: deque[tuple[int, str]] = deque()  # to be read again, in order
+        self.record: list[tuple[int, str]] = []  # (line number, line) of the current record
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        if self.again:
+            numbered = self.again.popleft()
+        else:
+            line = next(self._lines)
+            self.lineno += 1
+            numbered = (self.lineno, line)
+        self.record.append(numbered)
+        return numbered[1]
+
+    def start(self) -> tuple[int, str]:
+        """The first line of the current record."""
+        return self.record[0] if self.record else (self.lineno, "")
+
+    def read_again(self) -> None:
+        """Put the current record's lines after its first back in front of the input."""
+        self.again.extendleft(reversed(self.record[1:]))
+
+
+def _reader(feed: _Lines, delimiter: str) -> Iterator[list[str]]:
+    # strict: a stray quote such as `"http://h/a"x` is an error instead of
+    # being glued silently into a different URL.  skipinitialspace: in
+    # `a, "b, c"` the quotes are quotes (cells are stripped anyway).
+    return csv.reader(feed, delimiter=delimiter, strict=True, skipinitialspace=True)
 
 
 def parse_delimited(
     lines: Iterable[str], name: str, counter: Iterator[int], delimiter: str
 ) -> Iterator[Row]:
     """CSV (``delimiter=","``) or TSV (``"\\t"``) with a header row naming a ``url`` column."""
-    # strict: a stray quote such as `"http://h/a"x` is an error instead of
-    # being glued silently into a different URL.  skipinitialspace: in
-    # `a, "b, c"` the quotes are quotes (cells are stripped anyway).
-    records = csv.reader(lines, delimiter=delimiter, strict=True, skipinitialspace=True)
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    feed = _Lines(lines)
+    records = _reader(feed, delimiter)
     try:
         header = _first_record(records)
-        if header is None:
-            return  # an empty file is an empty list, not an error
-        columns = _column_positions(header, name)
-        width = len(header)
-        for record in records:
+    except csv.Error as bad_header:  # not `exc`: mypyc gives a name one type per function
+        start = next((n for n, line in feed.record if line.strip()), feed.lineno)
+        raise _at(name, start, f"the header is not valid {kind}: {bad_header}") from None
+    if header is None:
+        return  # an empty file is an empty list, not an error
+    columns = _column_positions(header, name)
+    width = len(header)
+    while True:
+        feed.record.clear()
+        record: list[str] = []
+        try:
+            record = next(records)
+        except StopIteration:
+            return
+        except csv.Error as bad:
+            problem = f"not valid {kind}: {bad}"
+            records = _reader(feed, delimiter)  # a fresh one: never trust a failed reader
+        else:
             if not any(cell.strip() for cell in record):
                 continue  # blank line, or the ",,,," rows spreadsheets leave at the end
-            if len(record) > width and any(cell.strip() for cell in record[width:]):
-                # Most likely an unquoted delimiter inside a URL: taking the
-                # first cells would quietly download something else.
-                problem = f"{len(record)} fields but the header has {width}"
-                raise _at(name, records.line_num, problem)
-            fields = {col: record[i] for col, i in columns.items() if i < len(record)}
-            try:
-                row = build_row(next(counter), fields)
-            except FieldError as exc:
-                raise _at(name, records.line_num, str(exc)) from None
-            yield row
-    except csv.Error as bad:  # not `exc`: mypyc gives a name one type per function
-        kind = "TSV" if delimiter == "\t" else "CSV"
-        raise _at(name, records.line_num, f"not valid {kind}: {bad}") from None
+            problem = _record_problem(record, columns, width, len(feed.record) > 1)
+        start, first_line = feed.start()
+        if problem:
+            if len(feed.record) > 1:
+                end = feed.record[-1][0]
+                problem = f"{problem} (the record runs on to line {end}: is a quote not closed?)"
+                feed.read_again()
+            yield bad_row(next(counter), name, start, problem, None, first_line)
+            continue
+        fields = {col: record[i] for col, i in columns.items() if i < len(record)}
+        index = next(counter)
+        try:
+            row = build_row(index, fields)
+        except FieldError as bad_field:
+            row = bad_row(index, name, start, str(bad_field), usable_url(fields), first_line)
+        yield row
+
+
+def _record_problem(
+    record: list[str], columns: Mapping[str, int], width: int, multiline: bool
+) -> str:
+    """What makes a parsed record unusable as a whole ("" if nothing does)."""
+    if len(record) > width and any(cell.strip() for cell in record[width:]):
+        return f"{len(record)} fields but the header has {width}"
+    if multiline:
+        # A field may span lines in a column that is named and ignored; in one
+        # we read, or past the header's last column, a line break is a quote
+        # that was not closed.
+        for column, i in columns.items():
+            if i < len(record) and _has_break(record[i]):
+                return f"{column!r} has a line break"
+        if any(_has_break(cell) for cell in record[width:]):
+            return f"a field past the header's {width} columns has a line break"
+    return ""
+
+
+def _has_break(cell: str) -> bool:
+    return "\n" in cell or "\r" in cell
 
 
 def _first_record(records: Iterator[list[str]]) -> list[str] | None:
@@ -111,11 +278,20 @@ def _column_positions(header: list[str], name: str) -> dict[str, int]:
     if "url" not in positions:
         found = ", ".join(repr(_clip(cell)) for cell in header[:10])
         more = ", ..." if len(header) > 10 else ""
+        hint = "the first line must name the columns, e.g. url,path"
+        if len(header) == 1 and ";" in header[0]:
+            hint = "columns separated by ';' are not read: use ',' (CSV) or tabs (TSV)"
         raise UsageError(
-            f"input {name!r} has no 'url' column (columns found: {found}{more}); "
-            "the first line must name the columns, e.g. url,path"
+            f"input {name!r} has no 'url' column (columns found: {found}{more}); {hint}"
         )
     return positions
+
+
+def bad_row(index: int, name: str, lineno: int, problem: str, url: str | None, line: str) -> Row:
+    """The row for a line that could not be read: see the module docstring."""
+    if url is None:
+        url = printable(line.strip()[:RAW_LIMIT])[:RAW_LIMIT]
+    return Row(index, url, problem=printable(f"input {name!r}, line {lineno}: {problem}"))
 
 
 def _clip(text: str, limit: int = 60) -> str:

@@ -24,37 +24,93 @@ Failing early and clearly
 -------------------------
 At the first ``next()``, before any row is produced, every path is checked
 (exists, is not a directory, can be opened, a ``.gz`` really is gzip), so a
-typo in the third file of a long run does not surface hours later.  Reading
-errors later on (I/O errors, truncated gzip, invalid UTF-8, malformed lines)
-become :class:`~swarmget.errors.UsageError` naming the input and, where there
-is one, the line.  Nothing is skipped silently except blank lines and ``#``
-comments in plain lists.
+typo in the third file of a long run does not surface hours later.
 
-A URL that is present but not a valid http(s) URL is *not* an input error: it
-is yielded like any other and fails on its own with ``bad_url``.
+After that there are two kinds of trouble, and the line between them is
+whether the input *as a whole* can be read:
+
+* The input cannot be read, or is not what it claims to be: an I/O error, a
+  truncated or corrupt gzip stream, a first non-blank line that is not UTF-8
+  text (or holds NUL bytes: a binary file, UTF-16, an ``.xlsx``, an ``.xz``),
+  a CSV/TSV header without a ``url`` column, a JSONL input whose first line
+  is not a JSON object.  That raises :class:`~swarmget.errors.UsageError`
+  naming the input and, where there is one, the line, and the run stops
+  (exit status 2).  The first line is the verdict on the whole input: a file
+  whose first line is binary is not a list with one bad row.
+* One row is malformed: bad quoting, a broken JSON line, an invalid column,
+  a missing ``url``, a line that is not UTF-8 in the middle of a list.  That
+  row is yielded with ``problem`` set (see :mod:`~swarmget.sources.formats`)
+  and fails alone with ``bad_row``; the rows after it are read as usual.  In
+  a list of millions, one mangled line (a bad merge, a Latin-1 character)
+  must not cost the rest, and the manifest names its line for the fix.
+
+Nothing is skipped silently except blank lines and ``#`` comments in plain
+lists.  A URL that is present but not a valid http(s) URL is *not* an input
+error either: it is yielded like any other and fails on its own with
+``bad_url``.
+
+Bytes, not text
+---------------
+Files and stdin are read as bytes, so that both are read the same way: a
+stream that starts with the gzip magic is decompressed whatever its name
+(``cat list.jsonl.gz | swarmget -``, a ``<(curl ...)`` pipe), then decoded as
+UTF-8 (a BOM is dropped) with ``surrogateescape``, so that an undecodable
+byte costs its own line and no other: lines are split on ``\n``, ``\r`` and
+``\r\n`` as the csv module wants.  (``sys.stdin`` as text decodes as the
+locale says: in a C, POSIX or C.UTF-8 locale -- containers, CI -- and in
+UTF-8 mode that is ``surrogateescape`` with nobody checking the result, so
+undecodable bytes went on as URLs; in other locales it is strict, and one
+bad byte ended the run.)
 """
 
 from __future__ import annotations
 
+import codecs
 import enum
 import errno
 import gzip
+import io
 import itertools
 import os
 import stat
 import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TextIO
+from typing import IO, Any, BinaryIO, TextIO, cast
 
 from swarmget.errors import UsageError
-from swarmget.sources.formats import parse_delimited, parse_jsonl, parse_text
+from swarmget.sources.fields import is_text, why_not_text
+from swarmget.sources.formats import BYTE_ERRORS, parse_delimited, parse_jsonl, parse_text
 from swarmget.sources.rows import Row
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"
 
 _GZIP_MAGIC = b"\x1f\x8b"
+
+# surrogateescape that also counts the bytes it escapes, so that the text
+# parser knows when it must look for them (see formats.parse_text).
+_ERRORS = "swarmget-surrogateescape"
+_escape = codecs.lookup_error("surrogateescape")
+
+
+def _count_and_escape(exc: UnicodeError) -> tuple[str | bytes, int]:
+    BYTE_ERRORS.count += 1
+    return _escape(exc)
+
+
+codecs.register_error(_ERRORS, _count_and_escape)
+
+# What a first line that is not text most likely is, by its first bytes.
+_NOT_TEXT_HINTS = (
+    (b"\xff\xfe", "it is UTF-16 text: save it as UTF-8"),
+    (b"\xfe\xff", "it is UTF-16 text: save it as UTF-8"),
+    (b"PK\x03\x04", "it is a zip archive: an Excel workbook? save it as CSV"),
+    (b"BZh", "it looks bzip2-compressed: only gzip is read as it is, bzcat it"),
+    (b"\xfd7zXZ\x00", "it is xz-compressed: only gzip is read as it is, xzcat it"),
+    (b"\x28\xb5\x2f\xfd", "it is zstd-compressed: only gzip is read as it is, zstdcat it"),
+)
+_NOT_TEXT_HINT = "swarmget reads UTF-8 text, plain or gzip-compressed"
 
 
 class Format(enum.Enum):
@@ -74,12 +130,17 @@ _SUFFIX_FORMATS = {
 
 
 def read_rows(
-    sources: Sequence[str | os.PathLike[str]], *, stdin: TextIO | None = None
+    sources: Sequence[str | os.PathLike[str]],
+    *,
+    stdin: TextIO | BinaryIO | None = None,
 ) -> Iterator[Row]:
     """Yield the rows of every source in order; see the module docstring.
 
-    ``stdin`` replaces :data:`sys.stdin` for the ``-`` source (tests, embedding).
-    Raises :class:`~swarmget.errors.UsageError` for unreadable or malformed input.
+    ``stdin`` replaces :data:`sys.stdin` for the ``-`` source (tests,
+    embedding): a binary stream is read like a file (gzip sniffed, UTF-8
+    decoded), a text stream or any iterable of lines as it is.  Raises
+    :class:`~swarmget.errors.UsageError` for unreadable input; malformed rows
+    are yielded with ``problem`` set.
     """
     counter = itertools.count()
     check_sources(sources)
@@ -156,78 +217,114 @@ def _check_path(path: str) -> None:
 
 
 def _read_path(path: str, counter: Iterator[int]) -> Iterator[Row]:
-    compressed = path.lower().endswith(".gz")
     try:
-        with _open_text(path, compressed) as lines:
-            yield from _parse(lines, path, format_from_name(path), counter)
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(path, exc, _first_bad_line(path, compressed)) from None
+        byte_errors = BYTE_ERRORS.count
+        with open(path, "rb") as raw, _decode(raw) as lines:
+            yield from _parse(lines, path, format_from_name(path), counter, byte_errors)
     except (OSError, EOFError, zlib.error) as exc:
         raise _unreadable(path, exc) from None
 
 
-def _read_stdin(stdin: TextIO | None, counter: Iterator[int]) -> Iterator[Row]:
+def _read_stdin(stdin: TextIO | BinaryIO | None, counter: Iterator[int]) -> Iterator[Row]:
     stream = sys.stdin if stdin is None else stdin
     if stream is None:  # pythonw, or a daemon with stdin closed
         raise UsageError("cannot read input '-': there is no stdin")
     try:
-        yield from _parse(stream, STDIN_NAME, None, counter)
-    except UnicodeDecodeError as exc:
-        raise _not_utf8(STDIN_NAME, exc, None) from None
-    except OSError as exc:
+        binary = _bytes_of(stream)
+        if binary is None:  # text already (io.StringIO, an iterable of lines)
+            yield from _parse(cast(Iterable[str], stream), STDIN_NAME, None, counter, -1)
+            return
+        byte_errors = BYTE_ERRORS.count
+        lines = _decode(binary)
+        try:
+            yield from _parse(lines, STDIN_NAME, None, counter, byte_errors)
+        finally:
+            # Close what we added (a gzip layer), never stdin itself.
+            if isinstance(lines.buffer, gzip.GzipFile):
+                lines.close()
+            else:
+                lines.detach()
+    except (OSError, EOFError, zlib.error) as exc:
         raise _unreadable(STDIN_NAME, exc) from None
 
 
-def _open_text(path: str, compressed: bool) -> TextIO:
+def _bytes_of(stream: IO[Any]) -> io.BufferedReader | None:
+    """The binary stream under ``stream`` (sys.stdin's ``buffer``), or None."""
+    binary: object = stream
+    if not isinstance(binary, (io.BufferedIOBase, io.RawIOBase)):
+        binary = getattr(stream, "buffer", None)
+        if not isinstance(binary, (io.BufferedIOBase, io.RawIOBase)):
+            return None
+    if isinstance(binary, io.BufferedReader):
+        return binary
+    return io.BufferedReader(cast(Any, binary))  # for peek(): io.BytesIO has none
+
+
+def _decode(binary: io.BufferedReader) -> io.TextIOWrapper:
+    """The lines of ``binary``: gunzipped if it starts with the gzip magic, then
+    UTF-8 with ``surrogateescape``, counted (see the module docstring).
+
+    The text layer closes the gzip layer, which never closes ``binary``.
+    """
+    head = binary.peek(2)[:2]
+    # A pipe may hand over a single byte first; no text starts with \x1f.
+    if head[:1] == b"\x1f" and head[1:2] in (b"\x8b", b""):
+        source: io.BufferedIOBase = gzip.GzipFile(fileobj=binary, mode="rb")
+    else:
+        source = binary
     # utf-8-sig drops a BOM (Excel writes one); newline="" is what the csv
     # module needs, and the other parsers strip line endings themselves.
-    if compressed:
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
+    return io.TextIOWrapper(cast(Any, source), encoding="utf-8-sig", errors=_ERRORS, newline="")
 
 
 def _parse(
-    lines: Iterable[str], name: str, fmt: Format | None, counter: Iterator[int]
+    lines: Iterable[str],
+    name: str,
+    fmt: Format | None,
+    counter: Iterator[int],
+    byte_errors: int,
 ) -> Iterator[Row]:
+    head, rest = _head(iter(lines))
+    if head:
+        _check_text(head[-1], len(head), name)
     if fmt is None:
-        fmt, lines = _sniff_lines(iter(lines))
+        fmt = sniff(head[-1]) if head else Format.TEXT
+    lines = itertools.chain(head, rest)
     if fmt is Format.TEXT:
-        return parse_text(lines, counter)
+        return parse_text(lines, name, counter, byte_errors)
     if fmt is Format.JSONL:
         return parse_jsonl(lines, name, counter)
     return parse_delimited(lines, name, counter, "\t" if fmt is Format.TSV else ",")
 
 
-def _sniff_lines(lines: Iterator[str]) -> tuple[Format, Iterator[str]]:
-    """Read up to the first non-blank line, decide the format, put the lines back."""
+def _head(lines: Iterator[str]) -> tuple[list[str], Iterator[str]]:
+    """The lines up to the first non-blank one (the one that is sniffed and
+    checked), and the rest; all of it if every line is blank."""
     head: list[str] = []
     for line in lines:
         if not head:
-            line = line.lstrip("\ufeff")  # stdin is not opened as utf-8-sig
+            line = line.lstrip("\ufeff")  # a text stdin= was not decoded as utf-8-sig
         head.append(line)
         if line.strip():
-            return sniff(line), itertools.chain(head, lines)
-    return Format.TEXT, iter(head)
+            break
+    return head, lines
 
 
-def _first_bad_line(path: str, compressed: bool) -> int | None:
-    """Find the line that failed to decode: the text layer decodes in chunks,
-    so the line count at the time of the error can be far off."""
+def _check_text(line: str, lineno: int, name: str) -> None:
+    """The first non-blank line must be text: if it is not, the input is not."""
+    if is_text(line) and "\x00" not in line:
+        return
     try:
-        with gzip.open(path, "rb") if compressed else open(path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    return lineno
-    except (OSError, EOFError, zlib.error):
-        pass
-    return None
-
-
-def _not_utf8(name: str, exc: UnicodeDecodeError, lineno: int | None) -> UsageError:
-    where = f"input {name!r}, line {lineno}" if lineno else f"input {name!r}"
-    return UsageError(f"{where}: not valid UTF-8 text ({exc.reason})")
+        raw = line.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate that was not a byte: a text stdin=
+        raw = b""
+    hint = next((text for magic, text in _NOT_TEXT_HINTS if raw.startswith(magic)), _NOT_TEXT_HINT)
+    if not is_text(line):
+        problem = f"not valid UTF-8 ({why_not_text(line)})"
+    else:
+        column = line.index("\x00") + 1
+        problem = f"not text (a NUL byte at column {column})"
+    raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
 
 
 def _unreadable(name: str, exc: BaseException) -> UsageError:
