@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Final
 
@@ -85,11 +84,11 @@ def parse_text(
 
     This is the hot path for huge lists, so it does the least possible work per
     line: one strip, one test, one Row.  A line with bytes that are not UTF-8
-    is a bad row, but checking each line for them (a method call) would cost
-    more than the rest of the loop: ``byte_errors`` is ``BYTE_ERRORS.count``
-    from before the input was decoded, and while the count stays the same no
-    line has such a byte and none is checked.  (-1: check every line, for text
-    that was not decoded by the reader.)
+    is a bad row, but looking for them costs a method call per line (a tenth
+    of the loop, compiled), so it is done only when needed: ``byte_errors`` is
+    ``BYTE_ERRORS.count`` from before the input was decoded, and while the
+    count stays the same no line has such a byte and none is checked.  (-1:
+    check every line, for text that was not decoded by the reader.)
     """
     errors = BYTE_ERRORS
     lineno = 0
@@ -151,35 +150,37 @@ def _json_problem(exc: ValueError, line: str) -> str:
 
 
 class _Lines:
-    """The csv module's input: numbered lines, and the lines of the record
-    being read kept, so that those of a failed record can be read again."""
+    """The csv module's input, which keeps the lines of the record being read,
+    so that those of a failed record can be read again, and numbers them.
+
+    The lines to read again are always the ones right before the next unread
+    line, so one counter numbers every line, read again or not.
+    """
 
     def __init__(self, lines: Iterable[str]) -> None:
         self._lines = iter(lines)
-        self.lineno = 0  # lines read from the input so far
-        self.again: deque[tuple[int, str]] = deque()  # to be read again, in order
-        self.record: list[tuple[int, str]] = []  # (line number, line) of the current record
+        self._again: list[str] = []  # lines to hand out again, the next one last
+        self.lineno = 0  # the number of the last line handed out
+        self.record: list[str] = []  # the lines of the record being read
 
     def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
-        if self.again:
-            numbered = self.again.popleft()
-        else:
-            line = next(self._lines)
-            self.lineno += 1
-            numbered = (self.lineno, line)
-        self.record.append(numbered)
-        return numbered[1]
+        line = self._again.pop() if self._again else next(self._lines)
+        self.lineno += 1
+        self.record.append(line)
+        return line
 
-    def start(self) -> tuple[int, str]:
-        """The first line of the current record."""
-        return self.record[0] if self.record else (self.lineno, "")
+    def start(self) -> int:
+        """The number of the record's first line."""
+        return self.lineno - len(self.record) + 1
 
     def read_again(self) -> None:
-        """Put the current record's lines after its first back in front of the input."""
-        self.again.extendleft(reversed(self.record[1:]))
+        """Hand out the record's lines after its first again, as the next lines."""
+        self._again.extend(reversed(self.record[1:]))
+        self.lineno -= len(self.record) - 1
+        del self.record[1:]
 
 
 def _reader(feed: _Lines, delimiter: str) -> Iterator[list[str]]:
@@ -199,7 +200,8 @@ def parse_delimited(
     try:
         header = _first_record(records)
     except csv.Error as bad_header:  # not `exc`: mypyc gives a name one type per function
-        start = next((n for n, line in feed.record if line.strip()), feed.lineno)
+        blank = next((i for i, line in enumerate(feed.record) if line.strip()), 0)
+        start = feed.start() + blank
         raise _at(name, start, f"the header is not valid {kind}: {bad_header}") from None
     if header is None:
         return  # an empty file is an empty list, not an error
@@ -219,11 +221,11 @@ def parse_delimited(
             if not any(cell.strip() for cell in record):
                 continue  # blank line, or the ",,,," rows spreadsheets leave at the end
             problem = _record_problem(record, columns, width, len(feed.record) > 1)
-        start, first_line = feed.start()
+        start = feed.start()
+        first_line = feed.record[0] if feed.record else ""
         if problem:
             if len(feed.record) > 1:
-                end = feed.record[-1][0]
-                problem = f"{problem} (the record runs on to line {end}: is a quote not closed?)"
+                problem += f" (the record runs on to line {feed.lineno}: is a quote not closed?)"
                 feed.read_again()
             yield bad_row(next(counter), name, start, problem, None, first_line)
             continue
