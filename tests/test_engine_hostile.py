@@ -14,6 +14,7 @@ import pytest
 
 import swarmget
 from swarmget.testing import TestServer, expected_body
+from swarmget.testing.outputs import parts
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def run(urls: list[str], out: Path, **options: Any) -> swarmget.Report:
 
 def assert_nothing_left(out: Path, name: str) -> None:
     assert not (out / name).exists(), f"{name} must not exist after a failure"
-    assert not (out / (name + ".part")).exists(), f"{name}.part left behind"
+    assert not parts(out), f"a part was left behind ({name})"
 
 
 def manifest(out: Path) -> list[dict[str, Any]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pytest
 
 import swarmget
 from swarmget.testing.nginx import Nginx, ServedTree
+from swarmget.testing.outputs import parts
 
 
 def manifest(out: Path) -> list[dict[str, object]]:
@@ -25,8 +25,7 @@ def test_2500_files_byte_for_byte(nginx_server: ServedTree, out_dir: Path) -> No
     assert report.bytes == len(nginx_server.names) * nginx_server.size
     for name in nginx_server.names:
         assert (out_dir / name).read_bytes() == nginx_server.expected(name), name
-    leftovers = [p for p in os.listdir(out_dir) if p.endswith(".part")]
-    assert leftovers == []
+    assert parts(out_dir) == []
     records = manifest(out_dir)
     assert len(records) == len(nginx_server.names)
     assert {r["status"] for r in records} == {"ok"}
@@ -68,7 +67,7 @@ def test_missing_files_fail_with_http_404_and_leave_nothing(
     assert failure.error == "http_404"
     assert failure.http_status == 404
     assert not (out_dir / "no-such-file.jpg").exists()
-    assert not (out_dir / "no-such-file.jpg.part").exists()
+    assert parts(out_dir) == []
     by_url = {r["url"]: r for r in manifest(out_dir)}
     assert by_url[urls[1]]["status"] == "failed"
     assert by_url[urls[1]]["path"] is None

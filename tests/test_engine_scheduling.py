@@ -5,9 +5,12 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from swarmget.engine.core import CONNECT_SLICE, Engine
+from swarmget.engine.core import Engine
+from swarmget.engine.scheduler import CONNECT_SLICE
 from swarmget.options import Options
-from swarmget.sources.rows import Row
+from swarmget.sinks.base import Assignment
+from swarmget.sinks.files import FileSink
+from swarmget.testing.events import RecordedEvents
 
 
 def test_new_connections_start_in_slices_per_loop_turn(out_dir: Path) -> None:
@@ -16,12 +19,16 @@ def test_new_connections_start_in_slices_per_loop_turn(out_dir: Path) -> None:
     count = 3 * CONNECT_SLICE + 5
     with socket.create_server(("127.0.0.1", 0), backlog=count + 10) as listener:
         port = listener.getsockname()[1]
-        rows = iter(Row(i, f"http://127.0.0.1:{port}/f{i}") for i in range(count))
-        engine = Engine(rows, out_dir, Options(concurrency=count, per_host=count, timeout=5))
+        rows = [
+            Assignment(i, i.to_bytes(16, "big"), f"http://127.0.0.1:{port}/f{i}", f"f{i}")
+            for i in range(count)
+        ]
+        options = Options(concurrency=count, per_host=count, timeout=5)
+        engine = Engine(FileSink(out_dir), options, RecordedEvents())
         loop = engine.loop
         seen: list[int] = []
         try:
-            engine._refill()
+            engine.add(rows)
             for _ in range(20):
                 if not seen or seen[-1] != len(engine.connections):
                     seen.append(len(engine.connections))
@@ -37,4 +44,4 @@ def test_new_connections_start_in_slices_per_loop_turn(out_dir: Path) -> None:
             sent = [conn for conn in engine.connections if conn.served == 0 and conn.parser]
             assert sent, "no connection had sent its request"
         finally:
-            engine._shutdown()
+            engine.close()

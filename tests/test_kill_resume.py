@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
+from swarmget.testing.outputs import part_for
 from swarmget.testing.process import child_env
 
 SMALL = 2000
@@ -110,7 +111,7 @@ def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
     urls.write_text(server.file_url("interrupted.bin", size=size, fault="stall", times=1) + "\n")
     out = tmp_path / "out"
     proc = swarmget(urls, out)
-    part = out / "interrupted.bin.part"
+    part = part_for(out, urls.read_text().strip())
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == size // 2):
         time.sleep(0.01)
@@ -138,7 +139,7 @@ def test_ctrl_c_keeps_small_parts_too_and_the_rerun_overwrites_them(
     urls.write_text(server.file_url("small.bin", size=40_000, fault="stall", times=1) + "\n")
     out = tmp_path / "out"
     proc = swarmget(urls, out)
-    part = out / "small.bin.part"
+    part = part_for(out, urls.read_text().strip())
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == 20_000):
         time.sleep(0.01)

@@ -14,8 +14,10 @@ import pytest
 import swarmget
 from swarmget.errors import UsageError
 from swarmget.options import Options
-from swarmget.parallel import supervisor, worker_count
+from swarmget.parallel import fork, supervisor, worker_count
+from swarmget.parallel.backend import Stopped
 from swarmget.report import Report, Snapshot
+from swarmget.sinks.base import Assignment
 from swarmget.sources.rows import Row
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
 
@@ -137,17 +139,17 @@ def test_worker_count_rules(monkeypatch: pytest.MonkeyPatch) -> None:
         thread.join()
 
 
-def _worker_that_fails_at_start_up(conn: Any, *_args: Any) -> None:
+def _worker_that_fails_at_start_up(conn: Any, _inherited: Any, worker: int, *_args: Any) -> None:
     # What worker_main does when its engine cannot start (a bad setting): say
     # why, then end, so the parent's later sends meet a broken pipe.
-    conn.send(("error", UsageError("bad setting found by the worker")))
+    conn.send(Stopped(worker, UsageError("bad setting found by the worker")))
     conn.close()
 
 
 def test_a_worker_ending_at_start_up_reports_its_error_not_a_broken_pipe(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(supervisor, "worker_main", _worker_that_fails_at_start_up)
+    monkeypatch.setattr(fork, "worker_main", _worker_that_fails_at_start_up)
     # Far more rows than a pipe buffers, so the parent keeps sending after the
     # workers are gone.
     urls = [f"http://127.0.0.1:1/{'x' * 200}{i}" for i in range(20_000)]
@@ -169,33 +171,44 @@ def test_a_short_input_is_split_evenly_between_the_workers(
     assert (server.stats.connections, server.stats.peak_active) == (200, 200)
 
 
-class _FakeConn:
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
+class _RecordingBackend:
+    """Records what the supervisor deals to each worker."""
 
-    def send(self, message: Any) -> None:
-        self.sent.append(message)
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+        self.sent: list[list[Any]] = [[] for _ in range(workers)]
+
+    def send(self, worker: int, rows: list[Any]) -> bool:
+        self.sent[worker].extend(rows)
+        return True
 
 
-def _fake_worker(backlog: int) -> supervisor._Worker:
-    worker = supervisor._Worker(process=None, conn=_FakeConn())  # type: ignore[arg-type]
-    worker.sent = backlog
-    return worker
+def _supervisor(backlogs: list[int]) -> tuple[supervisor.Supervisor, _RecordingBackend]:
+    backend = _RecordingBackend(len(backlogs))
+    sup = supervisor.Supervisor(iter(()), None, backend, backlog_limit=10_000)  # type: ignore[arg-type]
+    for worker, backlog in zip(sup._workers, backlogs, strict=True):
+        worker.sent = backlog
+    return sup, backend
+
+
+def _rows(indices: range) -> list[Assignment]:
+    return [Assignment(i, i.to_bytes(16, "big"), f"http://h/{i}") for i in indices]
 
 
 def test_dealing_levels_the_backlogs() -> None:
-    pool = [_fake_worker(1000), _fake_worker(976)]
-    batch = [(i,) for i in range(256)]
-    supervisor._deal(pool, batch, 0)  # type: ignore[arg-type]
-    assert [w.backlog for w in pool] == [1116, 1116]
-    sent = [m for w in pool for m in w.conn.sent]  # type: ignore[attr-defined]
-    assert sorted(row for message in sent for row in message) == batch  # each row once
-    ended = _fake_worker(0)
-    ended.ended = True
-    pool.append(ended)
-    supervisor._deal(pool, [(0,), (1,), (2,)], 1)  # type: ignore[arg-type]
-    assert [w.backlog for w in pool] == [1117, 1118, 0]  # the odd row goes round-robin
-    assert not ended.conn.sent  # type: ignore[attr-defined]
+    sup, backend = _supervisor([1000, 976, 0])
+    ended = sup._workers[2]
+    ended.gone = True
+    batch = _rows(range(256))
+    sup._send(batch)
+    assert [w.backlog for w in sup._workers] == [1116, 1116, 0]
+    sent = sorted(row[0] for rows in backend.sent for row in rows)
+    assert sent == list(range(256))  # each row once
+    sup._send(_rows(range(256, 259)))
+    assert [w.backlog for w in sup._workers] == [1117, 1118, 0]  # the odd row goes round-robin
+    assert not backend.sent[2]
+    # The supervisor knows which rows each worker holds (what a crash would cost).
+    assert len(sup._workers[0].outstanding) + len(sup._workers[1].outstanding) == 259
 
 
 @pytest.mark.parametrize(

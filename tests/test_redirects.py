@@ -153,11 +153,13 @@ def test_credentials_stay_with_the_first_origin(
 def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
     from swarmget.engine.job import Job
     from swarmget.engine.redirects import redirect_target
+    from swarmget.engine.urls import split_url
     from swarmget.errors import TransferError
     from swarmget.options import Options
-    from swarmget.sources.rows import Row
+    from swarmget.sinks.base import Assignment
 
-    job = Job(Row(0, "https://a.example/x"), ("https", "a.example", 443), "/x", "x", "")
+    url = "https://a.example/x"
+    job = Job(Assignment(0, b"k" * 16, url, "x"), split_url(url))
     with pytest.raises(TransferError) as info:
         redirect_target(job, b"http://a.example/y", Options())
     assert info.value.code == "bad_redirect"

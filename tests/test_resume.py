@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import swarmget
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
+from swarmget.testing.outputs import part_for, parts
 
 MiB = 1 << 20
 
@@ -95,8 +98,11 @@ def test_symlinked_part_is_refused(server: TestServer, out_dir: Path) -> None:
     target = out_dir.parent / f"{out_dir.name}-victim"
     target.write_bytes(b"victim")
     try:
-        (out_dir / "p.bin.part").symlink_to(target)
-        report = run([server.file_url("p.bin", size=10)], out_dir)
+        url = server.file_url("p.bin", size=10)
+        part = part_for(out_dir, url)
+        part.parent.mkdir(parents=True)
+        part.symlink_to(target)
+        report = run([url], out_dir)
         assert report.failures[0].error == "io"
         assert target.read_bytes() == b"victim"
     finally:
@@ -123,10 +129,13 @@ def test_large_file_keeps_its_part_and_resumes_with_range(
     url = server.file_url("big.bin", size=size, fault="truncate", times=1)
     first = run([url], out_dir)
     assert first.failures[0].error == "truncated"
-    part = out_dir / "big.bin.part"
+    part = part_for(out_dir, url)
     assert part.stat().st_size == size // 2
     assert not (out_dir / "big.bin").exists()
-    assert any(r["status"] == "partial" for r in journal(out_dir))
+    # One record for the row: failed, with the validator its kept part resumes with.
+    (record,) = journal(out_dir)
+    assert (record["status"], record["error"]) == ("failed", "truncated")
+    assert record["validator"]
     seen = len(server.requests)  # (reset_stats would also reset the times=1 counter)
     second = run([url], out_dir)
     assert second.ok == 1
@@ -159,14 +168,12 @@ def test_changed_validator_restarts_from_zero(server: TestServer, out_dir: Path)
     size = 2 * MiB
     url = server.file_url("cv.bin", size=size, fault="truncate", times=1)
     assert run([url], out_dir).failed == 1
+    assert any(r.get("validator") for r in journal(out_dir))
     # Pretend the earlier run saw another version of the file.
-    path = out_dir / ".swarmget" / "manifest.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
-    for record in lines:
-        if record["status"] == "partial":
-            record["validator"] = '"another-version"'
-    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    (out_dir / "cv.bin.part").write_bytes(b"X" * (size // 2))  # and other bytes
+    with contextlib.closing(sqlite3.connect(out_dir / ".swarmget" / "journal.sqlite3")) as db:
+        db.execute("""UPDATE rows SET validator='"another-version"' WHERE validator IS NOT NULL""")
+        db.commit()
+    part_for(out_dir, url).write_bytes(b"X" * (size // 2))  # and other bytes
     report = run([url], out_dir)
     assert report.ok == 1
     assert (out_dir / "cv.bin").read_bytes() == expected_body("cv.bin", size)
@@ -220,7 +227,8 @@ def test_checksums_and_sizes_are_verified_while_streaming(
     errors = {f.url.split("/")[-1].split("?")[0]: f.error for f in report.failures}
     assert errors == {"b.bin": "checksum", "d.bin": "size_mismatch", "e.bin": "checksum"}
     for name in ("b.bin", "d.bin", "e.bin"):
-        assert not (out_dir / name).exists() and not (out_dir / f"{name}.part").exists()
+        assert not (out_dir / name).exists()
+    assert not parts(out_dir)
     assert (out_dir / "a.bin").read_bytes() == expected_body("a.bin", 3000)
 
 
@@ -250,7 +258,8 @@ def test_max_size_refuses_before_and_during_transfer(server: TestServer, out_dir
     assert report.ok == 1
     assert {f.error for f in report.failures} == {"too_large"}
     for name in ("cl.bin", "ch.bin"):
-        assert not (out_dir / name).exists() and not (out_dir / f"{name}.part").exists()
+        assert not (out_dir / name).exists()
+    assert not parts(out_dir)
 
 
 def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> None:
@@ -269,6 +278,6 @@ def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> 
             if record["status"] == "ok":
                 assert (mount / record["path"]).stat().st_size == 200_000
         assert len([r for r in records if r["status"] == "ok"]) < 40
-        assert not [p for p in os.listdir(mount) if p.endswith(".part")]
+        assert not parts(mount)
     finally:
         os.system(f"umount {mount}")

@@ -1164,7 +1164,6 @@ def test_cli_unreadable_stdin_is_a_usage_error(tmp_path: Path, data: bytes, mess
         assert proc.stderr.decode() == f"swarmget: error: {message}\n"
 
 
-@pytest.mark.xfail(reason="engine side of bad_row pending", strict=False)
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_cli_bad_rows_end_to_end(tmp_path: Path, workers: str) -> None:
     from swarmget.testing.server import TestServer

@@ -31,8 +31,11 @@ from swarmget.engine.core import Engine
 from swarmget.net import tls as tls_module
 from swarmget.net.tls import INSECURE_WARNING
 from swarmget.options import Options
-from swarmget.sources.rows import Row
+from swarmget.sinks.base import Assignment
+from swarmget.sinks.files import FileSink
+from swarmget.testing.events import RecordedEvents
 from swarmget.testing.nginx import Nginx, ServedTree, TlsFiles
+from swarmget.testing.outputs import parts
 
 Handler = Callable[[ssl.SSLSocket], None]
 BODY = bytes(range(256)) * 64  # 16 KB: more than one TLS record's worth with the head
@@ -45,7 +48,7 @@ def manifest(out: Path) -> list[dict[str, Any]]:
 
 def assert_nothing_left(out: Path, name: str) -> None:
     assert not (out / name).exists()
-    assert not (out / (name + ".part")).exists()
+    assert not parts(out)
 
 
 # -- a scripted TLS server -------------------------------------------------------------
@@ -241,11 +244,18 @@ def test_reconnects_resume_the_tls_session(
         options = Options(
             concurrency=1, cacert=str(tls_files.ca_pem), headers={"Connection": "close"}
         )
-        engine = Engine(iter(Row(i, u) for i, u in enumerate(urls)), out_dir, options)
+        planned = [Assignment(i, bytes([i]) * 16, u, f"s{i}") for i, u in enumerate(urls)]
+        events = RecordedEvents()
+        engine = Engine(FileSink(out_dir), options, events)
         tls_version = ssl.TLSVersion[version]
         engine.tls.context.minimum_version = engine.tls.context.maximum_version = tls_version
-        report = engine.run()
-    assert report.ok == 4
+        engine.add(planned)
+        engine.close_input()
+        try:
+            engine.run()
+        finally:
+            engine.close()
+    assert [r.status for r in events.results] == ["ok"] * 4
     assert [(out_dir / f"s{i}").read_bytes() for i in range(4)] == [b".", b"r", b"r", b"r"]
 
 

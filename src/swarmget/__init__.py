@@ -1,6 +1,7 @@
 """swarmget: download very many files over HTTP(S), fast, on a non-blocking event loop."""
 
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
+from swarmget.manifest import manifest_frame, manifest_table, read_manifest
 from swarmget.options import Options
 from swarmget.report import FileResult, Report
 
@@ -34,4 +35,7 @@ __all__ = [
     "__version__",
     "compiled",
     "download",
+    "manifest_frame",
+    "manifest_table",
+    "read_manifest",
 ]

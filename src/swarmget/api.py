@@ -2,25 +2,75 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import itertools
 import os
+import sys
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TextIO
 
-from swarmget.engine.core import Engine
 from swarmget.loop.core import raise_nofile_limit
+from swarmget.manifest import manifest_path
+from swarmget.net.tls import INSECURE_WARNING
 from swarmget.options import Options
-from swarmget.parallel import run_parallel, worker_count
+from swarmget.parallel.backend import Backend
+from swarmget.parallel.fork import ForkBackend
+from swarmget.parallel.inline import InlineBackend
+from swarmget.parallel.supervisor import BATCH, Supervisor
+from swarmget.parallel.workers import worker_count, worker_options
 from swarmget.report import ProgressListener, Report
+from swarmget.sinks.files import FileSink
+from swarmget.sinks.plan import FilePlanner
 from swarmget.sources.rows import Row
 
+# Each connection is a file descriptor, and so is each file being written;
+# the rest is for the loop, the journal, DNS and pipes.
+FDS_PER_CONNECTION = 2
+FDS_SPARE = 64
 
-def _rows_from(urls: Iterable[str | Row], start: int = 0) -> Iterator[Row]:
-    for index, item in enumerate(urls, start):
+
+def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) -> Iterator[Row]:
+    """The rows of a run: ``sources`` (files, ``-``, URLs) first, then ``urls``."""
+    if isinstance(urls, str | bytes | bytearray):
+        raise TypeError(
+            "swarmget: `urls` must be an iterable of URLs, not a single "
+            f"{type(urls).__name__}: pass [url] for one URL, or sources=[path] for a list file"
+        )
+    rows: Iterator[Row] = iter(())
+    if sources:
+        if isinstance(sources, str | bytes):
+            raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
+        from swarmget.sources.reader import read_rows
+
+        rows = read_rows(list(sources))
+    if urls is not None:
+        rows = itertools.chain(rows, _rows_from(urls))
+    return rows
+
+
+def _rows_from(urls: Iterable[str | Row]) -> Iterator[Row]:
+    for index, item in enumerate(urls):
         if isinstance(item, Row):
             yield item
         else:
             yield Row(index, str(item))
+
+
+def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
+    """Options whose concurrency fits the descriptor limit (lowered, said once, if not)."""
+    wanted = FDS_PER_CONNECTION * options.concurrency + FDS_SPARE
+    limit = raise_nofile_limit(wanted)
+    if limit >= wanted:
+        return options
+    fits = max(1, (limit - FDS_SPARE) // FDS_PER_CONNECTION)
+    out = warn_to if warn_to is not None else sys.stderr
+    out.write(
+        f"swarmget: warning: --concurrency {options.concurrency} needs {wanted} file "
+        f"descriptors but the limit is {limit} (ulimit -n); using --concurrency {fits}\n"
+    )
+    return dataclasses.replace(options, concurrency=fits, per_host=min(options.per_host, fits))
 
 
 def download(
@@ -38,17 +88,40 @@ def download(
     command line.  Keyword options are the fields of :class:`~swarmget.Options`.
     Each row's outcome is also written to ``dest/.swarmget/manifest.jsonl``.
     """
-    opts = Options.from_kwargs(options)
-    rows: Iterator[Row] = iter(())
-    if sources:
-        from swarmget.sources.reader import read_rows
+    opts = fit_concurrency(Options.from_kwargs(options))
+    rows = input_rows(urls, sources)
+    report = run_download(rows, dest, opts, progress)
+    if report.total + report.skipped == 0:
+        warnings.warn("swarmget.download: the input has no rows", stacklevel=2)
+    return report
 
-        rows = read_rows(list(sources))
-    if urls is not None:
-        rows = itertools.chain(rows, _rows_from(urls))
-    # Each connection is a file descriptor, and so is each file being written.
-    raise_nofile_limit(2 * opts.concurrency + 64)
-    workers = worker_count(opts)
-    if workers > 1:
-        return run_parallel(rows, dest, opts, workers, progress)
-    return Engine(rows, dest, opts, progress=progress).run()
+
+def run_download(
+    rows: Iterator[Row],
+    dest: str | os.PathLike[str],
+    options: Options,
+    progress: ProgressListener | None = None,
+) -> Report:
+    """Plan ``rows`` into ``dest`` and download them with one engine per worker."""
+    planner = FilePlanner(os.fspath(dest), options)
+    try:
+        make_sink = functools.partial(FileSink, planner.root)
+        workers = worker_count(options)
+        backend: Backend
+        if workers > 1:
+            share = worker_options(options, workers)
+            backend = ForkBackend(workers, make_sink, share)
+            # Workers report every 0.1 s; the backlog must outlast that at full
+            # speed (~5,000 rows/s per worker on loopback) or they idle.
+            backlog_limit = 2 * share.concurrency + 8 * BATCH
+            if options.insecure:
+                sys.stderr.write(INSECURE_WARNING)  # once for the run, not once per worker
+        else:
+            backend = InlineBackend(make_sink, options)
+            backlog_limit = max(2 * options.concurrency, BATCH) + BATCH
+    except BaseException:
+        planner.finish(interrupted=True)
+        raise
+    supervisor = Supervisor(rows, planner, backend, backlog_limit=backlog_limit, progress=progress)
+    supervisor.report.manifest = manifest_path(planner.root)
+    return supervisor.run()

@@ -21,6 +21,7 @@ import math
 import os
 import re
 import sys
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import IO, Any, NoReturn
 
@@ -61,6 +62,7 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.SIZE_MISMATCH: "the body length did not match the row's size",
     ErrorCode.CANCELLED: "the run was interrupted before this row finished",
     ErrorCode.BAD_ROW: "a malformed input row; its line number is in the message",
+    ErrorCode.CRASHED: "the worker process downloading the row died (a rerun retries it)",
     "http_<status>": "the final HTTP status was not a success, e.g. http_404 "
     "(http_407: the proxy wants user:password)",
 }
@@ -429,7 +431,9 @@ def run_engine(
     """The one place the CLI calls the engine (tests replace it with a fake)."""
     from swarmget.api import download
 
-    return download(urls, dest, sources=sources, progress=progress, **options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CLI says it its own way (see _download_command)
+        return download(urls, dest, sources=sources, progress=progress, **options)
 
 
 def download_with_display(
@@ -494,7 +498,11 @@ def _download_command(argv: list[str]) -> int:
             f"swarmget: error: {exc.message}; the run stopped. Rows that finished are "
             f"listed in {manifest}; fix the cause and run the same command again to resume\n"
         )
+        if args.json and isinstance(exc.report, Report):
+            print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
         return EXIT_FAILED
+    if report.total + report.skipped == 0:
+        sys.stderr.write("swarmget: warning: the input has no rows: nothing to download\n")
     print_outcome(report, args.output, quiet=args.quiet, as_json=args.json, stdout=sys.stdout)
     return EXIT_OK if report.failed == 0 else EXIT_FAILED
 

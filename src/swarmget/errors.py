@@ -10,7 +10,7 @@ arguments in ``self.args``.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 
 class ErrorCode:
@@ -34,12 +34,13 @@ class ErrorCode:
     SIZE_MISMATCH: Final = "size_mismatch"
     CANCELLED: Final = "cancelled"  # the run was interrupted before this row finished
     BAD_ROW: Final = "bad_row"  # a malformed input row (its line number is in the message)
+    CRASHED: Final = "crashed"  # the worker process downloading the row died
 
     ALL: Final = frozenset(
         {
             TIMEOUT, CONNECT, DNS, TRUNCATED, PROTOCOL, TOO_LARGE, BAD_URL, BAD_PATH,
             EXISTS, IO, TLS, TLS_VERIFY, TOO_MANY_REDIRECTS, BAD_REDIRECT, CHECKSUM,
-            SIZE_MISMATCH, CANCELLED, BAD_ROW,
+            SIZE_MISMATCH, CANCELLED, BAD_ROW, CRASHED,
         }
     )  # fmt: skip
 
@@ -50,9 +51,14 @@ def http_code(status: int) -> str:
 
 
 class SwarmgetError(Exception):
-    """Root of every exception swarmget raises on purpose."""
+    """Root of every exception swarmget raises on purpose.
+
+    An error that stopped a run (a full disk, say) carries the run's
+    :class:`~swarmget.report.Report` so far as ``report``.
+    """
 
     code: str = "error"
+    report: Any = None
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else self.code

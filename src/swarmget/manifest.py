@@ -1,167 +1,110 @@
-"""The manifest journal: ``<out>/.swarmget/manifest.jsonl``.
+"""The manifest: ``<out>/.swarmget/manifest.jsonl``, one JSON record per input row.
 
-Theory of operation
--------------------
-The manifest is both the report of a run and the memory that makes a rerun
-resume.  It is an append-only journal of JSON lines; the last line for a URL
-wins.  After a run that ends normally it is compacted to one line per URL.
+It is the user-facing record of a run, written from the journal
+(``sinks/journal.py``) when a run ends, however it ends: normally, on Ctrl-C,
+or stopped by a full disk.  It is written to a temporary file and renamed
+over the old one, so it is never torn: a reader sees the previous manifest or
+the new one.  Records come in the order rows were first seen; a row that an
+earlier run finished and this run skipped keeps its record, with this run's
+``index``.
 
-Three kinds of line:
+Three kinds of record:
 
-* ``"status": "ok"`` — the file is complete at ``path`` with ``bytes`` bytes.
-  It is written (one ``write`` syscall, no user-space buffering) *before* the
-  ``.part`` is renamed into place.  So a kill at any moment leaves either an ok
-  line whose file may be missing (the rerun notices and downloads it again) or
-  no line and only a ``.part``; never a final file the journal does not know,
-  which a rerun would otherwise have to refuse as "not made by swarmget".
-* ``"status": "failed"`` — with an error code; the rerun tries again.
-* ``"status": "partial"`` — a large transfer has begun at ``path``; the line
-  carries the server's validator (ETag or Last-Modified) so a later run can
-  continue the ``.part`` with ``Range`` + ``If-Range``.
+* ``"status": "ok"`` -- the file is complete at ``path`` with ``bytes`` bytes;
+* ``"status": "failed"`` -- with an ``error`` code and a ``message``; a rerun
+  tries again;
+* ``"status": "partial"`` -- a large transfer stopped part way; its part is
+  kept (with the server's ``validator``), and a rerun continues it with
+  ``Range`` + ``If-Range``.
 
-A torn last line (a kill in the middle of a write) is ignored when loading.
+Read it back with :func:`read_manifest` (dicts), :func:`manifest_table`
+(a pyarrow Table, with ``swarmget[datasets]``) or :func:`manifest_frame`
+(a pandas DataFrame).
 """
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
+import importlib
 import json
 import os
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from swarmget.report import FileResult
-from swarmget.sinks.files import OutputError
+from swarmget.errors import UsageError
+from swarmget.sinks.files import STATE_DIR, OutputError
 
-_quote = json.encoder.encode_basestring  # C-accelerated, keeps non-ASCII as UTF-8
-_OK_LINE = (
-    '{"url":%s,"path":%s,"status":"ok","http_status":%d,"bytes":%d,'
-    '"error":null,"attempts":%d,"elapsed_ms":%d}\n'
-)
-MANIFEST_DIR = ".swarmget"
 MANIFEST_NAME = "manifest.jsonl"
+# Columns of the table forms, in order (digest columns appear when present).
+COLUMNS = (
+    "index", "url", "path", "status", "http_status", "bytes", "error", "attempts",
+    "elapsed_ms", "message", "final_url",
+)  # fmt: skip
 
 
-def manifest_path(out_dir: str) -> str:
-    return os.path.join(out_dir, MANIFEST_DIR, MANIFEST_NAME)
+def manifest_path(out_dir: str | os.PathLike[str]) -> str:
+    return os.path.join(os.fspath(out_dir), STATE_DIR, MANIFEST_NAME)
 
 
-@dataclasses.dataclass(slots=True, frozen=True)
-class Previous:
-    """What an earlier run recorded for one URL."""
-
-    status: str  # "ok" | "failed" | "partial"
-    path: str | None
-    bytes: int = 0
-    validator: str | None = None  # for "partial": the ETag or Last-Modified value
-
-
-def load_journal(out_dir: str) -> dict[str, Previous]:
-    """The latest record per URL from an existing manifest (empty if none)."""
-    state: dict[str, Previous] = {}
+def write_manifest(path: str, records: Iterable[dict[str, object]]) -> int:
+    """Write ``records`` as JSON lines to ``path`` atomically; the count written."""
+    tmp = f"{path}.tmp"
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    count = 0
     try:
-        handle = open(manifest_path(out_dir), encoding="utf-8", errors="replace")  # noqa: SIM115
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as out:
+            lines: list[str] = []
+            for record in records:
+                lines.append(dumps(record))
+                count += 1
+                if len(lines) >= 4096:
+                    out.write("\n".join(lines) + "\n")
+                    lines.clear()
+            if lines:
+                out.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise OutputError(f"cannot write the manifest {path}: {exc.strerror}", True) from None
+    return count
+
+
+def read_manifest(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The records of the manifest in ``out_dir`` (see the module docstring)."""
+    return list(iter_manifest(out_dir))
+
+
+def iter_manifest(out_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """:func:`read_manifest`, lazily."""
+    path = manifest_path(out_dir)
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
     except FileNotFoundError:
-        return state
+        raise UsageError(f"no manifest in {os.fspath(out_dir)!r} (expected {path})") from None
     with handle:
         for line in handle:
-            try:
-                record = json.loads(line)
-                url = record["url"]
-                status = record["status"]
-            except (ValueError, KeyError, TypeError):
-                continue  # a torn last line after a kill
-            if status == "failed":
-                # A failure does not erase what we know about the file on disk.
-                old = state.get(url)
-                if old is None or old.status != "partial":
-                    state[url] = Previous("failed", None)
-                continue
-            path = record.get("path")
-            if not isinstance(path, str):
-                continue
-            state[url] = Previous(
-                status, path, int(record.get("bytes") or 0), record.get("validator")
-            )
-    return state
+            if line.strip():
+                yield json.loads(line)
 
 
-class ManifestWriter:
-    """Appends records with one unbuffered ``write`` each (see the module docstring)."""
+def manifest_table(out_dir: str | os.PathLike[str]) -> Any:
+    """The manifest as a ``pyarrow.Table`` (``pip install swarmget[datasets]``)."""
+    try:
+        pyarrow = importlib.import_module("pyarrow")
+    except ImportError:
+        raise UsageError("manifest_table needs pyarrow: pip install 'swarmget[datasets]'") from None
+    records = read_manifest(out_dir)
+    names = list(COLUMNS) + sorted({k for r in records for k in r} - set(COLUMNS))
+    return pyarrow.table({name: [record.get(name) for record in records] for name in names})
 
-    def __init__(self, out_dir: str) -> None:
-        self.path = manifest_path(out_dir)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self._fd = os.open(self.path, flags, 0o644)
-        except OSError as exc:
-            raise OutputError(
-                f"cannot write the manifest {self.path}: {exc.strerror}", True
-            ) from None
-        self._dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
-    def write(self, result: FileResult) -> None:
-        self._append(result.to_json())
-
-    def encode(self, result: FileResult) -> str:
-        """One journal line (with its newline) for ``result``."""
-        if result.ok and result.digests is None and result.final_url is None:
-            # The common case, formatted directly: a third of the cost of json.dumps.
-            return _OK_LINE % (
-                _quote(result.url), _quote(result.path or ""), result.http_status or 0,
-                result.bytes, result.attempts, result.elapsed_ms,
-            )  # fmt: skip
-        return self._dumps(result.to_json()) + "\n"
-
-    def write_lines(self, lines: list[str]) -> None:
-        """Append many lines with one ``write`` (the engine batches a loop turn's files)."""
-        data = "".join(lines).encode("utf-8")
-        view = memoryview(data)
-        while view:
-            # Not ``view[os.write(...) :]``: mypyc evaluates a slice bound twice.
-            written = os.write(self._fd, view)
-            view = view[written:]
-
-    def write_partial(self, url: str, path: str, validator: str) -> None:
-        self._append({"url": url, "path": path, "status": "partial", "validator": validator})
-
-    def _append(self, record: dict[str, object]) -> None:
-        os.write(self._fd, (self._dumps(record) + "\n").encode("utf-8"))
-
-    def flush(self) -> None:
-        """Nothing is buffered in user space; kept for symmetry with file objects."""
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def compact(self) -> None:
-        """Rewrite the journal with one line per URL, atomically.
-
-        The last line per URL is kept, plus the last "partial" line of a URL
-        whose file never completed after it (a later "failed" line must not
-        make us forget how to resume the ``.part``).
-        """
-        self.close()
-        last: dict[str, int] = {}
-        partial: dict[str, int] = {}
-        with open(self.path, "rb") as src:
-            for number, line in enumerate(src):
-                try:
-                    record = json.loads(line)
-                    url, status = record["url"], record["status"]
-                except (ValueError, KeyError, TypeError):
-                    continue
-                last[url] = number
-                if status == "partial":
-                    partial[url] = number
-                elif status == "ok":
-                    partial.pop(url, None)
-        keep = set(last.values()) | set(partial.values())
-        del last, partial
-        tmp = self.path + ".tmp"
-        with open(self.path, "rb") as src, open(tmp, "wb") as dst:
-            for number, line in enumerate(src):
-                if number in keep:
-                    dst.write(line if line.endswith(b"\n") else line + b"\n")
-        os.replace(tmp, self.path)
+def manifest_frame(out_dir: str | os.PathLike[str]) -> Any:
+    """The manifest as a ``pandas.DataFrame`` (needs pandas)."""
+    try:
+        pandas = importlib.import_module("pandas")
+    except ImportError:
+        raise UsageError("manifest_frame needs pandas: pip install pandas") from None
+    records = read_manifest(out_dir)
+    frame = pandas.DataFrame.from_records(records)
+    return frame.reindex(columns=list(COLUMNS) + [c for c in frame.columns if c not in COLUMNS])

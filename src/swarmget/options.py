@@ -42,7 +42,9 @@ class Options:
     min_speed_window: float = 30.0
     max_size: int | None = None
     retries: int = 3
+    host_failures: int = 5  # give a host up after this many failed connections in a row; 0: never
     overwrite: bool = False
+    dedupe: bool = False  # fetch each distinct URL once; other rows get a link to its file
     workers: int = 0  # processes, each with its own event loop; 0 = one per CPU
     max_redirects: int = 10
     allow_downgrade: bool = False  # follow https -> http redirects
@@ -82,6 +84,8 @@ class Options:
             raise UsageError("--workers must be >= 0 (0 = one per CPU)")
         if self.retries < 0:
             raise UsageError("--retries must be >= 0")
+        if self.host_failures < 0:
+            raise UsageError("--host-failures must be >= 0 (0 = never give a host up)")
         if self.proxy:
             parse_proxy_url(self.proxy)  # raises UsageError naming --proxy
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 from typing import Any, Protocol
 
@@ -21,6 +22,9 @@ class FileResult:
     message: str | None = None  # human-readable detail for a failure
     digests: dict[str, str] | None = None  # e.g. {"sha256": "..."} with --hash
     final_url: str | None = None  # where redirects led, when not ``url``
+    index: int = -1  # the row's position in the input
+    # The row's identity across runs (sinks/plan.py); not part of the record.
+    key: builtins.bytes = dataclasses.field(default=b"", repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -28,6 +32,7 @@ class FileResult:
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {
+            "index": self.index,
             "url": self.url,
             "path": self.path,
             "status": self.status,

@@ -10,20 +10,28 @@ for writability).  Staying registered for reading while idle in the pool is how
 we notice a server closing a keep-alive connection before we reuse it.
 
 :meth:`HTTPConnection.start` does not send: it queues the request, and the
-engine sends the queued requests together at the end of the loop turn, or as
+owner sends the queued requests together at the end of the loop turn, or as
 soon as ``SEND_BATCH`` of them wait (:meth:`send_queued`).  One burst of
 requests wakes a busy server once and lets it read them all in one
 ``epoll_wait``, where a request sent the moment each response ends wakes it
 every time: on the nginx benchmark that cut our CPU per file by a quarter, in
 kernel time on both sides.  The delay is at most one loop turn.
 
-Each readable event is one ``recv_into`` into the engine's shared receive
+Each readable event is one ``recv_into`` into the owner's shared receive
 buffer (one buffer for the whole loop: only one connection runs at a time), and
-the ``ResponseParser`` passes body slices of that buffer straight to
-``PartFile.write``.  Nothing here allocates per read beyond the memoryview
-slice itself.
+the ``ResponseParser`` passes body slices of that buffer straight to the
+transfer's :class:`~swarmget.sinks.base.Writer`.  Nothing here allocates per
+read beyond the memoryview slice itself.
 
-Timeouts are not timers: the engine sweeps all connections a few times a second
+What a response means is not decided here: the head goes to
+:func:`~swarmget.engine.verdicts.judge`, and the verdict (plus, on failure,
+the error :func:`~swarmget.engine.classify.classify` made of whatever was
+raised) goes to the owner with :meth:`ConnectionOwner.ended`.  Anything at all
+that goes wrong while reading -- a malformed reply, an unexpected exception --
+ends the transfer with a code and closes this connection; it never escapes
+into the loop.
+
+Timeouts are not timers: the owner sweeps all connections a few times a second
 and calls :meth:`HTTPConnection.check`, which compares ``loop.now`` with the
 connection's timestamps.  That keeps the per-read cost at one attribute store.
 
@@ -35,79 +43,105 @@ sends, timeouts and the pool are shared.
 
 from __future__ import annotations
 
-import errno
-import os
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Final
 
-from swarmget.engine.job import Job, Redirected, RestartTransfer, content_range_ok
-from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
-from swarmget.engine.retry import parse_retry_after
-from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
+from swarmget.engine.classify import CONNECT, EXCHANGE, classify
+from swarmget.engine.job import Transfer
+from swarmget.engine.owner import ConnectionOwner
+from swarmget.engine.pool import HostPool, PooledConnection
+from swarmget.engine.retry import Stalled
+from swarmget.engine.verdicts import ACCEPT, FAIL, Verdict, judge
+from swarmget.errors import ErrorCode, ProtocolError, TransferError
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.connect import connect_result
 from swarmget.protocol import ConnectionClosed, ResponseHead, ResponseParser
-from swarmget.sinks.files import PartFile
+from swarmget.sinks.base import Writer
 
-if TYPE_CHECKING:
-    from swarmget.engine.core import Engine
-    from swarmget.engine.pool import HostPool
-
-# TUNNELLING: waiting for an http proxy's answer to CONNECT (engine/tunnel.py).
-CONNECTING, HANDSHAKING, ACTIVE, IDLE, CLOSED, TUNNELLING = range(6)
-_SETUP_STATES = {
+# Connection states.  TUNNELLING: waiting for an http proxy's answer to
+# CONNECT (engine/tunnel.py).
+CONNECTING: Final = 0
+HANDSHAKING: Final = 1
+ACTIVE: Final = 2
+IDLE: Final = 3
+CLOSED: Final = 4
+TUNNELLING: Final = 5
+# Close our idle connections before typical servers do (nginx: 75 s, Apache: 5 s
+# and then it is the server that closes, which we notice).
+KEEPALIVE_IDLE: Final = 55.0
+_SETUP_STATES: Final = {
     CONNECTING: "connect",
     TUNNELLING: "connect through the proxy",
     HANDSHAKING: "connect and TLS handshake",
 }
-# An error response body larger than this is not worth reading to keep the
-# connection: we close it instead.
-_MAX_DISCARD = 256 * 1024
-PROXY_AUTH_HINT = " (Proxy Authentication Required: give user:password in the proxy URL)"
 
 
-class HTTPConnection:
+class _Abandon(Exception):
+    """Unwinds the parser after a verdict that ends the transfer at its head."""
+
+
+class HTTPConnection(PooledConnection):
     __slots__ = (
         "_pending_out",
         "_queued",
-        "engine",
         "fd",
-        "job",
         "last_activity",
+        "owner",
         "parser",
-        "part",
-        "pool",
         "served",
         "sock",
+        "speed_window",
         "started",
         "state",
+        "transfer",
+        "verdict",
         "window_bytes",
         "window_start",
+        "writer",
     )
 
-    def __init__(self, engine: Engine, pool: HostPool, sock: socket.socket, job: Job) -> None:
-        self.engine = engine
-        self.pool = pool
+    def __init__(
+        self, owner: ConnectionOwner, pool: HostPool, sock: socket.socket, transfer: Transfer
+    ) -> None:
+        super().__init__(pool)
+        self.owner = owner
         self.sock = sock
         self.fd = sock.fileno()
         self.state = CONNECTING
-        self.job: Job | None = job
+        self.transfer: Transfer | None = transfer
         self.parser: ResponseParser | None = None
-        self.part: PartFile | None = None
+        self.verdict: Verdict | None = None  # judged from the head of the current response
+        self.writer: Writer | None = None  # where the current body goes (its transfer's)
         self.served = 0  # responses completed on this connection
         self._pending_out: memoryview | None = None
         self._queued: bytes | None = None  # a request start() made, sent at the end of the turn
-        now = engine.loop.now
+        now = owner.loop.now
         self.started = now  # when the current connect or request began
         self.last_activity = now
         self.window_start = now
         self.window_bytes = 0
-        engine.loop.add(self.fd, EVENT_WRITE, self)
+        self.speed_window = owner.options.min_speed_window  # see Transfer.speed_window
+        owner.loop.add(self.fd, EVENT_WRITE, self)
 
     # -- events -------------------------------------------------------------------
 
     def handle_io(self, mask: int) -> None:
+        try:
+            self._on_io(mask)
+        except Exception as exc:
+            self._crashed(exc)
+
+    def _crashed(self, exc: Exception) -> None:
+        """Something nobody foresaw went wrong: fail this transfer, drop the connection."""
+        if self.state == CLOSED:
+            raise exc  # not ours: it happened after we were done
+        if self.transfer is not None:
+            self._fail(classify(exc, EXCHANGE, host=self.pool.host))
+        else:
+            self.close()
+
+    def _on_io(self, mask: int) -> None:
         state = self.state
         if state == ACTIVE:
             if mask & EVENT_WRITE and self._pending_out is not None:
@@ -121,52 +155,60 @@ class HTTPConnection:
 
     def _connected(self) -> None:
         err = connect_result(self.sock)
-        job = self.job
-        assert job is not None
         if err:
-            self.job = None
-            self.engine.finish_failure(job, connect_error(self.pool, err))
-            self.close()
+            error = classify(
+                OSError(err, ""), CONNECT, host=self.pool.host, via=self.pool.via_source
+            )
+            self._fail(error)
             return
-        self._established(job)
+        transfer = self.transfer
+        assert transfer is not None
+        self._established(transfer)
 
-    def _established(self, job: Job) -> None:
+    def _established(self, transfer: Transfer) -> None:
         """TCP is up: plain HTTP sends the request now (HTTPS handshakes first)."""
-        self.engine.loop.modify(self.fd, EVENT_READ, self)
+        self.owner.loop.modify(self.fd, EVENT_READ, self)
         self.state = ACTIVE
-        self.start(job)
+        self.start(transfer)
 
-    def start(self, job: Job) -> None:
-        """Send the request for ``job`` (the connection must be connected)."""
-        engine = self.engine
+    def start(self, transfer: Transfer) -> None:
+        """Queue the request for ``transfer`` (the connection must be connected)."""
+        owner = self.owner
         self.state = ACTIVE
-        self.job = job
+        self.transfer = transfer
         self.parser = ResponseParser(self._on_head, self._on_body)
-        self.part = None
-        now = engine.loop.now
+        self.verdict = None
+        self.writer = None
+        now = owner.loop.now
         self.started = self.last_activity = self.window_start = now
         self.window_bytes = 0
-        tail = self.pool.request_tail
-        credentials = engine.credential_headers
-        if job.resume_from or (credentials and not job.cross_origin):
-            extra = b"" if job.cross_origin else credentials
-            if job.resume_from:
-                # Continue a .part: ask for the rest, but only of the same entity.
-                extra += (
-                    f"Range: bytes={job.resume_from}-\r\nIf-Range: {job.validator}\r\n"
-                ).encode("latin-1")
-            tail = tail[:-2] + extra + b"\r\n"
-        self._queued = b"GET " + job.target.encode("ascii") + tail
-        engine.queue_send(self)
+        self.speed_window = transfer.speed_window or owner.options.min_speed_window
+        job = transfer.job
+        credentials = b""
+        if not job.cross_origin:
+            credentials = owner.credentials
+        if job.authorization is not None:
+            credentials += f"Authorization: {job.authorization}\r\n".encode("latin-1")
+        template = self.pool.template
+        if transfer.ranged:
+            self._queued = template.render(
+                job.target,
+                byte_range=transfer.range_header(),
+                validator=job.validator,
+                credentials=credentials,
+            )
+        else:
+            self._queued = template.render(job.target, credentials=credentials)
+        owner.queue_send(self)
 
     def send_queued(self) -> None:
-        """Send the request :meth:`start` queued (called by the engine at the end of a turn)."""
+        """Send the request :meth:`start` queued (called by the owner at the end of a turn)."""
         request = self._queued
         if request is None or self.state != ACTIVE:
             return  # the connection failed or was closed in the same turn
         self._queued = None
         if self._send(request, self._transport_error) and self._pending_out is not None:
-            self.engine.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
+            self.owner.loop.modify(self.fd, EVENT_READ | EVENT_WRITE, self)
 
     def _send(self, data: bytes, on_error: Callable[[OSError], None]) -> bool:
         """Send ``data`` at once if the socket takes it; keep the rest in ``_pending_out``.
@@ -203,11 +245,11 @@ class HTTPConnection:
             self._pending_out = out[sent:]
             return
         self._pending_out = None
-        self.engine.loop.modify(self.fd, EVENT_READ, self)
+        self.owner.loop.modify(self.fd, EVENT_READ, self)
 
     def _readable(self) -> None:
-        engine = self.engine
-        buffer = engine.recv_view
+        owner = self.owner
+        buffer = owner.recv_view
         parser = self.parser
         assert parser is not None
         while True:
@@ -218,11 +260,11 @@ class HTTPConnection:
             except OSError as exc:
                 self._transport_error(exc)
                 return
-            self.last_activity = engine.loop.now
+            self.last_activity = owner.loop.now
             try:
                 done = parser.feed(buffer[:n]) if n else parser.feed_eof()
-            except TransferError as exc:
-                self._fail(exc)
+            except Exception as exc:
+                self._feed_failed(exc)
                 return
             if done:
                 self._complete(reusable=parser.reusable and n > 0)
@@ -237,124 +279,98 @@ class HTTPConnection:
     # -- parser callbacks -----------------------------------------------------------
 
     def _on_head(self, head: ResponseHead) -> None:
-        job = self.job
-        assert job is not None
-        status = head.status
-        engine = self.engine
-        if status == 206:
-            if not job.resume_from:
-                raise TransferError(ErrorCode.PROTOCOL, "206 Partial Content to a plain GET")
-            expected = content_range_ok(head.get(b"content-range"), job.resume_from)
-            if not expected:
-                raise RestartTransfer(
-                    f"Content-Range {head.get(b'content-range')!r} does not continue "
-                    f"at byte {job.resume_from}"
-                )
-            self._check_size(job.resume_from + (head.content_length or 0))
-            self.part = PartFile(
-                job.final, resume_from=job.resume_from, hashers=engine.resume.hashers_for(job)
-            )
-            return
-        if 200 <= status < 300:
-            # The whole entity: the server ignored our Range or the validator
-            # changed; either way any .part is overwritten from zero.
-            job.resume_from = 0
-            if head.content_length is not None:
-                self._check_size(head.content_length)
-            self.part = PartFile(job.final, hashers=engine.resume.hashers_for(job))
-            engine.resume.note_partial(job, head, engine.manifest)
-            return
-        if status in REDIRECT_STATUSES:
-            location = head.get(b"location")
-            if location is not None:
-                job.redirect_to = redirect_target(job, location, engine.options)
-        # An error status or a redirect: read a small body to keep the connection,
-        # else give up on the connection.
-        length = head.content_length
-        if not head.chunked and (length is None or length > _MAX_DISCARD):
-            if job.redirect_to is not None:
-                raise Redirected(job.redirect_to)
-            raise http_error(self.pool, status)
-
-    def _check_size(self, total: int) -> None:
-        limit = self.engine.options.max_size
-        if limit is not None and total > limit:
-            raise TransferError(
-                ErrorCode.TOO_LARGE, f"the file has {total} bytes, over --max-size {limit}"
-            )
+        transfer = self.transfer
+        assert transfer is not None
+        verdict = judge(transfer, head, self.owner.options, self.pool.via)
+        self.verdict = verdict
+        if verdict.kind == ACCEPT:
+            self.writer = transfer.writer = self.owner.open_writer(transfer, verdict, head)
+        elif not verdict.discard:
+            raise _Abandon  # not worth reading the body: end now, close the connection
 
     def _on_body(self, data: memoryview | bytes) -> None:
-        part = self.part
-        if part is not None:
-            part.write(data)
-            limit = self.engine.options.max_size
-            if limit is not None and part.written > limit:
+        writer = self.writer
+        if writer is not None:
+            writer.write(data)
+            limit = self.owner.options.max_size
+            if limit is not None and writer.written > limit:
                 raise TransferError(ErrorCode.TOO_LARGE, f"body exceeds --max-size {limit}")
 
     # -- outcomes -----------------------------------------------------------------
 
     def _complete(self, reusable: bool) -> None:
-        job, parser, part = self.job, self.parser, self.part
-        assert job is not None and parser is not None and parser.head is not None
-        self.job = self.parser = self.part = None
+        transfer, verdict = self.transfer, self.verdict
+        assert transfer is not None and verdict is not None
+        self.transfer = self.parser = self.verdict = self.writer = None
         self.served += 1
-        engine = self.engine
-        status = parser.head.status
-        if part is not None:
-            try:
-                part.verify(job.row.size, job.expected_digests())
-                engine.finish_success(job, status, part)  # journals, then renames
-            except TransferError as exc:
-                part.abort()
-                engine.finish_failure(job, exc, status)
-        elif job.redirect_to is not None:
-            engine.follow_redirect(job)
-        else:
-            retry_after = parse_retry_after(parser.head.get(b"retry-after"))
-            engine.finish_failure(job, http_error(self.pool, status), status, retry_after)
-        engine.release(self, reusable)
+        owner = self.owner
+        owner.ended(self, transfer, verdict)
+        owner.released(self, reusable)
+
+    def _feed_failed(self, exc: Exception) -> None:
+        """The parser, a verdict or the writer stopped this response."""
+        verdict = self.verdict
+        if isinstance(exc, _Abandon) and verdict is not None:
+            self._end(verdict)
+            return
+        parser = self.parser
+        self._fail(
+            classify(
+                exc,
+                EXCHANGE,
+                host=self.pool.host,
+                started=parser is not None and parser.started,
+                received=parser.received if parser is not None else 0,
+                reused=self.served > 0,
+            )
+        )
 
     def _fail(self, error: TransferError) -> None:
-        """The current job failed on this connection; the connection is not reused."""
-        job, parser, part = self.job, self.parser, self.part
-        self.job = self.parser = self.part = None
-        if part is not None:
-            keep = job is not None and self.engine.resume.keep_part(job, part)
-            part.abort(keep=keep)
-        if job is not None:
-            # On a reused connection, a close or junk before our response's head
-            # is most likely left over from the previous exchange: try once more
-            # on a fresh connection before blaming the server.
-            stale = self.served > 0 and (
-                isinstance(error, ConnectionClosed)
-                or (isinstance(error, ProtocolError) and (parser is None or parser.head is None))
-            )
-            status = parser.head.status if parser is not None and parser.head else None
-            retry_after = None
-            if parser is not None and parser.head is not None and error.code.startswith("http_"):
-                retry_after = parse_retry_after(parser.head.get(b"retry-after"))
-            self.engine.finish_failure(job, error, status, retry_after, stale=stale)
+        """The current transfer failed on this connection; the connection is not reused."""
+        parser = self.parser
+        head = parser.head if parser is not None else None
+        # On a reused connection, a close or junk before our response's head
+        # is most likely left over from the previous exchange: try once more
+        # on a fresh connection before blaming the server.
+        stale = self.served > 0 and (
+            isinstance(error, ConnectionClosed)
+            or (isinstance(error, ProtocolError) and head is None)
+        )
+        verdict = self.verdict
+        status = head.status if head is not None else 0
+        retry_after = verdict.retry_after if verdict is not None else None
+        self._end(Verdict(FAIL, status, error=error, retry_after=retry_after, stale=stale))
+
+    def _end(self, verdict: Verdict) -> None:
+        """End the current transfer with ``verdict`` and close the connection."""
+        transfer = self.transfer
+        self.transfer = self.parser = self.verdict = self.writer = None
+        if transfer is not None:
+            self.owner.ended(self, transfer, verdict)
         self.close()
 
     def _transport_error(self, exc: OSError) -> None:
         parser = self.parser
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        if parser is not None and parser.started:
-            self._fail(
-                TransferError(ErrorCode.TRUNCATED, f"connection lost mid-response: {reason}")
+        self._fail(
+            classify(
+                exc,
+                EXCHANGE,
+                host=self.pool.host,
+                started=parser is not None and parser.started,
+                received=parser.received if parser is not None else 0,
+                reused=self.served > 0,
             )
-        elif self.served > 0 and exc.errno in (errno.ECONNRESET, errno.EPIPE):
-            self._fail(ConnectionClosed(f"kept-alive connection was closed: {reason}"))
-        else:
-            self._fail(TransferError(ErrorCode.CONNECT, f"connection failed: {reason}"))
+        )
 
     def check(self, now: float) -> None:
-        """Called by the engine's sweep: enforce connect/idle timeouts, deadline, min speed."""
+        """Called by the owner's sweep: enforce connect/idle timeouts, deadline, min speed."""
         state = self.state
-        options = self.engine.options
+        options = self.owner.options
         if state == IDLE:
-            if now - self.last_activity > self.engine.keepalive_idle:
+            if now - self.idle_since > KEEPALIVE_IDLE:
                 self.close()
+            return
+        if state == CLOSED:
             return
         if state in _SETUP_STATES:
             if now - self.started > options.timeout:
@@ -363,10 +379,8 @@ class HTTPConnection:
                     TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {options.timeout:g}s")
                 )
             return
-        if state != ACTIVE:
-            return
         if now - self.last_activity > options.timeout:
-            self._fail(TransferError(ErrorCode.TIMEOUT, f"no data for {options.timeout:g}s"))
+            self._fail(Stalled(f"no data for {options.timeout:g}s"))
             return
         if now - self.started > options.deadline:
             self._fail(
@@ -374,39 +388,26 @@ class HTTPConnection:
             )
             return
         window = now - self.window_start
-        if options.min_speed and window >= options.min_speed_window:
+        if options.min_speed and window >= self.speed_window:
             parser = self.parser
             received = parser.received if parser is not None else 0
             rate = (received - self.window_bytes) / window
             if rate < options.min_speed:
                 self._fail(
-                    TransferError(
-                        ErrorCode.TIMEOUT,
+                    Stalled(
                         f"slower than --min-speed {options.min_speed} B/s "
-                        f"({rate:.0f} B/s over {window:.0f}s)",
+                        f"({rate:.0f} B/s over {window:.0f}s)"
                     )
                 )
                 return
             self.window_start = now
             self.window_bytes = received
+            self.speed_window = options.min_speed_window
 
     def close(self) -> None:
         if self.state == CLOSED:
             return
         self.state = CLOSED
-        self.engine.loop.remove(self.fd)
+        self.owner.loop.remove(self.fd)
         self.sock.close()
-        self.engine.connection_closed(self)
-
-
-def http_error(pool: HostPool, status: int) -> TransferError:
-    """``http_<status>`` for a final status that is not a success; a 407 names the proxy."""
-    if status == 407 and pool.proxy is not None:
-        return TransferError(http_code(407), f"HTTP 407 from proxy {pool.proxy}{PROXY_AUTH_HINT}")
-    return TransferError(http_code(status), f"HTTP {status}")
-
-
-def connect_error(pool: HostPool, err: int) -> TransferError:
-    """``connect``: the TCP connect to the origin (or to its proxy) failed with ``err``."""
-    via = f" to proxy {pool.proxy} ({pool.proxy.source})" if pool.proxy is not None else ""
-    return TransferError(ErrorCode.CONNECT, f"connect{via} failed: {os.strerror(err)}")
+        self.owner.closed(self)

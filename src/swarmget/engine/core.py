@@ -1,138 +1,123 @@
-"""The engine: turns rows into jobs, jobs into requests on pooled connections.
+"""The engine: planned rows in, requests on pooled connections, outcomes out.
 
 Theory of operation
 -------------------
-Input is pulled lazily: the engine keeps at most ``2 * concurrency`` (at least
-256) jobs in memory (queued, in flight or waiting to retry) and reads the next
-row only when one finishes, so a list of 100 million URLs costs the same memory
-as one of a thousand.
+The engine is the downloading half of a run, one per process.  It is fed
+planned rows (:class:`~swarmget.sinks.base.Assignment`, made by the driver's
+planner) with :meth:`Engine.add`, and reports each row's outcome once through
+its :class:`~swarmget.engine.events.EngineEvents`.  It is composed of parts
+that each do one job:
 
-Connections are capped twice: ``concurrency`` in total and ``per_host`` per
-origin.  A connection that finishes a job takes the next queued job of its
-origin at once (no trip through the selector); with nothing queued it goes idle
-in its pool, unless another origin is starved for a connection slot, in which
-case it is closed to make room.  Jobs wait in their origin's queue while no
-connection may be opened.
+* intake (here): rows wait in a deque; at most ``2 * concurrency`` (at least
+  256) are in memory as jobs at once, so memory does not grow with the input;
+* the :class:`~swarmget.engine.scheduler.Scheduler` (pure bookkeeping) says
+  which transfer goes on which connection; the engine carries out its actions
+  (:meth:`Engine._execute`);
+* connections (``engine/connection.py`` and subclasses) move bytes and report
+  through the small :class:`~swarmget.engine.owner.ConnectionOwner` protocol,
+  which the engine implements;
+* outcomes (:meth:`Engine.ended`): a verdict per transfer becomes a published
+  file, a followed redirect, a retry after a backoff, or a failed row;
+* the sink (:class:`~swarmget.sinks.base.Sink`) owns where bytes go.
 
-Failures go through :class:`~swarmget.engine.retry.RetryPolicy`; a retry waits
-on a loop timer, so it never blocks other transfers.  A reused keep-alive
-connection that turns out to be closed by the server gets the request again on
-a fresh connection once, without counting an attempt.
+Requests made during a loop turn are sent together at its end, and the files
+finished in a turn are published together after that (:meth:`_end_turn`):
+the server works on the next files while we rename the finished ones.
 
-Every row ends as exactly one manifest record.
+A reused keep-alive connection that turns out to be closed by the server gets
+the request again on a fresh connection once, without counting an attempt.
+Every row ends as exactly one result, except when the run is interrupted or
+stopped by a fatal error: rows in flight then get none (the planner knows
+them, and a rerun redoes them), and their parts are kept.
 """
 
 from __future__ import annotations
 
-import os
+import hashlib
 import socket
-from collections.abc import Iterator
-from typing import TextIO
+from collections import deque
+from collections.abc import Iterable
+from typing import Final, TextIO
 
-from swarmget.engine.connection import ACTIVE, IDLE, HTTPConnection, connect_error
+from swarmget.engine.classify import connect_failure
+from swarmget.engine.connection import ACTIVE, HTTPConnection
+from swarmget.engine.events import EngineEvents
 from swarmget.engine.https import HTTPSConnection
-from swarmget.engine.job import Job, Origin, Redirected, RestartTransfer, UrlSplitter, split_url
-from swarmget.engine.pool import HostPool, request_tail
-from swarmget.engine.resume import ResumeState
-from swarmget.engine.retry import RetryPolicy
+from swarmget.engine.job import Job, Transfer
+from swarmget.engine.owner import ConnectionOwner
+from swarmget.engine.pool import DIRECT, FORWARD_PROXY, TUNNEL, HostPool, PooledConnection
+from swarmget.engine.retry import REDIRECT, RESTART, STALE, RetryPolicy, Stalled
+from swarmget.engine.scheduler import (
+    Action,
+    Close,
+    Defer,
+    Dial,
+    Fail,
+    Resolve,
+    Scheduler,
+    Start,
+)
 from swarmget.engine.tunnel import TunnelHTTPSConnection
-from swarmget.errors import ErrorCode, TransferError, UsageError
+from swarmget.engine.urls import Location, Origin, UrlSplitter, redact, split_url
+from swarmget.engine.verdicts import ACCEPT, Verdict
+from swarmget.engine.verdicts import REDIRECT as REDIRECTED
+from swarmget.engine.verdicts import RESTART as RESTARTED
+from swarmget.errors import ErrorCode, TransferError
 from swarmget.loop import EventLoop
-from swarmget.manifest import ManifestWriter
+from swarmget.net.address import Address
 from swarmget.net.connect import start_connect
-from swarmget.net.dns import Address, LazyResolver, make_resolver
+from swarmget.net.dns import LazyResolver, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
 from swarmget.net.proxy import proxy_settings
 from swarmget.net.tls import ClientTLS
 from swarmget.options import Options
-from swarmget.report import FileResult, ProgressListener, Report, Snapshot
-from swarmget.sinks.files import OutputDir, OutputError, PartFile
-from swarmget.sinks.naming import NameAllocator
-from swarmget.sources.rows import Row
+from swarmget.protocol import ResponseHead
+from swarmget.protocol.request import RequestTemplate, header_lines
+from swarmget.report import FileResult
+from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
+from swarmget.sinks.files import OutputError
 
-RECV_BUFFER_SIZE = 256 * 1024
-CREDENTIAL_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
-PROGRESS_INTERVAL = 0.1
-_CONNECTION_TYPES = {"http": HTTPConnection, "https": HTTPSConnection}
-MANIFEST_FLUSH_INTERVAL = 1.0
+RECV_BUFFER_SIZE: Final = 256 * 1024
+CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Requests wait for the end of the loop turn (see engine/connection.py), but no
 # more than this many: a long turn then costs the first of them at most ~3 ms.
-SEND_BATCH = 32
-# New connections started per loop turn.  A non-blocking connect still costs
-# the kernel ~50-100 us (on loopback the whole handshake runs in our context),
-# so starting 200 in one go held every first request back ~20 ms; in slices,
-# the first requests go out while later connections are still being made.
-CONNECT_SLICE = 32
+SEND_BATCH: Final = 32
+# Bodies at least this large keep their part on failure and resume with Range.
+RESUME_MIN_BYTES: Final = 1 << 20
 
 
-class Engine:
+class Engine(ConnectionOwner):
     def __init__(
         self,
-        rows: Iterator[Row | None],
-        out_dir: str | os.PathLike[str],
+        sink: Sink,
         options: Options,
+        events: EngineEvents,
         *,
-        progress: ProgressListener | None = None,
         loop: EventLoop | None = None,
-        names_allocated: bool = False,
-        fresh_dir: bool | None = None,
         warn_to: TextIO | None = None,
-        compact_journal: bool = True,
     ) -> None:
-        """``rows`` may yield None for "no row yet" (then call :meth:`refill` later).
-
-        ``names_allocated``: every row's ``path`` was already allocated by a
-        parent process (swarmget.parallel) and is used as is.  ``fresh_dir``
-        overrides the check for an output dir that started empty.
-        ``compact_journal=False`` leaves compaction to whoever runs last (a
-        worker must not rewrite a journal its siblings are still appending to).
-        """
         self.options = options
-        # Everything that can fail on bad input comes first, before any
-        # descriptor is opened, so a failing constructor leaks nothing.
-        self.output = OutputDir(out_dir)
-        self.names = NameAllocator()
+        self.sink = sink
+        self.events = events
         self.policy = RetryPolicy(retries=options.retries)
-        self.tls = ClientTLS(
-            options.cacert, options.insecure, warn_to=warn_to
-        )  # the run's one SSLContext
-        # None unless some origin may go through a proxy (net/proxy.py): the
-        # direct path checks only that.
+        self.tls = ClientTLS(options.cacert, options.insecure, warn_to=warn_to)
+        # None unless some origin may go through a proxy (net/proxy.py).
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
-        self.resume = ResumeState(self.output.root, options, fresh_dir)  # what earlier runs did
-        self._names_allocated = names_allocated
-        self._compact_journal = compact_journal
-        self._split = UrlSplitter().split
-        self.manifest = ManifestWriter(self.output.root)
         self.loop = loop or EventLoop()
         self._own_loop = loop is None
         servers = options.dns_servers
         self.resolver = LazyResolver(
             self.loop, lambda: make_resolver(self.loop, servers=servers), eager=bool(servers)
         )
-        self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
-        self.report = Report(manifest=self.manifest.path)
-        self.progress = progress
-        self._rows = rows
-        self._input_done = False
-        self._input_error: UsageError | None = None
-        self.rows_seen = 0
-        self._in_memory = 0  # jobs read and not yet recorded
-        self._target = max(256, 2 * options.concurrency)
-        self.pools: dict[tuple[str, str, int], HostPool] = {}
+        self.scheduler = Scheduler(options.concurrency, options.per_host, options.host_failures)
+        self.pools: dict[Origin, HostPool] = {}
         self.connections: set[HTTPConnection] = set()
-        self._idle: dict[HTTPConnection, None] = {}  # all idle connections, oldest first
-        self._starved: dict[HostPool, None] = {}  # pools waiting for a global slot
-        self._deferred: dict[HostPool, None] = {}  # pools waiting for the next connect slice
-        self._slice_turn = -1.0  # loop.now of the turn _slice_connects counts
-        self._slice_connects = 0
-        self.keepalive_idle = 55.0  # close our idle connections before typical servers do
+        self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
+        self._split = UrlSplitter().split
         user_headers = dict(options.headers)
-        # Credentials go only to the first origin of each job (see follow_redirect).
+        # Credentials go only to the first origin of each job (see Job.move_to).
         credentials = {k: v for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS}
-        self.credential_headers = "".join(f"{k}: {v}\r\n" for k, v in credentials.items()).encode(
-            "latin-1"
-        )
+        self.credentials = header_lines(credentials)
         self._headers = {
             "User-Agent": options.user_agent,
             "Accept": "*/*",
@@ -141,375 +126,434 @@ class Engine:
         }
         self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)
-        self._fatal: OutputError | None = None
-        self._to_publish: list[tuple[FileResult, PartFile]] = []  # complete, not yet renamed
+        self._rows: deque[Assignment] = deque()
+        self._input_done = False
+        self.in_memory = 0  # jobs started and not yet reported
+        self._window = max(256, 2 * options.concurrency)
+        self.fatal: OutputError | None = None
+        self._to_publish: list[tuple[Transfer, FileResult]] = []  # complete, not yet published
         self._outbox: list[HTTPConnection] = []  # requests to send at the end of this turn
         self._end_turn_scheduled = False
-        self._started_at = 0.0
-
-    # -- running -------------------------------------------------------------------
-
-    def run(self) -> Report:
-        loop = self.loop
-        self._started_at = loop.now = loop.time()
-        if self.progress is not None:
-            self.progress.start()
-            self._tick_progress()
-        sweep = min(self.options.timeout, self.options.min_speed_window, self.options.deadline) / 4
+        sweep = min(options.timeout, options.min_speed_window, options.deadline) / 8
         self._sweep_interval = min(1.0, max(0.02, sweep))
-        loop.call_later(self._sweep_interval, self._sweep)
-        loop.call_later(MANIFEST_FLUSH_INTERVAL, self._flush_manifest)
-        try:
-            self._refill()
-            while not self._finished():
-                loop.run_once()
-        except BaseException:
-            self._abort()
-            raise
-        finally:
-            self.report.elapsed = loop.time() - self._started_at
-            self._shutdown()
-        if (
-            self._fatal is None
-            and self._input_error is None
-            and self.resume.needs_compaction
-            and self._compact_journal
-        ):
-            self.manifest.compact()
-        if self.progress is not None:
-            self.progress.finish(self.report)
-        if self._fatal is not None:
-            raise self._fatal
-        if self._input_error is not None:
-            raise self._input_error
-        return self.report
+        self._sweeping = False
 
-    def _finished(self) -> bool:
-        return self._in_memory == 0 and (self._input_done or self._fatal is not None)
+    # -- feeding and running ----------------------------------------------------------
 
-    def _shutdown(self) -> None:
+    def add(self, rows: Iterable[Assignment]) -> None:
+        """More planned rows to download."""
+        self._rows.extend(rows)
+        self._refill()
+
+    def close_input(self) -> None:
+        """No more rows will come: the engine is finished once these are."""
+        self._input_done = True
+
+    @property
+    def finished(self) -> bool:
+        if self.fatal is not None:
+            return True
+        return self._input_done and self.in_memory == 0 and not self._rows
+
+    def step(self, max_wait: float = 1.0) -> None:
+        """One loop turn: wait for events (at most ``max_wait``), handle them."""
+        if not self._sweeping:
+            self._sweeping = True
+            self.loop.now = self.loop.time()
+            self.loop.call_later(self._sweep_interval, self._sweep)
+        self.loop.run_once(max_wait)
+
+    def run(self) -> None:
+        """Run until every row added so far (and closed with close_input) is done."""
+        while not self.finished:
+            self.step()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def backlog(self) -> int:
+        """Rows given to this engine and not yet reported."""
+        return len(self._rows) + self.in_memory
+
+    def abort(self, *, keep_parts: bool = True) -> None:
+        """Stop without reporting rows in flight (a rerun redoes them).
+
+        Interrupted (``keep_parts``): every part stays; a rerun continues the
+        large ones that have a validator with Range, and overwrites the others
+        from zero.  Stopped by a fatal error: only the parts worth resuming
+        stay (the disk is full: give back what we can).  Files that are
+        complete are published first.
+        """
+        self._input_done = True
+        self._rows.clear()
+        if self._to_publish:
+            self._publish()
+        for conn in list(self.connections):
+            transfer = conn.transfer
+            conn.transfer = None
+            if transfer is not None:
+                if keep_parts:
+                    self._drop_writer(transfer, keep=True)
+                else:
+                    self._keep_or_drop_part(transfer)
+            conn.close()
+
+    def close(self) -> None:
         for conn in list(self.connections):
             conn.close()
         for dial in self.dialing:
             dial.cancel()
         self.dialing.clear()
-        self.manifest.close()
         self.resolver.close()
+        self.sink.close()
         if self._own_loop:
             self.loop.close()
 
-    def _abort(self) -> None:
-        """Interrupted: stop without recording in-flight rows (a rerun redoes them).
+    def active(self) -> tuple[int, int]:
+        """(transfers receiving, body bytes received by them so far): for progress."""
+        active = in_flight = 0
+        for conn in self.connections:
+            if conn.state == ACTIVE:
+                active += 1
+                writer = conn.writer
+                if writer is not None:
+                    in_flight += writer.written
+        return active, in_flight
 
-        Their ``.part`` files stay: a rerun continues the large ones that have a
-        validator with Range, and overwrites the others from zero.
-        """
-        self._input_done = True
-        if self._to_publish:  # these are complete: keep them
-            self._publish()
-        for conn in list(self.connections):
-            if conn.part is not None:
-                conn.part.abort(keep=True)
-                conn.part = None
-            conn.job = None
-            conn.close()
-
-    # -- input ----------------------------------------------------------------------
+    # -- intake -----------------------------------------------------------------------
 
     def _refill(self) -> None:
-        while self._in_memory < self._target and not self._input_done:
-            if self._fatal is not None:
-                return
+        rows = self._rows
+        while rows and self.in_memory < self._window and self.fatal is None:
+            row = rows.popleft()
+            self.in_memory += 1
             try:
-                row = next(self._rows)
-                if row is None:
-                    return  # none available yet; the source calls refill() when it has more
-            except StopIteration:
-                self._input_done = True
-                return
-            except UsageError as exc:
-                # Bad input mid-stream: finish what is in flight, then report it.
-                self._input_error = exc
-                self._input_done = True
-                return
-            self.rows_seen += 1
-            self._in_memory += 1
-            job = self._make_job(row)
-            if job is not None:
-                self._enqueue(job)
+                location = self._split(row.url)
+            except TransferError as exc:
+                self._record(Job(row, Location(("", "", 0), "", "", None)), exc)
+                continue
+            job = Job(row, location)
+            self._submit(Transfer(job, start=row.resume_from))
 
-    def refill(self) -> None:
-        """More input is available (for sources that yielded None)."""
-        self._refill()
-
-    def _make_job(self, row: Row) -> Job | None:
-        try:
-            origin, target, host_header = self._split(row.url)
-            rel = row.path if self._names_allocated and row.path else self.names.allocate(row)
-            final = self.output.final_path(rel)
-            job = Job(row, origin, target, rel, final)
-            if self.resume.already_done(job):
-                self._in_memory -= 1
-                self.report.skipped += 1
-                return None
-        except TransferError as exc:
-            self._record(FileResult(row.url, None, "failed", error=exc.code, message=exc.message))
-            return None
-        if origin not in self.pools:
-            self.pools[origin] = self._new_pool(origin, host_header)
-        if self.proxies is not None:
-            self._proxy_target(job)
-        return job
+    def _submit(self, transfer: Transfer, front: bool = False) -> None:
+        job = transfer.job
+        pool = self.pools.get(job.origin)
+        if pool is None:
+            pool = self.pools[job.origin] = self._new_pool(job.origin, job.host_header)
+        self._execute(self.scheduler.submit(pool, transfer, self.loop.now, front))
 
     def _new_pool(self, origin: Origin, host_header: str) -> HostPool:
-        tail = request_tail(host_header, self._headers)
         scheme, host, port = origin
         proxy = self.proxies.for_origin(scheme, host, port) if self.proxies is not None else None
         if proxy is None:
-            return HostPool(origin, tail, _CONNECTION_TYPES[scheme])
+            return HostPool(origin, RequestTemplate(host_header, self._headers), DIRECT)
         if scheme == "https":
-            return HostPool(origin, tail, TunnelHTTPSConnection, proxy)
+            return HostPool(origin, RequestTemplate(host_header, self._headers), TUNNEL, proxy)
         # Plain http through the proxy: the proxy reads the absolute-form target
         # and our Proxy-Authorization; the Host header stays the origin's.
-        if proxy.authorization is not None:
-            tail = tail[:-2] + f"Proxy-Authorization: {proxy.authorization}\r\n\r\n".encode()
-        pool = HostPool(origin, tail, HTTPConnection, proxy)
-        pool.target_prefix = f"http://{host_header}"
-        return pool
+        template = RequestTemplate(
+            host_header,
+            self._headers,
+            target_prefix=f"http://{host_header}",
+            proxy_authorization=proxy.authorization,
+        )
+        return HostPool(origin, template, FORWARD_PROXY, proxy)
 
-    def _proxy_target(self, job: Job) -> None:
-        prefix = self.pools[job.origin].target_prefix
-        if prefix:
-            job.target = prefix + job.target
+    # -- carrying out the scheduler's actions -----------------------------------------
 
-    def follow_redirect(self, job: Job) -> None:
-        target, job.redirect_to = job.redirect_to, None
-        assert target is not None
-        try:
-            origin, path, host_header = split_url(target)
-        except TransferError as exc:
-            self.finish_failure(job, TransferError(ErrorCode.BAD_REDIRECT, exc.message))
-            return
-        job.redirects += 1
-        job.attempts -= 1  # a hop is not a retry
-        if origin != job.origin:
-            job.cross_origin = True  # credentials stay with the first origin
-        job.url, job.origin, job.target = target, origin, path
-        job.resume_from = 0
-        if origin not in self.pools:
-            self.pools[origin] = self._new_pool(origin, host_header)
-        if self.proxies is not None:
-            self._proxy_target(job)
-        self._enqueue(job)
-
-    # -- scheduling -------------------------------------------------------------------
-
-    def _enqueue(self, job: Job, front: bool = False) -> None:
-        pool = self.pools[job.origin]
-        if front:
-            pool.queue.appendleft(job)
-        else:
-            pool.queue.append(job)
-        self._dispatch(pool)
-
-    def _dispatch(self, pool: HostPool) -> None:
-        if pool.addresses is None:
-            if pool.dns_error is not None and self.loop.now < pool.refresh_at:
-                while pool.queue:
-                    self.finish_failure(pool.queue.popleft(), pool.dns_error)
-            elif not pool.resolving:
-                self._resolve(pool)
-            return
-        queue = pool.queue
-        per_host = self.options.per_host
-        while queue:
-            if pool.idle and queue[0].fresh:
-                # A job that met a dead or junk-carrying kept-alive connection goes
-                # on a brand-new one: close an idle connection to make room.
-                pool.idle[0].close()
-            if pool.idle:
-                conn = pool.idle.pop()
-                del self._idle[conn]
-                self._begin(conn, queue.popleft())
-                continue
-            if pool.open >= per_host:
-                return
-            if self._open_count() >= self.options.concurrency and not self._evict_idle():
-                self._starved[pool] = None
-                return
-            if not self._connect_slot(pool):
-                return
-            self._connect(pool, queue.popleft())
-
-    def _connect_slot(self, pool: HostPool) -> bool:
-        """May ``pool`` start a connection in this loop turn (see CONNECT_SLICE)?"""
-        now = self.loop.now
-        if now != self._slice_turn:
-            self._slice_turn, self._slice_connects = now, 0
-        if self._slice_connects < CONNECT_SLICE:
-            self._slice_connects += 1
-            return True
-        if not self._deferred:
-            self.loop.call_soon(self._dispatch_deferred)
-        self._deferred[pool] = None
-        return False
+    def _execute(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Start):
+                self._count_attempt(action.transfer)
+                action.conn.start(action.transfer)
+            elif isinstance(action, Dial):
+                self._dial(action.pool, action.transfer)
+            elif isinstance(action, Close):
+                action.conn.close()
+            elif isinstance(action, Resolve):
+                self._resolve(action.pool)
+            elif isinstance(action, Fail):
+                self._failed(action.transfer, action.error)
+            elif isinstance(action, Defer):
+                self.loop.call_soon(self._dispatch_deferred)
 
     def _dispatch_deferred(self) -> None:
-        deferred, self._deferred = self._deferred, {}
-        for pool in deferred:
-            self._dispatch(pool)
+        self._execute(self.scheduler.dispatch_deferred(self.loop.now))
+
+    def _count_attempt(self, transfer: Transfer) -> None:
+        job = transfer.job
+        if job.first_start == 0.0:
+            job.first_start = self.loop.now
+        transfer.retry = transfer.retry.started()
 
     def _resolve(self, pool: HostPool) -> None:
-        pool.resolving = True
         host, port = pool.connect_to
         self.resolver.resolve(host, port, lambda a, e: self._resolved(pool, a, e))
 
     def _resolved(
         self, pool: HostPool, addresses: list[Address] | None, error: TransferError | None
     ) -> None:
-        pool.resolving = False
         host, port = pool.connect_to
-        # Ask again when the answer's TTL runs out.  A refresh that fails keeps the
-        # addresses that worked: a DNS blip should not fail a host we are using.
-        pool.refresh_at = max(self.resolver.expires(host, port), self.loop.now + 1.0)
-        if addresses is not None or pool.addresses is None:
-            pool.addresses = addresses
-            pool.dns_error = error
-        self._dispatch(pool)
+        # Ask again when the answer's TTL runs out.
+        refresh_at = max(self.resolver.expires(host, port), self.loop.now + 1.0)
+        self._execute(self.scheduler.resolved(pool, addresses, error, refresh_at, self.loop.now))
         self._refill()
 
-    def _evict_idle(self) -> bool:
-        if not self._idle:
-            return False
-        conn = next(iter(self._idle))
-        conn.close()  # connection_closed() removes it from the idle maps
-        return True
-
-    def _begin(self, conn: HTTPConnection, job: Job) -> None:
-        self._count_attempt(job)
-        conn.start(job)
-
-    def _count_attempt(self, job: Job) -> None:
-        if job.first_start == 0.0:
-            job.first_start = self.loop.now
-        job.attempts += 1
-
-    def _connect(self, pool: HostPool, job: Job) -> None:
+    def _dial(self, pool: HostPool, transfer: Transfer) -> None:
         addresses = pool.addresses
         assert addresses
-        self._count_attempt(job)
-        job.fresh = False
-        if pool.refresh_at <= self.loop.now and not pool.resolving:
-            self._resolve(pool)  # in the background; this connect uses what we have
+        self._count_attempt(transfer)
         if len(addresses) > 1:
-            self._dial(pool, job, addresses)
+            self._race(pool, transfer, addresses)
             return
         sock, err = start_connect(addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
-            self.finish_failure(job, connect_error(pool, err))
-            self.loop.call_soon(self._refill)  # as in _slot_freed: no release() follows
+            self._failed(transfer, connect_failure(err, pool.via_source))
+            self._execute(self.scheduler.dial_failed(pool, self.loop.now))
+            self.loop.call_soon(self._refill)
             return
-        conn = pool.connection_type(self, pool, sock, job)
-        pool.open += 1
-        self.connections.add(conn)
+        self._connected(pool, sock, transfer)
 
-    def _dial(self, pool: HostPool, job: Job, addresses: list[Address]) -> None:
+    def _race(self, pool: HostPool, transfer: Transfer, addresses: list[Address]) -> None:
         """Race the addresses (net/eyeballs.py); the first to connect becomes the connection."""
-        dial = HappyEyeballs(
-            self.loop,
-            addresses,
-            lambda sock, error: self._dialed(dial, pool, job, sock, error),
-            timeout=self.options.timeout,
-        )
-        pool.open += 1
+
+        def dialed(sock: socket.socket | None, error: TransferError | None) -> None:
+            self.dialing.discard(dial)
+            if sock is None:
+                assert error is not None
+                self._failed(transfer, error)
+                self._execute(self.scheduler.dial_failed(pool, self.loop.now))
+                self.loop.call_soon(self._refill)
+                return
+            # Already connected: the connection finds it writable on the next
+            # turn and goes on as after any connect.
+            self._connected(pool, sock, transfer)
+
+        dial = HappyEyeballs(self.loop, addresses, dialed, timeout=self.options.timeout)
         self.dialing.add(dial)
         dial.start()
 
-    def _dialed(
-        self,
-        dial: HappyEyeballs,
-        pool: HostPool,
-        job: Job,
-        sock: socket.socket | None,
-        error: TransferError | None,
-    ) -> None:
-        self.dialing.discard(dial)
-        if sock is None:
-            assert error is not None
-            pool.open -= 1
-            self.finish_failure(job, error)
-            self._slot_freed(pool)
-            return
-        # Already connected: the connection finds it writable on the next turn
-        # and goes on as after any connect.
-        self.connections.add(pool.connection_type(self, pool, sock, job))
-
-    def _open_count(self) -> int:
-        return len(self.connections) + len(self.dialing)
-
-    def release(self, conn: HTTPConnection, reusable: bool) -> None:
-        """A connection finished its job: give it the next one, park it, or close it."""
-        if not reusable or self._fatal is not None:
-            conn.close()
+    def _connected(self, pool: HostPool, sock: socket.socket, transfer: Transfer) -> None:
+        kind = pool.kind
+        conn: HTTPConnection
+        if kind == TUNNEL:
+            conn = TunnelHTTPSConnection(self, pool, sock, transfer)
+        elif pool.origin[0] == "https":
+            conn = HTTPSConnection(self, pool, sock, transfer)
         else:
-            pool = conn.pool
-            if pool.queue:
-                self._begin(conn, pool.queue.popleft())
-            elif self._starved:
-                conn.close()
-            else:
-                conn.state = IDLE
-                conn.last_activity = self.loop.now
-                pool.idle.append(conn)
-                self._idle[conn] = None
-        self._refill()
+            conn = HTTPConnection(self, pool, sock, transfer)
+        self.connections.add(conn)
 
-    def connection_closed(self, conn: HTTPConnection) -> None:
-        self.connections.discard(conn)
-        pool = conn.pool
-        pool.open -= 1
-        if conn in self._idle:
-            del self._idle[conn]
-            pool.idle.remove(conn)
-        self._slot_freed(pool)
+    # -- what connections report (ConnectionOwner) -------------------------------------
 
-    def _slot_freed(self, pool: HostPool) -> None:
-        """One of ``pool``'s connections is gone: its queue, then starved pools, may open one."""
-        if pool.queue:
-            self._dispatch(pool)
-        while self._starved and self._open_count() < self.options.concurrency:
-            starved = next(iter(self._starved))
-            del self._starved[starved]
-            self._dispatch(starved)
-        # A failed connect records its job without passing through release():
-        # read more rows, else a run whose connects all fail stops after the
-        # first window of rows.  Soon, not now: we may be inside _refill already.
-        self.loop.call_soon(self._refill)
-
-    # -- outcomes ---------------------------------------------------------------------
-
-    def finish_success(self, job: Job, status: int, part: PartFile) -> None:
-        """Journal the file as done, then move it into place (see manifest.py for why)."""
-        elapsed_ms = int((self.loop.now - job.first_start) * 1000)
-        digests = part.digests() if part.hashers else None
-        result = FileResult(
-            job.row.url, job.rel_path, "ok", status, part.written, None, job.attempts,
-            elapsed_ms, digests=digests, final_url=job.final_url,
-        )  # fmt: skip
-        part.close()
-        # Files finished in this loop turn are journaled with one write, then
-        # renamed into place: see _publish.
-        self._to_publish.append((result, part))
-        self._end_turn_soon()
-
-    def queue_send(self, conn: HTTPConnection) -> None:
-        """``conn`` has a request to send: it goes with the others at the end of the turn."""
+    def queue_send(self, conn: PooledConnection) -> None:
+        assert isinstance(conn, HTTPConnection)
         outbox = self._outbox
         outbox.append(conn)
         if len(outbox) >= SEND_BATCH:
             self._send_outbox()
         else:
             self._end_turn_soon()
+
+    def open_writer(self, transfer: Transfer, verdict: Verdict, head: ResponseHead) -> Writer:
+        job = transfer.job
+        if verdict.start == 0 and transfer.start:
+            transfer.start = 0  # the server ignored our Range: the whole body comes
+        writer = self.sink.open(job.row, verdict.start, self._hashers_for(job.row))
+        if verdict.start == 0 and self.sink.resumable:
+            self._note_resumable(job, head)
+        return writer
+
+    def released(self, conn: PooledConnection, reusable: bool) -> None:
+        self._execute(self.scheduler.released(conn, reusable, self.loop.now))
+        self._refill()
+
+    def closed(self, conn: PooledConnection) -> None:
+        assert isinstance(conn, HTTPConnection)
+        self.connections.discard(conn)
+        self._execute(self.scheduler.closed(conn, self.loop.now))
+        # A failed connect records its job without passing through released():
+        # read more rows soon (not now: we may be inside _refill already).
+        self.loop.call_soon(self._refill)
+
+    def ended(self, conn: PooledConnection, transfer: Transfer, verdict: Verdict) -> None:
+        kind = verdict.kind
+        pool = conn.pool
+        if verdict.status:
+            self.scheduler.host_answered(pool)
+        if kind == ACCEPT:
+            self._succeeded(transfer, verdict)
+        elif kind == REDIRECTED:
+            location = verdict.location
+            assert location is not None
+            self._follow(transfer, location)
+        elif kind == RESTARTED:
+            self._drop_writer(transfer, keep=False)
+            transfer.start = 0
+            transfer.retry = transfer.retry.forgiven(RESTART)
+            self.loop.call_soon(self._submit, transfer, True)
+        else:
+            self._transfer_failed(pool, transfer, verdict)
+
+    # -- outcomes -----------------------------------------------------------------------
+
+    def _succeeded(self, transfer: Transfer, verdict: Verdict) -> None:
+        job = transfer.job
+        writer = transfer.writer
+        assert writer is not None
+        row = job.row
+        try:
+            writer.verify(row.size, row.expected_digests())
+            writer.finish()
+        except TransferError as exc:
+            self._drop_writer(transfer, keep=False)
+            self._failed(transfer, exc, verdict.status)
+            return
+        result = FileResult(
+            redact(row.url), row.path, "ok", verdict.status, writer.written, None,
+            transfer.retry.attempts, self._elapsed_ms(job),
+            digests=writer.digests() if writer.hashers else None,
+            final_url=_redacted(job.final_url), index=row.index, key=row.key,
+        )  # fmt: skip
+        # Rows finished in this loop turn are published together: see _end_turn.
+        self._to_publish.append((transfer, result))
+        self._end_turn_soon()
+
+    def _follow(self, transfer: Transfer, target: str) -> None:
+        job = transfer.job
+        try:
+            location = split_url(target)
+        except TransferError as exc:
+            self._failed(transfer, TransferError(ErrorCode.BAD_REDIRECT, exc.message))
+            return
+        job.move_to(target, location)
+        transfer.start = 0
+        transfer.retry = transfer.retry.forgiven(REDIRECT)  # a hop is not a retry
+        self._submit(transfer)
+
+    def _transfer_failed(self, pool: HostPool, transfer: Transfer, verdict: Verdict) -> None:
+        error = verdict.error
+        assert error is not None
+        if isinstance(error, OutputError) and error.fatal:
+            self._stop(error)
+        self._keep_or_drop_part(transfer)
+        if verdict.stale and transfer.retry.count(STALE) == 0:
+            # A dead kept-alive connection is not the server's failure: once more,
+            # on a fresh connection, first in line when a slot frees.
+            transfer.retry = transfer.retry.forgiven(STALE)
+            transfer.fresh = True
+            self._submit(transfer, front=True)
+            return
+        self._execute(self.scheduler.host_failed(pool, error))
+        self._failed(transfer, error, verdict.status, verdict.retry_after)
+
+    def _failed(
+        self,
+        transfer: Transfer,
+        error: TransferError,
+        status: int = 0,
+        retry_after: float | None = None,
+    ) -> None:
+        """``transfer`` failed: retry it after a backoff, or record its row as failed."""
+        job = transfer.job
+        transfer.retry = transfer.retry.failed(error)
+        pool = self.pools.get(job.origin)
+        given_up = pool.given_up if pool is not None else None
+        if self.fatal is None and given_up is None:
+            time_left = self.options.deadline - (self.loop.now - job.first_start)
+            delay = self.policy.decide(transfer.retry, error, retry_after, time_left)
+            if delay is not None:
+                self._prepare_retry(transfer, error)
+                self.loop.call_later(delay, self._submit, transfer, True)
+                return
+        self._record(job, error, status, transfer)
+
+    def _prepare_retry(self, transfer: Transfer, error: TransferError) -> None:
+        if isinstance(error, Stalled) and self.options.min_speed:
+            # A slow host gets two min-speed windows for the row in all: the
+            # retry's window is what is left of the second (retry.py).
+            window = self.options.min_speed_window
+            spent = self.loop.now - transfer.job.first_start
+            transfer.speed_window = max(window / 4, 2 * window - spent - self._sweep_interval)
+
+    def _record(
+        self,
+        job: Job,
+        error: TransferError,
+        status: int = 0,
+        transfer: Transfer | None = None,
+    ) -> None:
+        row = job.row
+        attempts = transfer.retry.attempts if transfer is not None else 0
+        self.in_memory -= 1
+        self.events.finished(
+            FileResult(
+                redact(row.url),
+                None,
+                "failed",
+                status or None,
+                0,
+                error.code,
+                attempts,
+                self._elapsed_ms(job),
+                _redact_message(error.message, row.url),
+                final_url=_redacted(job.final_url),
+                index=row.index,
+                key=row.key,
+            )
+        )
+
+    def _keep_or_drop_part(self, transfer: Transfer) -> None:
+        """Keep a failed large part to continue with Range (same entity only)."""
+        writer = transfer.writer
+        if writer is None:
+            return
+        job = transfer.job
+        keep = (
+            self.sink.resumable and job.validator is not None and writer.written >= RESUME_MIN_BYTES
+        )
+        transfer.start = writer.written if keep else 0
+        self._drop_writer(transfer, keep)
+
+    def _drop_writer(self, transfer: Transfer, keep: bool) -> None:
+        writer = transfer.writer
+        transfer.writer = None
+        if writer is not None:
+            writer.abort(keep=keep)
+
+    def _note_resumable(self, job: Job, head: ResponseHead) -> None:
+        """A large body is starting: tell the driver its validator, so a later run can resume."""
+        length = head.content_length
+        if length is None or length < RESUME_MIN_BYTES:
+            return
+        validator = head.get(b"etag")
+        if validator is None or validator.startswith(b"W/"):  # If-Range needs a strong one
+            validator = head.get(b"last-modified")
+        if validator is None:
+            job.validator = None
+            return
+        job.validator = validator.decode("latin-1")
+        self.events.partial(job.row, job.validator)
+
+    def _hashers_for(self, row: Assignment) -> dict[str, Hasher] | None:
+        """Digests to compute while streaming: the row's checksums and ``--hash``."""
+        wanted = self.options.hash
+        if row.sha256 is None and row.md5 is None and not wanted:
+            return None
+        names = set(row.expected_digests())
+        if wanted:
+            names.add(wanted)
+        return {name: hashlib.new(name) for name in sorted(names)}
+
+    def _elapsed_ms(self, job: Job) -> int:
+        return int((self.loop.now - job.first_start) * 1000) if job.first_start else 0
+
+    def _stop(self, error: OutputError) -> None:
+        """A run-stopping error (the disk is full): start nothing more."""
+        if self.fatal is None:
+            self.fatal = error
+            self.scheduler.stopping = True
+
+    # -- the end of a loop turn ----------------------------------------------------------
 
     def _send_outbox(self) -> None:
         outbox, self._outbox = self._outbox, []
@@ -534,73 +578,24 @@ class Engine:
 
     def _publish(self) -> None:
         batch, self._to_publish = self._to_publish, []
-        encode = self.manifest.encode
-        self.manifest.write_lines([encode(result) for result, _ in batch])
-        for result, part in batch:
-            try:
-                part.publish()
-            except OutputError as exc:
-                part.abort()
-                if exc.fatal:
-                    self._fatal = exc
+        done: list[tuple[Assignment, Writer]] = []
+        for transfer, _ in batch:
+            writer = transfer.writer
+            assert writer is not None
+            done.append((transfer.job.row, writer))
+        errors = self.sink.publish(done)
+        for (transfer, result), error in zip(batch, errors, strict=True):
+            transfer.writer = None
+            self.in_memory -= 1
+            if error is not None:
+                if isinstance(error, OutputError) and error.fatal:
+                    self._stop(error)
                 result = FileResult(
-                    result.url, None, "failed", result.http_status, 0, exc.code,
-                    result.attempts, result.elapsed_ms, exc.message,
+                    result.url, None, "failed", result.http_status, 0, error.code,
+                    result.attempts, result.elapsed_ms, error.message,
+                    index=result.index, key=result.key,
                 )  # fmt: skip
-                self.manifest.write(result)
-            self._in_memory -= 1
-            self.report.add(result)
-
-    def finish_failure(
-        self,
-        job: Job,
-        error: TransferError,
-        status: int | None = None,
-        retry_after: float | None = None,
-        *,
-        stale: bool = False,
-    ) -> None:
-        if isinstance(error, OutputError) and error.fatal:
-            self._fatal = error
-        if isinstance(error, Redirected):
-            self.follow_redirect(job)
-            return
-        if isinstance(error, RestartTransfer):
-            job.resume_from = 0
-            job.attempts -= 1
-            self.loop.call_soon(self._enqueue, job, True)
-            return
-        if stale and job.stale_retries == 0:
-            job.stale_retries = 1
-            job.fresh = True
-            job.attempts -= 1  # a dead kept-alive connection is not the server's failure
-            # Synchronously, so it is first in line when the connection's slot frees.
-            self._enqueue(job, True)
-            return
-        if self._fatal is None and self.policy.should_retry(error.code, job.attempts):
-            delay = self.policy.delay(job.attempts, retry_after)
-            self.loop.call_later(delay, self._enqueue, job, True)
-            return
-        elapsed_ms = int((self.loop.now - job.first_start) * 1000) if job.first_start else 0
-        self._record(
-            FileResult(
-                job.row.url,
-                None,
-                "failed",
-                status,
-                0,
-                error.code,
-                job.attempts,
-                elapsed_ms,
-                error.message,
-                final_url=job.final_url,
-            )
-        )
-
-    def _record(self, result: FileResult) -> None:
-        self._in_memory -= 1
-        self.manifest.write(result)
-        self.report.add(result)
+            self.events.finished(result)
 
     # -- periodic work ------------------------------------------------------------------
 
@@ -610,30 +605,12 @@ class Engine:
             conn.check(now)
         self.loop.call_later(self._sweep_interval, self._sweep)
 
-    def _flush_manifest(self) -> None:
-        self.manifest.flush()
-        self.loop.call_later(MANIFEST_FLUSH_INTERVAL, self._flush_manifest)
 
-    def snapshot(self) -> Snapshot:
-        in_flight = 0
-        active = 0
-        for conn in self.connections:
-            if conn.state == ACTIVE:
-                active += 1
-                if conn.part is not None:
-                    in_flight += conn.part.written
-        report = self.report
-        return Snapshot(
-            done=report.total + report.skipped,  # skipped rows are finished rows too
-            failed=report.failed,
-            bytes=report.bytes + in_flight,
-            elapsed=self.loop.now - self._started_at,
-            rows_seen=self.rows_seen,
-            input_done=self._input_done,
-            active=active,
-        )
+def _redacted(url: str | None) -> str | None:
+    return redact(url) if url is not None else None
 
-    def _tick_progress(self) -> None:
-        assert self.progress is not None
-        self.progress.update(self.snapshot())
-        self.loop.call_later(PROGRESS_INTERVAL, self._tick_progress)
+
+def _redact_message(message: str, url: str) -> str:
+    """A message may quote the URL: never with its password."""
+    safe = redact(url)
+    return message.replace(url, safe) if safe != url else message

@@ -35,12 +35,12 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
+from swarmget.engine.classify import EXCHANGE, HANDSHAKE, classify
 from swarmget.engine.connection import ACTIVE, CONNECTING, HANDSHAKING, IDLE, HTTPConnection
-from swarmget.engine.job import Job
+from swarmget.engine.job import Transfer
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.loop import EVENT_READ, EVENT_WRITE
-from swarmget.net.tls import record_reader, tls_error
-from swarmget.protocol import ConnectionClosed
+from swarmget.net.tls import record_reader
 
 # The largest TLS record's plaintext: keep this much room to read a whole one.
 _MAX_RECORD = 16 * 1024
@@ -52,13 +52,13 @@ class HTTPSConnection(HTTPConnection):
 
     # -- handshake ------------------------------------------------------------------
 
-    def _established(self, job: Job) -> None:
+    def _established(self, transfer: Transfer) -> None:
         pool = self.pool
-        host = pool.origin[1]
+        host = pool.host
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
         try:
-            self._tls = self.engine.tls.wrap(self._incoming, self._outgoing, host, pool.tls_session)
+            self._tls = self.owner.tls.wrap(self._incoming, self._outgoing, host, pool.tls_session)
             self._offered: object = pool.tls_session  # or _SAVED
         except (OSError, ValueError) as exc:  # ValueError: a host name ssl will not send
             self._fail(TransferError(ErrorCode.TLS, f"cannot start TLS with {host}: {exc}"))
@@ -74,17 +74,17 @@ class HTTPSConnection(HTTPConnection):
         except ssl.SSLWantReadError:
             done = False
         except ssl.SSLError as exc:
-            self._fail(tls_error(exc, self.pool.origin[1], handshake=True))
+            self._fail(classify(exc, HANDSHAKE, host=self.pool.host))
             return
         if not self._send_tls_output(self._transport_error):
             return
-        self.engine.loop.modify(
+        self.owner.loop.modify(
             self.fd, EVENT_READ | (EVENT_WRITE if self._pending_out is not None else 0), self
         )
         if done:
-            job = self.job
-            assert job is not None
-            self.start(job)
+            transfer = self.transfer
+            assert transfer is not None
+            self.start(transfer)
 
     def _handshake_readable(self) -> None:
         if self._receive() is not None:
@@ -116,7 +116,7 @@ class HTTPSConnection(HTTPConnection):
     def _receive(self) -> int | None:
         """Move what the socket has into the incoming BIO: the byte count (0 at the end
         of the stream), or None when there was nothing or the connection failed."""
-        buffer = self.engine.recv_view
+        buffer = self.owner.recv_view
         try:
             n = self.sock.recv_into(buffer)
         except BlockingIOError:
@@ -132,7 +132,7 @@ class HTTPSConnection(HTTPConnection):
 
     # -- events ---------------------------------------------------------------------
 
-    def handle_io(self, mask: int) -> None:
+    def _on_io(self, mask: int) -> None:
         state = self.state
         if mask & EVENT_WRITE and self._pending_out is not None and state in (ACTIVE, HANDSHAKING):
             self._flush_out(self._transport_error)  # back to read-only once all is out
@@ -149,8 +149,8 @@ class HTTPSConnection(HTTPConnection):
             self._connected()
 
     def _readable(self) -> None:
-        engine = self.engine
-        buffer = engine.recv_view
+        owner = self.owner
+        buffer = owner.recv_view
         parser = self.parser
         assert parser is not None
         received = self._receive()
@@ -180,14 +180,14 @@ class HTTPSConnection(HTTPConnection):
                 filled += n
             try:
                 if filled:
-                    self.last_activity = engine.loop.now
+                    self.last_activity = owner.loop.now
                     done = parser.feed(buffer[:filled])
                 else:
                     done = False
                 if not done and eof:
                     done = parser.feed_eof()
-            except TransferError as exc:
-                self._fail(exc)
+            except Exception as exc:
+                self._feed_failed(exc)
                 return
             if done:
                 self._save_session()
@@ -222,7 +222,7 @@ class HTTPSConnection(HTTPConnection):
         if received is None:
             return
         if received:
-            buffer = self.engine.recv_view
+            buffer = self.owner.recv_view
             try:
                 self._read(len(buffer), buffer)
             except ssl.SSLWantReadError:
@@ -234,20 +234,15 @@ class HTTPSConnection(HTTPConnection):
     # -- failures -------------------------------------------------------------------
 
     def _transport_error(self, exc: OSError) -> None:
-        if not isinstance(exc, ssl.SSLError):
-            super()._transport_error(exc)
-            return
         parser = self.parser
-        if isinstance(exc, ssl.SSLEOFError):
-            if parser is not None and parser.started:
-                self._fail(
-                    TransferError(
-                        ErrorCode.TRUNCATED,
-                        "TLS connection closed without close_notify after "
-                        f"{parser.received} body bytes",
-                    )
-                )
-            else:
-                self._fail(ConnectionClosed("server closed the TLS connection before responding"))
-            return
-        self._fail(tls_error(exc, self.pool.origin[1], handshake=False))
+        stage = HANDSHAKE if self.state == HANDSHAKING else EXCHANGE
+        self._fail(
+            classify(
+                exc,
+                stage,
+                host=self.pool.host,
+                started=parser is not None and parser.started,
+                received=parser.received if parser is not None else 0,
+                reused=self.served > 0,
+            )
+        )

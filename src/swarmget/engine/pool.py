@@ -1,78 +1,104 @@
-"""Per-origin bookkeeping: queued jobs, idle keep-alive connections, addresses.
+"""Per-origin bookkeeping: queued transfers, idle keep-alive connections, addresses.
 
 An origin reached through an http proxy keeps its own pool (the same origin
 never mixes proxied and direct connections: the choice is made once per origin
-for the whole run); only ``connect_to`` (what is resolved and dialled),
-``connection_type`` and the request tail differ.  So ``per_host`` still counts
-connections per target origin, and connections to the proxy are not shared
-between origins.
+for the whole run); only ``connect_to`` (what is resolved and dialled), the
+kind of connection and the request template differ.  So ``per_host`` still
+counts connections per target origin, and connections to the proxy are not
+shared between origins.
+
+:class:`PooledConnection` is what the scheduler knows of a connection: its
+pool, and that it can start a transfer or be closed.  The HTTP connection
+classes derive from it, so this module (and the scheduler) never import them.
 """
 
 from __future__ import annotations
 
 import ssl
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import Final
 
-from swarmget.engine.job import Job, Origin
+from swarmget.engine.job import Transfer
+from swarmget.engine.urls import Origin
 from swarmget.errors import TransferError
-from swarmget.net.dns import Address
+from swarmget.net.address import Address
 from swarmget.net.proxy import Proxy
+from swarmget.protocol.request import RequestTemplate
 
-if TYPE_CHECKING:
-    from swarmget.engine.connection import HTTPConnection
+# How a pool's connections are made.
+DIRECT: Final = 0
+FORWARD_PROXY: Final = 1  # plain http through an http proxy (absolute-form targets)
+TUNNEL: Final = 2  # https through an http proxy's CONNECT tunnel
 
 
-def request_tail(host_header: str, headers: dict[str, str]) -> bytes:
-    """Everything after the request target: the same for every request to an origin."""
-    lines = [" HTTP/1.1", f"Host: {host_header}"]
-    lines.extend(f"{name}: {value}" for name, value in headers.items())
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+class PooledConnection:
+    """The scheduler's view of a connection (see the module docstring)."""
+
+    __slots__ = ("idle_since", "pool")
+
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
+        self.idle_since = 0.0
+
+    def start(self, transfer: Transfer) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
 
 
 class HostPool:
     __slots__ = (
         "addresses",
+        "closing",
         "connect_to",
-        "connection_type",
+        "consecutive_failures",
         "dns_error",
+        "given_up",
         "idle",
+        "kind",
         "open",
         "origin",
         "proxy",
         "queue",
         "refresh_at",
-        "request_tail",
         "resolving",
-        "target_prefix",
+        "template",
         "tls_session",
+        "via",
+        "via_source",
     )
 
     def __init__(
-        self,
-        origin: Origin,
-        request_tail: bytes,
-        connection_type: type[HTTPConnection],
-        proxy: Proxy | None = None,
+        self, origin: Origin, template: RequestTemplate, kind: int, proxy: Proxy | None = None
     ) -> None:
         self.origin = origin
-        self.request_tail = request_tail
-        self.connection_type = connection_type
+        self.template = template
+        self.kind = kind
         self.proxy = proxy
+        # For messages: the proxy as host:port, and with where it was configured.
+        self.via = str(proxy) if proxy is not None else ""
+        self.via_source = f"{proxy} ({proxy.source})" if proxy is not None else ""
         # Where connections go: the origin, or its proxy.
         self.connect_to = (proxy.host, proxy.port) if proxy else (origin[1], origin[2])
-        # Put before each request target: "http://host:port" for an http proxy
-        # (absolute-form, RFC 9112 3.2.2), else "".
-        self.target_prefix = ""
-        self.queue: deque[Job] = deque()
-        self.idle: list[HTTPConnection] = []  # most recently used last
+        self.queue: deque[Transfer] = deque()
+        self.idle: list[PooledConnection] = []  # most recently used last
         self.open = 0  # connections of this origin, connecting, active or idle
+        self.closing = 0  # of those, being closed to free their slot
         self.addresses: list[Address] | None = None
         self.dns_error: TransferError | None = None
         self.resolving = False
         self.refresh_at = 0.0  # loop time when the addresses (or dns_error) go stale
         # The last TLS session a connection got here: the next one resumes it.
         self.tls_session: ssl.SSLSession | None = None
+        # Circuit breaker: connect failures and timeouts in a row, and the error
+        # every remaining transfer fails with once the host is given up.
+        self.consecutive_failures = 0
+        self.given_up: TransferError | None = None
+
+    @property
+    def host(self) -> str:
+        return self.origin[1]
 
     def __repr__(self) -> str:
         scheme, host, port = self.origin

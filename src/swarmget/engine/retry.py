@@ -1,4 +1,29 @@
-"""Retry policy: an immutable value, asked "again, and after how long?"."""
+"""Retry policy and retry state: immutable values, asked "again, and after how long?".
+
+Theory of operation
+-------------------
+Two values, as in urllib3's ``Retry``:
+
+* :class:`RetryPolicy` is the run's rule (how many attempts, which codes,
+  backoff), fixed for the whole run.
+* :class:`RetryState` is one transfer's history: the attempts that counted,
+  the ones that did not (a redirect hop, a restart after a mismatched
+  ``Content-Range``, a kept-alive connection the server had already closed),
+  and the error code of every failure so far.  Every event makes a new state;
+  nothing edits a counter in place, so "how many attempts" is never out of
+  step with "what happened".
+
+:meth:`RetryPolicy.decide` turns a state and a failure into a delay (retry
+after that long) or None (give up).  Three rules bound the time a bad host can
+cost a run:
+
+* a transfer cut for slowness (``--min-speed`` or silence longer than
+  ``--timeout``: a :class:`Stalled` error) is retried at most once;
+* a server's ``Retry-After`` is honoured up to ``retry_after_cap``, but a wait
+  that would end after the row's ``--deadline`` fails the row now;
+* the per-host circuit breaker (engine/scheduler.py) gives up the remaining
+  rows of a host after ``--host-failures`` consecutive failures.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +31,60 @@ import dataclasses
 import random
 import time
 
-from swarmget.errors import ErrorCode
+from swarmget.errors import ErrorCode, TransferError
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 RETRYABLE_CODES = frozenset(
     {ErrorCode.CONNECT, ErrorCode.TIMEOUT, ErrorCode.TRUNCATED}
     | {f"http_{status}" for status in RETRYABLE_STATUS}
 )
+# History entries for attempts that did not count against --retries.
+REDIRECT = "redirect"
+RESTART = "restart"
+STALE = "stale"
+STALLED = "stalled"  # appended after the error code of a Stalled failure
+
+
+class Stalled(TransferError):
+    """A transfer cut for slowness: below ``--min-speed`` or silent for ``--timeout``.
+
+    Code ``timeout`` like any timeout; the class tells the retry policy that a
+    second slow attempt is not worth a third.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.TIMEOUT, message)
+
+    def __reduce__(self) -> tuple[type[Stalled], tuple[str]]:
+        return (Stalled, (self.message,))
+
+
+class RetryState:
+    """What happened to one transfer so far; every method returns a new state."""
+
+    __slots__ = ("attempts", "history")
+
+    def __init__(self, attempts: int = 0, history: tuple[str, ...] = ()) -> None:
+        self.attempts = attempts  # requests that counted (the manifest's "attempts")
+        self.history = history  # error codes and free retries, oldest first
+
+    def started(self) -> RetryState:
+        """A request for this transfer went out (or a connect began)."""
+        return RetryState(self.attempts + 1, self.history)
+
+    def failed(self, error: TransferError) -> RetryState:
+        entry = f"{error.code}:{STALLED}" if isinstance(error, Stalled) else error.code
+        return RetryState(self.attempts, (*self.history, entry))
+
+    def forgiven(self, reason: str) -> RetryState:
+        """The last attempt does not count: ``reason`` is REDIRECT, RESTART or STALE."""
+        return RetryState(self.attempts - 1, (*self.history, reason))
+
+    def count(self, entry: str) -> int:
+        return sum(1 for seen in self.history if seen == entry or seen.endswith(":" + entry))
+
+    def __repr__(self) -> str:
+        return f"RetryState(attempts={self.attempts}, history={self.history!r})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -28,6 +100,7 @@ class RetryPolicy:
     base: float = 0.5
     cap: float = 30.0
     retry_after_cap: float = 120.0
+    slow_retries: int = 1  # retries after a Stalled failure
 
     def should_retry(self, code: str, attempts: int) -> bool:
         return attempts <= self.retries and code in RETRYABLE_CODES
@@ -36,6 +109,29 @@ class RetryPolicy:
         if retry_after is not None:
             return min(max(0.0, retry_after), self.retry_after_cap)
         return random.uniform(0.0, min(self.cap, self.base * 2 ** max(0, attempts - 1)))
+
+    def decide(
+        self,
+        state: RetryState,
+        error: TransferError,
+        retry_after: float | None = None,
+        time_left: float = float("inf"),
+    ) -> float | None:
+        """Seconds to wait before the next attempt, or None to give up.
+
+        ``state`` already holds ``error`` (see :meth:`RetryState.failed`);
+        ``time_left`` is what remains of the row's ``--deadline``.
+        """
+        if not self.should_retry(error.code, state.attempts):
+            return None
+        if isinstance(error, Stalled):
+            if state.count(STALLED) > self.slow_retries:
+                return None
+            return 0.0  # the host was slow, not refusing: no reason to wait
+        wait = self.delay(state.attempts, retry_after)
+        if wait >= time_left:
+            return None  # a Retry-After past the deadline: fail now, with its code
+        return wait
 
 
 def parse_retry_after(value: bytes | None, now: float | None = None) -> float | None:

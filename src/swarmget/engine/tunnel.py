@@ -25,11 +25,11 @@ this class, and after the tunnel is up ``handle_io`` costs one comparison more.
 
 from __future__ import annotations
 
-import os
-
-from swarmget.engine.connection import PROXY_AUTH_HINT, TUNNELLING, HTTPConnection
+from swarmget.engine.classify import TUNNEL, classify
+from swarmget.engine.connection import TUNNELLING, HTTPConnection
 from swarmget.engine.https import HTTPSConnection
-from swarmget.engine.job import Job
+from swarmget.engine.job import Transfer
+from swarmget.engine.verdicts import FAIL, PROXY_AUTH_HINT, Verdict
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.proxy import Proxy
@@ -48,7 +48,7 @@ def connect_request(host: str, port: int, proxy: Proxy, user_agent: str) -> byte
 class TunnelHTTPSConnection(HTTPSConnection):
     __slots__ = ("_tunnel",)
 
-    def _established(self, job: Job) -> None:
+    def _established(self, transfer: Transfer) -> None:
         """TCP to the proxy is up: ask it for the tunnel (TLS starts in _tunnelled)."""
         pool = self.pool
         proxy = pool.proxy
@@ -56,17 +56,17 @@ class TunnelHTTPSConnection(HTTPSConnection):
         _, host, port = pool.origin
         self._tunnel = ConnectResponseParser()
         self.state = TUNNELLING
-        request = connect_request(host, port, proxy, self.engine.options.user_agent)
+        request = connect_request(host, port, proxy, self.owner.options.user_agent)
         # In clear to the proxy: TLS starts inside the tunnel, once it is up.
         if not HTTPConnection._send(self, request, self._proxy_lost):
             return
         if self._pending_out is not None:
             return  # still registered for writability, as for the connect
-        self.engine.loop.modify(self.fd, EVENT_READ, self)
+        self.owner.loop.modify(self.fd, EVENT_READ, self)
 
-    def handle_io(self, mask: int) -> None:
+    def _on_io(self, mask: int) -> None:
         if self.state != TUNNELLING:
-            super().handle_io(mask)
+            super()._on_io(mask)
         elif mask & EVENT_WRITE and self._pending_out is not None:
             self._send_connect()
         elif mask & EVENT_READ:
@@ -76,7 +76,7 @@ class TunnelHTTPSConnection(HTTPSConnection):
         self._flush_out(self._proxy_lost)
 
     def _tunnel_readable(self) -> None:
-        buffer = self.engine.recv_view
+        buffer = self.owner.recv_view
         parser = self._tunnel
         try:
             n = self.sock.recv_into(buffer)
@@ -90,28 +90,30 @@ class TunnelHTTPSConnection(HTTPSConnection):
         except ConnectionClosed:
             self._fail(ConnectionClosed(f"proxy {self.pool.proxy} closed the connection"))
             return
-        except TransferError as exc:
-            if exc.code == ErrorCode.TRUNCATED:  # closed inside the head: still a connect failure
-                exc = TransferError(ErrorCode.CONNECT, f"proxy {self.pool.proxy}: {exc.message}")
-            self._fail(exc)
+        except Exception as exc:
+            error = classify(exc, TUNNEL, host=self.pool.host, via=self.pool.via)
+            if error.code == ErrorCode.TRUNCATED:  # closed inside the head: a connect failure
+                error = TransferError(
+                    ErrorCode.CONNECT, f"proxy {self.pool.proxy}: {error.message}"
+                )
+            self._fail(error)
             return
         if done:
             self._tunnelled()
 
     def _tunnelled(self) -> None:
         head = self._tunnel.head
-        assert head is not None and self.job is not None
+        transfer = self.transfer
+        assert head is not None and transfer is not None
         _, host, port = self.pool.origin
         status = head.status
         if not 200 <= status < 300:
-            job, self.job = self.job, None
             hint = PROXY_AUTH_HINT if status == 407 else ""
             error = TransferError(
                 http_code(status),
                 f"proxy {self.pool.proxy} refused CONNECT to {host}:{port}: HTTP {status}{hint}",
             )
-            self.engine.finish_failure(job, error, status)
-            self.close()
+            self._end(Verdict(FAIL, status, error=error))
             return
         if self._tunnel.extra:
             self._fail(
@@ -124,13 +126,8 @@ class TunnelHTTPSConnection(HTTPSConnection):
             return
         # HTTPSConnection takes over as after a direct connect, which it expects
         # to find registered for writability.
-        self.engine.loop.modify(self.fd, EVENT_WRITE, self)
-        super()._established(self.job)
+        self.owner.loop.modify(self.fd, EVENT_WRITE, self)
+        super()._established(transfer)
 
     def _proxy_lost(self, exc: OSError) -> None:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        self._fail(
-            TransferError(
-                ErrorCode.CONNECT, f"connection to proxy {self.pool.proxy} failed: {reason}"
-            )
-        )
+        self._fail(classify(exc, TUNNEL, host=self.pool.host, via=self.pool.via))

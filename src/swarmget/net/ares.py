@@ -42,7 +42,13 @@ import pycares
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EVENT_READ, EVENT_WRITE, EventLoop, Timer
-from swarmget.net.dns import Address, ResolveCallback, ip_literal, literal_addresses, sockaddr
+from swarmget.net.address import (
+    Address,
+    ResolveCallback,
+    ip_literal,
+    literal_addresses,
+    sockaddr,
+)
 
 _BAD = pycares.ARES_SOCKET_BAD
 # ARES_AI_ENVHOSTS in ares.h: read the hosts file named by $CARES_HOSTS.

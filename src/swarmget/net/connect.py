@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from swarmget.net.dns import Address
+from swarmget.net.address import Address
 
 _IN_PROGRESS = frozenset({0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY})
 

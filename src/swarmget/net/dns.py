@@ -20,12 +20,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
+from swarmget.net.address import Address, ResolveCallback, ip_literal, literal_addresses
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
-
-Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
-ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
 
 
 class Resolver(Protocol):
@@ -51,32 +49,6 @@ def make_resolver(loop: EventLoop, *, servers: tuple[str, ...] = ()) -> Resolver
             raise UsageError("--dns-server needs pycares (pip install pycares)") from None
         return ThreadedResolver(loop)
     return AresResolver(loop, servers=servers)
-
-
-def ip_literal(host: str) -> Address | None:
-    """(family, bare address) when ``host`` is an IPv4/IPv6 literal, else None."""
-    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            socket.inet_pton(family, bare)
-        except (OSError, ValueError):
-            continue
-        return (family, (bare,))
-    return None
-
-
-def literal_addresses(host: str, port: int) -> list[Address] | None:
-    """The one address of an IP literal ``host`` (no lookup needed), else None."""
-    literal = ip_literal(host)
-    if literal is None:
-        return None
-    family, (bare,) = literal
-    return [(family, sockaddr(family, str(bare), port))]
-
-
-def sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
-    """The ``connect()`` address for an IP in ``family``."""
-    return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)
 
 
 class LazyResolver:

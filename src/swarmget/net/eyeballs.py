@@ -36,8 +36,8 @@ from collections.abc import Callable, Sequence
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.loop import EVENT_WRITE, EventLoop, Timer
+from swarmget.net.address import Address
 from swarmget.net.connect import connect_result, start_connect
-from swarmget.net.dns import Address
 
 CONNECTION_ATTEMPT_DELAY = 0.25  # RFC 8305 §8: the recommended default
 

@@ -1,8 +1,9 @@
-"""More than one event loop: one worker process per core, fed by a parent.
+"""The supervisor and its backends: one engine in this process, or one per core.
 
-See :mod:`swarmget.parallel.supervisor` for how the work is split.
+See :mod:`swarmget.parallel.supervisor` for how the work is split and
+:mod:`swarmget.parallel.backend` for the seam between the two.
 """
 
-from swarmget.parallel.supervisor import run_parallel, worker_count
+from swarmget.parallel.workers import worker_count, worker_options
 
-__all__ = ["run_parallel", "worker_count"]
+__all__ = ["worker_count", "worker_options"]

@@ -1,10 +1,15 @@
 """A worker process: one Engine fed with rows over a pipe, reporting back over it.
 
 The pipe is registered with the engine's own event loop, so waiting for rows
-never blocks transfers in flight: when the worker has no row the source yields
-None, and the batch that arrives later wakes the loop and refills the engine.
-If the parent goes away (the pipe reaches EOF) the worker stops as on Ctrl-C:
-in-flight ``.part`` files are kept for resuming and the journal stays valid.
+never blocks transfers in flight: a batch that arrives wakes the loop and
+goes straight into the engine.  What the engine reports (finished rows,
+resumable parts) is batched and sent to the driver ten times a second, with
+what is in flight, or sooner when a batch grows large.
+
+If the driver goes away (the pipe reaches EOF, or Linux's parent-death signal
+arrives) or tells us to stop (SIGTERM), the worker stops as on Ctrl-C: files
+already complete are published and reported, parts in flight are kept for
+resuming, and nothing is left half-written at a final name.
 """
 
 from __future__ import annotations
@@ -14,76 +19,137 @@ import io
 import multiprocessing
 import os
 import signal
-from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from types import FrameType
-from typing import Any
+from typing import Final
 
 from swarmget.engine.core import Engine
 from swarmget.errors import SwarmgetError
 from swarmget.loop import EVENT_READ
 from swarmget.options import Options
-from swarmget.report import Report, Snapshot
-from swarmget.sources.rows import Row
+from swarmget.parallel.backend import (
+    Finished,
+    NoMoreRows,
+    Progress,
+    ResultTuple,
+    Rows,
+    Stopped,
+    result_to_tuple,
+)
+from swarmget.report import FileResult
+from swarmget.sinks.base import Assignment, Sink
 
-# Messages, worker -> parent:
-#   ("progress", done, failed, bytes, active)   a few times a second
-#   ("report", Report, needs_compaction)        at the end
-#   ("error", SwarmgetError)                    a run-stopping error
-#   ("interrupted",)                            stopped by the parent or its death
-# Parent -> worker: a list of Row.as_tuple() tuples, or None for "no more rows".
+REPORT_INTERVAL: Final = 0.1  # seconds between Progress messages
+REPORT_BATCH: Final = 512  # results that make a Progress message go at once
+_PR_SET_PDEATHSIG: Final = 1
 
 
-class PipeFeed(Iterator[Row | None]):
-    """The engine's row source: rows from the parent, None while none are here."""
+class PipeEvents:
+    """Batches the engine's events into Progress messages to the driver."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, worker: int) -> None:
         self._conn = conn
-        self._rows: deque[Row] = deque()
-        self._ended = False
+        self._worker = worker
+        self._results: list[ResultTuple] = []
+        self._partials: list[tuple[bytes, str]] = []
         self.engine: Engine | None = None
 
-    def __next__(self) -> Row | None:
-        if self._rows:
-            return self._rows.popleft()
-        if self._ended:
-            raise StopIteration
-        return None
+    def finished(self, result: FileResult) -> None:
+        self._results.append(result_to_tuple(result))
+        if len(self._results) >= REPORT_BATCH:
+            self.flush()
+
+    def partial(self, row: Assignment, validator: str) -> None:
+        self._partials.append((row.key, validator))
+
+    def flush(self) -> None:
+        active, in_flight = self.engine.active() if self.engine is not None else (0, 0)
+        message = Progress(self._worker, self._results, self._partials, active, in_flight)
+        self._results, self._partials = [], []
+        self._conn.send(message)
+
+
+class PipeFeed:
+    """Loop handler for the pipe from the driver: rows in, or the end of them."""
+
+    def __init__(self, conn: Connection, engine: Engine) -> None:
+        self._conn = conn
+        self._engine = engine
 
     def handle_io(self, mask: int) -> None:
         try:
             while self._conn.poll():
-                batch = self._conn.recv()
-                if batch is None:
-                    # No more rows; the pipe stays registered, so that the
-                    # parent's death is still noticed (EOF) until we finish.
-                    self._ended = True
-                    break
-                self._rows.extend([Row(*fields) for fields in batch])
+                message = self._conn.recv()
+                if isinstance(message, Rows):
+                    self._engine.add([Assignment.from_tuple(fields) for fields in message.rows])
+                elif isinstance(message, NoMoreRows):
+                    # The pipe stays registered, so that the driver's death is
+                    # still noticed (EOF) until we finish.
+                    self._engine.close_input()
         except (EOFError, OSError):
-            # The parent is gone: stop the way Ctrl-C does.
-            raise KeyboardInterrupt from None
-        if self.engine is not None:
-            self.engine.refill()
+            raise KeyboardInterrupt from None  # the driver is gone: stop as on Ctrl-C
 
 
-class PipeProgress:
-    """Sends the engine's progress to the parent (which sums all workers)."""
+def worker_main(
+    conn: Connection,
+    inherited: list[Connection],
+    worker: int,
+    make_sink: Callable[[], Sink],
+    options: Options,
+) -> None:
+    # A forked worker holds copies of the driver's pipe ends (its own and its
+    # siblings'); while any copy is open, no pipe reports EOF when the driver
+    # dies.  Close them first.
+    for other in inherited:
+        other.close()
+    # Ctrl-C reaches the whole process group; the driver decides, and tells us
+    # with SIGTERM, so a worker never dies halfway through its own cleanup.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stop)
+    events = PipeEvents(conn, worker)
+    engine: Engine | None = None
+    message: Finished | Stopped
+    try:
+        _terminate_with_parent()
+        engine = Engine(make_sink(), options, events, warn_to=io.StringIO())  # the driver warns
+        events.engine = engine
+        engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
+        _report_periodically(engine, events)
+        while not engine.finished:
+            engine.step()
+        if engine.fatal is not None:
+            engine.abort(keep_parts=False)
+            message = Stopped(worker, engine.fatal)
+        else:
+            message = Finished(worker)
+    except KeyboardInterrupt:
+        if engine is not None:
+            engine.abort()
+        message = Stopped(worker)
+    except SwarmgetError as exc:
+        message = Stopped(worker, exc)
+    _send_last(conn, events, message)
+    if engine is not None:
+        engine.close()
 
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
 
-    def start(self) -> None:
-        pass
+def _report_periodically(engine: Engine, events: PipeEvents) -> None:
+    def tick() -> None:
+        events.flush()
+        engine.loop.call_later(REPORT_INTERVAL, tick)
 
-    def update(self, snapshot: Snapshot) -> None:
-        self._conn.send(
-            ("progress", snapshot.done, snapshot.failed, snapshot.bytes, snapshot.active)
-        )
+    engine.loop.call_later(REPORT_INTERVAL, tick)
 
-    def finish(self, report: Report) -> None:
-        pass
+
+def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped) -> None:
+    try:
+        events.flush()
+        conn.send(message)
+    except OSError:
+        pass  # the driver is gone; a rerun redoes what it did not hear of
+    finally:
+        conn.close()
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
@@ -91,10 +157,10 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def _terminate_with_parent() -> None:
-    """Ask Linux for SIGTERM when the parent dies (even by SIGKILL, even mid-transfer).
+    """Ask Linux for SIGTERM when the driver dies (even by SIGKILL, even mid-transfer).
 
     The pipe's EOF tells us too, but only when the loop looks at it; a worker
-    that outlived its parent would race the user's next run in the same dir.
+    that outlived its driver would race the user's next run in the same dir.
     """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -104,47 +170,3 @@ def _terminate_with_parent() -> None:
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # it died before we asked
         raise KeyboardInterrupt
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def worker_main(
-    conn: Connection,
-    inherited: list[Connection],
-    dest: str,
-    options: Options,
-    fresh_dir: bool,
-) -> None:
-    # A forked worker holds copies of the parent's pipe ends (its own and its
-    # elder siblings'); while any copy is open, no pipe reports EOF when the
-    # parent dies.  Close them first.
-    for other in inherited:
-        other.close()
-    # Ctrl-C reaches the whole process group; the parent decides, and tells us
-    # with SIGTERM, so a worker never dies halfway through its own cleanup.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _stop)
-    feed = PipeFeed(conn)
-    message: tuple[Any, ...]
-    try:
-        _terminate_with_parent()
-        engine = Engine(
-            feed, dest, options, progress=PipeProgress(conn), names_allocated=True,
-            fresh_dir=fresh_dir, warn_to=io.StringIO(),  # the parent warns, once
-            compact_journal=False,  # siblings still append; the parent compacts
-        )  # fmt: skip
-        feed.engine = engine
-        engine.loop.add(conn.fileno(), EVENT_READ, feed)
-        report = engine.run()
-        message = ("report", report, engine.resume.needs_compaction)
-    except KeyboardInterrupt:
-        message = ("interrupted",)
-    except SwarmgetError as exc:
-        message = ("error", exc)
-    try:
-        conn.send(message)
-    except OSError:
-        pass  # the parent is gone; the journal already says what happened
-    finally:
-        conn.close()

@@ -1,10 +1,21 @@
-"""Files on disk: written as ``NAME.part``, renamed into place only when complete.
+"""Files on disk: each body is written to a part, renamed into place only when complete.
 
-A file at its final name is therefore always whole: a crash, a kill or a failed
-transfer leaves at most a ``.part`` next to it.  Parts are opened with
-``O_NOFOLLOW`` so a symlink planted at the part's name is never followed, and
-parent directories are created once and checked to resolve inside the output
-directory, so no row can write outside it.
+Theory of operation
+-------------------
+A file at its final name is always whole: a crash, a kill or a failed transfer
+leaves at most a part, and parts live where no output name can reach:
+``<out>/.swarmget/parts/<key>``, named by the row's identity (``sinks/plan.py``).
+So a list that holds both ``x`` and ``x.part``, or a user's own ``data.part``
+in the output dir, can never be mixed up with our temporary files, we never
+delete a file we did not create, and the next run finds a kept part by the
+row's key alone.  ``.swarmget`` is reserved: no planned path may enter it.
+
+Parts are opened with ``O_NOFOLLOW`` (a symlink planted at the part's name is
+never followed), and the parent directories of final paths are created once
+and checked to resolve inside the output directory, so no row can write
+outside it.  :meth:`FileSink.publish` renames a batch of finished parts into
+place; the planner recorded each path before the row was dealt out, so a file
+at a planned path is known to be ours whatever moment a crash comes.
 """
 
 from __future__ import annotations
@@ -12,20 +23,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from typing import Protocol
+from typing import Final
 
 from swarmget.errors import ErrorCode, TransferError
+from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
 
-PART_SUFFIX = ".part"
-_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-_APPEND_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+STATE_DIR: Final = ".swarmget"
+PARTS_DIR: Final = "parts"
+_OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 # Errors that will hit every other file too: the run should stop, not grind on.
-FATAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
-
-
-class Hasher(Protocol):
-    def update(self, data: memoryview | bytes, /) -> None: ...
-    def hexdigest(self) -> str: ...
+FATAL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 
 class OutputError(TransferError):
@@ -39,55 +47,64 @@ class OutputError(TransferError):
         return (OutputError, (self.message, self.fatal))
 
 
-def _io_error(action: str, path: str, exc: OSError) -> OutputError:
+def io_error(action: str, path: str, exc: OSError) -> OutputError:
     return OutputError(f"cannot {action} {path}: {exc.strerror}", exc.errno in FATAL_ERRNOS)
 
 
-class PartFile:
+def parts_dir(root: str) -> str:
+    return os.path.join(root, STATE_DIR, PARTS_DIR)
+
+
+def part_path(root: str, key: bytes) -> str:
+    """Where the part of the row with identity ``key`` is written."""
+    return os.path.join(root, STATE_DIR, PARTS_DIR, key.hex())
+
+
+class PartFile(Writer):
     """One output file being written.  ``write`` takes memoryviews without copying.
 
-    ``resume_from`` continues an existing ``.part`` of exactly that size (the
-    bytes already there are fed to the hashers first); otherwise the part is
-    created or truncated.  ``hashers`` (name -> hashlib object) see every byte,
-    so checksums are verified while streaming, not by reading the file again.
+    ``resume_from`` continues an existing part of exactly that size (the bytes
+    already there are fed to the hashers first); otherwise the part is created
+    or truncated.
     """
 
-    __slots__ = ("fd", "final", "hashers", "part", "written")
+    __slots__ = ("fd", "final", "part")
 
     def __init__(
         self,
+        part: str,
         final: str,
         *,
         resume_from: int = 0,
         hashers: dict[str, Hasher] | None = None,
     ) -> None:
+        super().__init__(hashers)
+        self.part = part
         self.final = final
-        self.part = final + PART_SUFFIX
-        self.hashers = hashers
-        self.written = 0
         self.fd = -1
         try:
             if resume_from:
-                self.fd = os.open(self.part, _APPEND_FLAGS)
+                self.fd = os.open(part, _APPEND_FLAGS)
                 if os.fstat(self.fd).st_size != resume_from:
-                    raise OutputError(f"{self.part} changed size while resuming")
+                    raise OutputError(f"{part} changed size while resuming")
                 if hashers:
                     self._hash_existing()
                 self.written = resume_from
             else:
-                self.fd = os.open(self.part, _OPEN_FLAGS, 0o644)
+                self.fd = os.open(part, _OPEN_FLAGS, 0o644)
         except OSError as exc:
             self._close_fd()
-            raise _io_error("create", self.part, exc) from None
+            raise io_error("create", part, exc) from None
         except OutputError:
             self._close_fd()
             raise
 
     def _hash_existing(self) -> None:
-        assert self.hashers
+        hashers = self.hashers
+        assert hashers
         with open(self.part, "rb") as existing:
             while chunk := existing.read(1 << 20):
-                for hasher in self.hashers.values():
+                for hasher in hashers.values():
                     hasher.update(chunk)
 
     def write(self, data: memoryview | bytes) -> None:
@@ -98,54 +115,32 @@ class PartFile:
                 data = memoryview(data)[n:]
                 n = os.write(self.fd, data)
         except OSError as exc:
-            raise _io_error("write", self.part, exc) from None
+            raise io_error("write", self.part, exc) from None
         if self.hashers is not None:
             for hasher in self.hashers.values():
                 hasher.update(data)
         self.written += size
 
-    def digests(self) -> dict[str, str]:
-        return {name: h.hexdigest() for name, h in (self.hashers or {}).items()}
-
-    def verify(self, size: int | None, expected: dict[str, str]) -> None:
-        """Raise ``size_mismatch`` / ``checksum`` when the content is not what the row says."""
-        if size is not None and self.written != size:
-            raise TransferError(
-                ErrorCode.SIZE_MISMATCH, f"got {self.written} bytes, the input says {size}"
-            )
-        actual = self.digests()
-        for name, want in expected.items():
-            if actual.get(name) != want:
-                raise TransferError(
-                    ErrorCode.CHECKSUM, f"{name} is {actual.get(name)}, the input says {want}"
-                )
-
-    def commit(self) -> None:
-        """Close and rename into place."""
-        self.close()
-        self.publish()
-
-    def close(self) -> None:
-        """Close the descriptor (the part stays; :meth:`publish` or :meth:`abort` follows)."""
+    def finish(self) -> None:
+        """Close the descriptor; :meth:`FileSink.publish` renames the part."""
         fd, self.fd = self.fd, -1
         try:
             os.close(fd)
         except OSError as exc:
-            raise _io_error("finish", self.part, exc) from None
+            raise io_error("finish", self.part, exc) from None
+
+    def abort(self, keep: bool = False) -> None:
+        self._close_fd()
+        if not keep:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.part)
 
     def publish(self) -> None:
         """Rename the closed part to its final name."""
         try:
             os.rename(self.part, self.final)
         except OSError as exc:
-            raise _io_error("finish", self.final, exc) from None
-
-    def abort(self, keep: bool = False) -> None:
-        """Close; remove the part unless ``keep`` (for resuming later)."""
-        self._close_fd()
-        if not keep:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.part)
+            raise io_error("finish", self.final, exc) from None
 
     def _close_fd(self) -> None:
         if self.fd >= 0:
@@ -161,7 +156,7 @@ class OutputDir:
         try:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
-            raise _io_error("create output directory", self.root, exc) from None
+            raise io_error("create output directory", self.root, exc) from None
         self._dirs: set[str] = {self.root}
 
     def final_path(self, rel: str) -> str:
@@ -176,9 +171,48 @@ class OutputDir:
         try:
             os.makedirs(parent, exist_ok=True)
         except OSError as exc:
-            raise _io_error("create directory", parent, exc) from None
+            raise io_error("create directory", parent, exc) from None
+        except ValueError:  # a NUL: the planner refuses these, but never crash on one
+            raise TransferError(ErrorCode.BAD_PATH, f"{parent!r} is not a valid path") from None
         # A directory (or a symlink) that already existed could point elsewhere.
         real = os.path.realpath(parent)
         if real != self.root and not real.startswith(self.root + "/"):
             raise TransferError(ErrorCode.BAD_PATH, f"{parent} resolves outside the output dir")
-        self._dirs.add(parent)
+        if len(self._dirs) < 65536:  # a cache, not a record: bounded
+            self._dirs.add(parent)
+
+
+class FileSink(Sink):
+    """Bodies become files under ``root`` (worker side; see the module docstring)."""
+
+    resumable = True
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.output = OutputDir(root)
+        self.parts = parts_dir(self.output.root)
+        try:
+            os.makedirs(self.parts, exist_ok=True)
+        except OSError as exc:
+            raise io_error("create", self.parts, exc) from None
+
+    def open(self, job: Assignment, start: int, hashers: dict[str, Hasher] | None) -> Writer:
+        path = job.path
+        if path is None:
+            raise TransferError(ErrorCode.BAD_PATH, f"no output path was planned for {job.url}")
+        final = self.output.final_path(path)
+        return PartFile(
+            os.path.join(self.parts, job.key.hex()), final, resume_from=start, hashers=hashers
+        )
+
+    def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
+        errors: list[TransferError | None] = []
+        for _, writer in done:
+            assert isinstance(writer, PartFile)
+            try:
+                writer.publish()
+            except OutputError as exc:
+                writer.abort()
+                errors.append(exc)
+                continue
+            errors.append(None)
+        return errors

@@ -40,9 +40,12 @@ MAX_COMPONENT_BYTES = 255  # NAME_MAX on every file system we care about
 RESERVED = ".swarmget"  # the run's state directory at the top of the output dir
 FALLBACK_NAME = "index"  # for URLs whose path is empty or ends in "/"
 
-# C0, DEL, C1, and lone surrogates (which cannot be encoded as a file name).
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff/\\]")
+# C0, DEL, C1, lone surrogates (which cannot be encoded as a file name), and
+# the bidirectional controls that make a name display as another one
+# ("invoice\u202egpj.exe" shows as "invoiceexe.jpg").
+_CONTROLS = r"\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(f"[{_CONTROLS}]")
+_UNSAFE = re.compile(f"[{_CONTROLS}/\\\\]")
 _MAX_EXT_CHARS = 16  # longer "extensions" are just part of the name
 _DOUBLE_EXTS = (".tar",)  # a.tar.gz -> a-1.tar.gz, not a.tar-1.gz
 
@@ -96,52 +99,112 @@ def confine(path: str) -> str:
     return "/".join(parts)
 
 
-class NameAllocator:
-    """Hands out a unique relative output path per row, deterministically."""
+class NameStore:
+    """Where a :class:`NameAllocator` remembers what it handed out.
 
+    :class:`MemoryNames` keeps sets in memory (about 95 bytes a name); the
+    planner's store (``sinks/plan.py``) keeps them in the run's journal on
+    disk, so that names cost no memory however long the list.
+    """
+
+    def taken(self, name: str) -> bool:
+        """Is ``name`` a path already handed out (as a file)?"""
+        raise NotImplementedError
+
+    def is_dir(self, name: str) -> bool:
+        """Is ``name`` a directory implied by a path already handed out?"""
+        raise NotImplementedError
+
+    def claim(self, name: str, parents: list[str]) -> None:
+        """Hand out ``name``; ``parents`` are the directories it implies."""
+        raise NotImplementedError
+
+    def next_suffix(self, name: str) -> int:
+        """Where to start counting ``-N`` suffixes for ``name`` (1 when unknown)."""
+        raise NotImplementedError
+
+    def set_next_suffix(self, name: str, n: int) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class MemoryNames(NameStore):
     def __init__(self) -> None:
         self._taken: set[str] = set()  # every path handed out
         self._dirs: set[str] = set()  # directories implied by explicit paths
         self._next_suffix: dict[str, int] = {}  # only for names that collided
 
-    def allocate(self, row: Row) -> str:
-        """The output path for ``row``: ``row.path`` if given, else from the URL.
+    def taken(self, name: str) -> bool:
+        return name in self._taken
 
-        Raises :class:`TransferError` (``bad_path`` or ``exists``) when the row
-        cannot have a path; the run goes on with the next row.
-        """
-        if row.path is None:
-            return self._claim(default_name(row.url))
-        path = confine(row.path)
-        parents = _parents(path)
-        for parent in parents:
-            if parent in self._taken:
-                raise TransferError(
-                    ErrorCode.EXISTS,
-                    f"output path {path!r} needs directory {parent!r}, "
-                    "which is already a file in this run",
-                )
-        claimed = self._claim(path)
-        self._dirs.update(parents)
-        return claimed
+    def is_dir(self, name: str) -> bool:
+        return name in self._dirs
+
+    def claim(self, name: str, parents: list[str]) -> None:
+        self._taken.add(name)
+        if parents:
+            self._dirs.update(parents)
+
+    def next_suffix(self, name: str) -> int:
+        return self._next_suffix.get(name, 1)
+
+    def set_next_suffix(self, name: str, n: int) -> None:
+        self._next_suffix[name] = n
 
     def __len__(self) -> int:
         return len(self._taken)
 
-    def _claim(self, name: str) -> str:
-        if name not in self._taken and name not in self._dirs:
-            self._taken.add(name)
+
+class NameAllocator:
+    """Hands out a unique relative output path per row, deterministically."""
+
+    def __init__(self, store: NameStore | None = None) -> None:
+        self.store = store if store is not None else MemoryNames()
+
+    def candidate(self, row: Row) -> str:
+        """The path ``row`` asks for before collisions: confined, or from the URL."""
+        return default_name(row.url) if row.path is None else confine(row.path)
+
+    def allocate(self, row: Row, candidate: str | None = None) -> str:
+        """The output path for ``row``: ``row.path`` if given, else from the URL.
+
+        Raises :class:`TransferError` (``bad_path`` or ``exists``) when the row
+        cannot have a path; the run goes on with the next row.  ``candidate``
+        is :meth:`candidate`'s answer, when the caller already has it.
+        """
+        name = candidate if candidate is not None else self.candidate(row)
+        if row.path is None:
+            return self._claim(name, [])
+        parents = parents_of(name)
+        for parent in parents:
+            if self.store.taken(parent):
+                raise TransferError(
+                    ErrorCode.EXISTS,
+                    f"output path {name!r} needs directory {parent!r}, "
+                    "which is already a file in this run",
+                )
+        return self._claim(name, parents)
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def _claim(self, name: str, parents: list[str]) -> str:
+        store = self.store
+        if not store.taken(name) and not store.is_dir(name):
+            store.claim(name, parents)
             return name
         # Resume counting where the last collision on this name stopped; a
         # candidate can still be taken (an input that lists "a-1.jpg" itself),
         # so keep going until a free one turns up.
-        n = self._next_suffix.get(name, 1)
+        n = store.next_suffix(name)
         candidate = with_suffix(name, n)
-        while candidate in self._taken or candidate in self._dirs:
+        while store.taken(candidate) or store.is_dir(candidate):
             n += 1
             candidate = with_suffix(name, n)
-        self._next_suffix[name] = n + 1
-        self._taken.add(candidate)
+        store.set_next_suffix(name, n + 1)
+        store.claim(candidate, parents)
         return candidate
 
 
@@ -209,7 +272,7 @@ def _truncate_bytes(text: str, limit: int) -> str:
     return raw[: max(limit, 0)].decode(errors="ignore")
 
 
-def _parents(path: str) -> list[str]:
+def parents_of(path: str) -> list[str]:
     """``a/b/c.jpg`` -> ``["a", "a/b"]``."""
     parents = []
     slash = path.find("/")

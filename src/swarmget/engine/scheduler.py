@@ -1,0 +1,312 @@
+"""Which transfer goes on which connection, and when to open or close one.
+
+Theory of operation
+-------------------
+Pure bookkeeping, in the manner of httpcore's connection pool: every method
+updates counts and queues and returns a list of *actions* for the engine to
+carry out (:class:`Start` a transfer on a kept-alive connection, :class:`Dial`
+a new connection, :class:`Close` one, :class:`Resolve` a host name,
+:class:`Fail` a transfer, :class:`Defer` the rest to the next loop turn).
+Nothing here touches a socket or a clock: the caller passes ``now``, so the
+rules can be tested without either (tests/test_scheduler.py).
+
+The rules:
+
+* Connections are capped twice: ``concurrency`` in total and ``per_host`` per
+  origin.  A connection that finishes a transfer takes the next queued one of
+  its origin at once (no trip through the selector); with nothing queued it
+  goes idle in its pool, unless another origin is starved for a slot, in which
+  case it is closed to make room.
+* A transfer marked ``fresh`` (it met a dead kept-alive connection) goes on a
+  brand-new connection: an idle one is closed to make room.
+* New connections start at most ``CONNECT_SLICE`` per loop turn.  A
+  non-blocking connect still costs the kernel ~50-100 us (on loopback the
+  whole handshake runs in our context), so starting 200 in one go held every
+  first request back ~20 ms; in slices, the first requests go out while later
+  connections are still being made.
+* A host whose name does not resolve fails its queued transfers at once, until
+  the negative answer goes stale.
+* Circuit breaker: after ``host_failures`` connect failures or timeouts in a
+  row on one host, with no response in between, the host is given up: its
+  queued and future transfers fail at once with the last error, so a dead
+  host costs one ``--timeout``, not one per row.
+
+A connection being closed keeps its slot counted until the engine reports it
+closed (:meth:`Scheduler.closed`), but not as available: ``closing`` counts
+slots already promised to someone else.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from swarmget.engine.job import Transfer
+from swarmget.engine.pool import HostPool, PooledConnection
+from swarmget.errors import ErrorCode, TransferError
+from swarmget.net.address import Address
+
+CONNECT_SLICE: Final = 32
+# Failures that count towards giving up a host: it does not answer.
+BREAKER_CODES: Final = frozenset({ErrorCode.CONNECT, ErrorCode.TIMEOUT})
+
+
+class Action:
+    __slots__ = ()
+
+
+class Start(Action):
+    """Send ``transfer`` on ``conn``, an open connection of its origin."""
+
+    __slots__ = ("conn", "transfer")
+
+    def __init__(self, conn: PooledConnection, transfer: Transfer) -> None:
+        self.conn = conn
+        self.transfer = transfer
+
+
+class Dial(Action):
+    """Open a new connection for ``pool``; ``transfer`` goes on it."""
+
+    __slots__ = ("pool", "transfer")
+
+    def __init__(self, pool: HostPool, transfer: Transfer) -> None:
+        self.pool = pool
+        self.transfer = transfer
+
+
+class Close(Action):
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: PooledConnection) -> None:
+        self.conn = conn
+
+
+class Resolve(Action):
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: HostPool) -> None:
+        self.pool = pool
+
+
+class Fail(Action):
+    __slots__ = ("error", "transfer")
+
+    def __init__(self, transfer: Transfer, error: TransferError) -> None:
+        self.transfer = transfer
+        self.error = error
+
+
+class Defer(Action):
+    """Call :meth:`Scheduler.dispatch_deferred` in the next loop turn."""
+
+    __slots__ = ()
+
+
+class Scheduler:
+    __slots__ = (
+        "_closing",
+        "_deferred",
+        "_idle",
+        "_slice_connects",
+        "_slice_turn",
+        "_starved",
+        "closing",
+        "concurrency",
+        "host_failures",
+        "open",
+        "per_host",
+        "stopping",
+    )
+
+    def __init__(self, concurrency: int, per_host: int, host_failures: int = 5) -> None:
+        self.concurrency = concurrency
+        self.per_host = per_host
+        self.host_failures = host_failures  # 0: never give a host up
+        self.open = 0  # connections (and dials) open, all pools
+        self.closing = 0  # of those, being closed to free their slot
+        self.stopping = False  # a fatal error: reuse nothing, start nothing
+        self._closing: set[PooledConnection] = set()
+        self._idle: dict[PooledConnection, None] = {}  # all idle connections, oldest first
+        self._starved: dict[HostPool, None] = {}  # pools waiting for a global slot
+        self._deferred: dict[HostPool, None] = {}  # pools waiting for the next connect slice
+        self._slice_turn = -1.0  # the ``now`` of the turn _slice_connects counts
+        self._slice_connects = 0
+
+    # -- transfers in ------------------------------------------------------------------
+
+    def submit(
+        self, pool: HostPool, transfer: Transfer, now: float, front: bool = False
+    ) -> list[Action]:
+        if front:
+            pool.queue.appendleft(transfer)
+        else:
+            pool.queue.append(transfer)
+        actions: list[Action] = []
+        self._dispatch(pool, now, actions)
+        return actions
+
+    def dispatch_deferred(self, now: float) -> list[Action]:
+        deferred, self._deferred = self._deferred, {}
+        actions: list[Action] = []
+        for pool in deferred:
+            self._dispatch(pool, now, actions)
+        return actions
+
+    # -- connections: done, idle, gone ---------------------------------------------------
+
+    def released(self, conn: PooledConnection, reusable: bool, now: float) -> list[Action]:
+        """``conn`` finished its transfer: give it the next one, park it, or close it."""
+        pool = conn.pool
+        if not reusable or self.stopping:
+            return [self._close(conn)]
+        if pool.queue and pool.given_up is None:
+            return [Start(conn, pool.queue.popleft())]
+        if self._starved:
+            return [self._close(conn)]
+        conn.idle_since = now
+        pool.idle.append(conn)
+        self._idle[conn] = None
+        return []
+
+    def closed(self, conn: PooledConnection, now: float) -> list[Action]:
+        """``conn`` is closed (by us or by the server): its slot is free."""
+        pool = conn.pool
+        if conn in self._idle:
+            del self._idle[conn]
+            pool.idle.remove(conn)
+        if conn in self._closing:
+            self._closing.discard(conn)
+            self.closing -= 1
+            pool.closing -= 1
+        return self._slot_freed(pool, now)
+
+    def dial_failed(self, pool: HostPool, now: float) -> list[Action]:
+        """A :class:`Dial` did not produce a connection."""
+        return self._slot_freed(pool, now)
+
+    def idle_connections(self) -> list[PooledConnection]:
+        return list(self._idle)
+
+    # -- hosts: names and health ---------------------------------------------------------
+
+    def resolved(
+        self,
+        pool: HostPool,
+        addresses: list[Address] | None,
+        error: TransferError | None,
+        refresh_at: float,
+        now: float,
+    ) -> list[Action]:
+        pool.resolving = False
+        pool.refresh_at = refresh_at
+        # A refresh that fails keeps the addresses that worked: a DNS blip
+        # should not fail a host we are using.
+        if addresses is not None or pool.addresses is None:
+            pool.addresses = addresses
+            pool.dns_error = error
+        actions: list[Action] = []
+        self._dispatch(pool, now, actions)
+        return actions
+
+    def host_failed(self, pool: HostPool, error: TransferError) -> list[Action]:
+        """A transfer on ``pool`` failed; maybe give the host up (the circuit breaker)."""
+        if error.code not in BREAKER_CODES or pool.given_up is not None:
+            return []
+        pool.consecutive_failures += 1
+        if not self.host_failures or pool.consecutive_failures < self.host_failures:
+            return []
+        pool.given_up = TransferError(
+            error.code,
+            f"{error.message}; host {pool.host} given up after {pool.consecutive_failures} "
+            "failed connections in a row (--host-failures)",
+        )
+        actions: list[Action] = []
+        self._fail_queue(pool, pool.given_up, actions)
+        return actions
+
+    def host_answered(self, pool: HostPool) -> None:
+        pool.consecutive_failures = 0
+
+    # -- the rules ---------------------------------------------------------------------
+
+    def _dispatch(self, pool: HostPool, now: float, actions: list[Action]) -> None:
+        if pool.given_up is not None:
+            self._fail_queue(pool, pool.given_up, actions)
+            return
+        if pool.addresses is None:
+            if pool.dns_error is not None and now < pool.refresh_at:
+                self._fail_queue(pool, pool.dns_error, actions)
+            elif not pool.resolving:
+                pool.resolving = True
+                actions.append(Resolve(pool))
+            return
+        if pool.refresh_at <= now and not pool.resolving and pool.queue:
+            pool.resolving = True  # in the background; connects use what we have
+            actions.append(Resolve(pool))
+        queue = pool.queue
+        while queue and not self.stopping:
+            if pool.idle and queue[0].fresh:
+                actions.append(self._close(pool.idle[0]))
+            if pool.idle:
+                conn = pool.idle.pop()
+                del self._idle[conn]
+                actions.append(Start(conn, queue.popleft()))
+                continue
+            if pool.open - pool.closing >= self.per_host:
+                return
+            if self.open - self.closing >= self.concurrency and not self._evict_idle(actions):
+                self._starved[pool] = None
+                return
+            if not self._connect_slot(pool, now, actions):
+                return
+            transfer = queue.popleft()
+            transfer.fresh = False
+            pool.open += 1
+            self.open += 1
+            actions.append(Dial(pool, transfer))
+
+    def _slot_freed(self, pool: HostPool, now: float) -> list[Action]:
+        pool.open -= 1
+        self.open -= 1
+        actions: list[Action] = []
+        if pool.queue:
+            self._dispatch(pool, now, actions)
+        while self._starved and self.open - self.closing < self.concurrency:
+            starved = next(iter(self._starved))
+            del self._starved[starved]
+            self._dispatch(starved, now, actions)
+        return actions
+
+    def _connect_slot(self, pool: HostPool, now: float, actions: list[Action]) -> bool:
+        """May ``pool`` start a connection in this loop turn (see CONNECT_SLICE)?"""
+        if now != self._slice_turn:
+            self._slice_turn, self._slice_connects = now, 0
+        if self._slice_connects < CONNECT_SLICE:
+            self._slice_connects += 1
+            return True
+        if not self._deferred:
+            actions.append(Defer())
+        self._deferred[pool] = None
+        return False
+
+    def _evict_idle(self, actions: list[Action]) -> bool:
+        if not self._idle:
+            return False
+        actions.append(self._close(next(iter(self._idle))))
+        return True
+
+    def _close(self, conn: PooledConnection) -> Close:
+        """Take ``conn`` out of the idle lists; its slot counts as free from now."""
+        pool = conn.pool
+        if conn in self._idle:
+            del self._idle[conn]
+            pool.idle.remove(conn)
+        if conn not in self._closing:
+            self._closing.add(conn)
+            self.closing += 1
+            pool.closing += 1
+        return Close(conn)
+
+    def _fail_queue(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
+        while pool.queue:
+            actions.append(Fail(pool.queue.popleft(), error))

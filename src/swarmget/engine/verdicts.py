@@ -1,0 +1,148 @@
+"""What to do with a response, decided from its head alone: a value, not an exception.
+
+:func:`judge` looks at a final response head and the transfer that asked for
+it, and returns a :class:`Verdict`:
+
+* ``ACCEPT``: the body is ours; write it from byte ``start`` (0, or the start
+  of the range we asked for when the server answered 206 with a matching
+  ``Content-Range``);
+* ``REDIRECT``: follow ``location`` (already checked: http(s), within the hop
+  limit, no silent https -> http downgrade);
+* ``RESTART``: a ranged request got a 206 for other bytes: ask again from zero;
+  not the server's failure, so it does not count as an attempt;
+* ``FAIL``: the row fails with ``error`` (an HTTP error status, too large, a
+  protocol violation), retried or not by the retry policy.
+
+For ``REDIRECT`` and ``FAIL`` the verdict also says whether the body is worth
+reading (``discard``: small and framed, so the connection can be kept) or the
+connection should be closed now.  The connection acts on the verdict; nothing
+here does I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from swarmget.engine.job import Transfer, content_range_ok
+from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
+from swarmget.engine.retry import parse_retry_after
+from swarmget.errors import ErrorCode, TransferError, http_code
+from swarmget.options import Options
+from swarmget.protocol import ResponseHead
+
+ACCEPT: Final = 0
+REDIRECT: Final = 1
+RESTART: Final = 2
+FAIL: Final = 3
+
+# An error response body larger than this is not worth reading to keep the
+# connection: we close it instead.
+MAX_DISCARD: Final = 256 * 1024
+PROXY_AUTH_HINT: Final = " (Proxy Authentication Required: give user:password in the proxy URL)"
+
+
+class Verdict:
+    __slots__ = (
+        "discard",
+        "error",
+        "kind",
+        "location",
+        "retry_after",
+        "stale",
+        "start",
+        "status",
+    )
+
+    def __init__(
+        self,
+        kind: int,
+        status: int,
+        *,
+        start: int = 0,
+        error: TransferError | None = None,
+        location: str | None = None,
+        retry_after: float | None = None,
+        discard: bool = False,
+        stale: bool = False,
+    ) -> None:
+        self.kind = kind
+        self.status = status
+        self.start = start  # ACCEPT: the byte the body begins at
+        self.error = error  # FAIL, RESTART
+        self.location = location  # REDIRECT
+        self.retry_after = retry_after  # FAIL: the server's Retry-After, in seconds
+        self.discard = discard  # read the (small) body to keep the connection
+        # FAIL on a reused connection before any of our response: most likely the
+        # server closed it as we sent; retried once on a fresh one, for free.
+        self.stale = stale
+
+    def __repr__(self) -> str:
+        kind = ("accept", "redirect", "restart", "fail")[self.kind]
+        return f"<Verdict {kind} {self.status} error={self.error} location={self.location}>"
+
+
+def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "") -> Verdict:
+    """The verdict on ``head`` for ``transfer``; ``via`` names an http proxy, if any."""
+    status = head.status
+    if status == 206:
+        return _judge_partial(transfer, head, options)
+    if 200 <= status < 300:
+        # The whole entity: the server ignored our Range, or the validator
+        # changed; either way the body starts at byte zero.
+        too_large = _too_large(head.content_length, options)
+        if too_large is not None:
+            return Verdict(FAIL, status, error=too_large)
+        return Verdict(ACCEPT, status)
+    discard = head.chunked or (
+        head.content_length is not None and head.content_length <= MAX_DISCARD
+    )
+    if status in REDIRECT_STATUSES:
+        location = head.get(b"location")
+        if location is None or not location.strip():
+            error = TransferError(
+                ErrorCode.BAD_REDIRECT, f"HTTP {status} redirect without a Location"
+            )
+            return Verdict(FAIL, status, error=error)
+        try:
+            target = redirect_target(transfer.job, location, options)
+        except TransferError as exc:
+            return Verdict(FAIL, status, error=exc)
+        return Verdict(REDIRECT, status, location=target, discard=discard)
+    retry_after = parse_retry_after(head.get(b"retry-after"))
+    return Verdict(
+        FAIL, status, error=http_error(status, via), retry_after=retry_after, discard=discard
+    )
+
+
+def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> Verdict:
+    if not transfer.ranged:
+        error = TransferError(ErrorCode.PROTOCOL, "206 Partial Content to a plain GET")
+        return Verdict(FAIL, 206, error=error)
+    content_range = head.get(b"content-range")
+    if not content_range_ok(content_range, transfer.start, transfer.end):
+        error = TransferError(
+            ErrorCode.PROTOCOL,
+            f"Content-Range {content_range!r} does not answer Range: {transfer.range_header()}",
+        )
+        return Verdict(RESTART, 206, error=error)
+    length = head.content_length
+    too_large = _too_large(None if length is None else transfer.start + length, options)
+    if too_large is not None:
+        return Verdict(FAIL, 206, error=too_large)
+    return Verdict(ACCEPT, 206, start=transfer.start)
+
+
+def _too_large(total: int | None, options: Options) -> TransferError | None:
+    limit = options.max_size
+    if limit is None or total is None or total <= limit:
+        return None
+    return TransferError(
+        ErrorCode.TOO_LARGE, f"the file has {total} bytes, over --max-size {limit}"
+    )
+
+
+def http_error(status: int, via: str = "") -> TransferError:
+    """``http_<status>`` for a final status that is not a success; a 407 names the proxy."""
+    if status == 407 and via:
+        return TransferError(http_code(407), f"HTTP 407 from proxy {via}{PROXY_AUTH_HINT}")
+    return TransferError(http_code(status), f"HTTP {status}")

@@ -1,0 +1,42 @@
+"""Addresses: what a name resolves to, and IP literals that need no lookup.
+
+Its own module so that both resolvers (``net/dns.py``, ``net/ares.py``) and the
+connection code share it without importing each other.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+from swarmget.errors import TransferError
+
+Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
+# How a resolver answers: (addresses, None) or (None, error), on the loop thread.
+ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
+
+
+def ip_literal(host: str) -> Address | None:
+    """(family, bare address) when ``host`` is an IPv4/IPv6 literal, else None."""
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, bare)
+        except (OSError, ValueError):
+            continue
+        return (family, (bare,))
+    return None
+
+
+def literal_addresses(host: str, port: int) -> list[Address] | None:
+    """The one address of an IP literal ``host`` (no lookup needed), else None."""
+    literal = ip_literal(host)
+    if literal is None:
+        return None
+    family, (bare,) = literal
+    return [(family, sockaddr(family, str(bare), port))]
+
+
+def sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
+    """The ``connect()`` address for an IP in ``family``."""
+    return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)

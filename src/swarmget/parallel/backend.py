@@ -1,0 +1,133 @@
+"""The backend seam: how the driver reaches the engines that download.
+
+Theory of operation
+-------------------
+The driver (``swarmget/driver.py``) reads and plans rows, keeps the journal
+and the report; engines download.  Between them is a :class:`Backend` with
+four verbs -- :meth:`~Backend.start`, :meth:`~Backend.send` rows to a worker,
+:meth:`~Backend.poll` for events, :meth:`~Backend.stop` -- and a handful of
+messages, plain dataclasses that pickle:
+
+* driver -> worker: :class:`Rows` (a batch of planned rows), :class:`NoMoreRows`;
+* worker -> driver: :class:`Progress` (finished rows, resumable parts, what is
+  in flight), :class:`Finished` (it has done every row it was sent),
+  :class:`Stopped` (it stopped early: interrupted, or a run-stopping error),
+  and, made up by the backend itself, :class:`Died` (the worker went away
+  without a word: a crash, a kill).
+
+Backends: :class:`~swarmget.parallel.inline.InlineBackend` runs one engine in
+the driver's own process; :class:`~swarmget.parallel.fork.ForkBackend` runs
+one engine per worker process, fed over pipes.  A cluster backend (Ray) is the
+same four verbs over actors.
+
+Rows and results cross as tuples inside the dataclasses: a batch of 256 rows
+is one message, and a tuple pickles several times faster than an object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+from swarmget.errors import SwarmgetError
+from swarmget.report import FileResult
+from swarmget.sinks.base import AssignmentTuple
+
+# FileResult's fields as they cross a pipe (see result_to_tuple).
+ResultTuple = tuple[
+    bytes, int, str, str | None, str, int | None, int, str | None, int, int,
+    str | None, dict[str, str] | None, str | None,
+]  # fmt: skip
+
+
+def result_to_tuple(r: FileResult) -> ResultTuple:
+    return (
+        r.key, r.index, r.url, r.path, r.status, r.http_status, r.bytes, r.error, r.attempts,
+        r.elapsed_ms, r.message, r.digests, r.final_url,
+    )  # fmt: skip
+
+
+def result_from_tuple(t: ResultTuple) -> FileResult:
+    key, index, url, path, status, http_status, size, error, attempts = t[:9]
+    elapsed_ms, message, digests, final_url = t[9:]
+    return FileResult(
+        url, path, status, http_status, size, error, attempts, elapsed_ms, message,
+        digests, final_url, index, key,
+    )  # fmt: skip
+
+
+# -- driver -> worker ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Rows:
+    rows: list[AssignmentTuple]
+
+
+@dataclasses.dataclass(slots=True)
+class NoMoreRows:
+    pass
+
+
+# -- worker -> driver ---------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Progress:
+    worker: int
+    results: list[ResultTuple]  # rows finished since the last message
+    partials: list[tuple[bytes, str]]  # (key, validator) of large bodies that began
+    active: int  # transfers receiving now
+    in_flight: int  # body bytes they have received so far
+
+
+@dataclasses.dataclass(slots=True)
+class Finished:
+    worker: int
+
+
+@dataclasses.dataclass(slots=True)
+class Stopped:
+    """The worker stopped before its rows were done: interrupted, or ``error``."""
+
+    worker: int
+    error: SwarmgetError | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class Died:
+    worker: int
+    exitcode: int | None
+
+
+Event = Progress | Finished | Stopped | Died
+
+
+class Backend(Protocol):
+    """See the module docstring (a protocol: backends need not be compiled)."""
+
+    workers: int
+
+    def start(self) -> None: ...
+
+    def send(self, worker: int, rows: list[AssignmentTuple]) -> bool:
+        """Give ``worker`` more rows; False when it has gone (a Died event says why)."""
+        ...
+
+    def end(self, worker: int) -> None:
+        """``worker`` gets no more rows: it finishes what it has, then reports Finished."""
+        ...
+
+    def poll(self, timeout: float) -> list[Event]:
+        """Wait at most ``timeout`` seconds for events; return those that came."""
+        ...
+
+    def replace(self, worker: int) -> bool:
+        """Start a new worker in the place of ``worker`` (which died); False if it cannot."""
+        ...
+
+    def stop(self) -> None:
+        """Interrupt every worker and wait for it to stop (its last events stay pollable)."""
+        ...
+
+    def close(self) -> None: ...

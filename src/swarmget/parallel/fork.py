@@ -1,0 +1,178 @@
+"""One engine per worker process, fed over pipes: the backend of ``workers > 1``.
+
+fork, not spawn: cheap, and it does not re-import the caller's main module
+(spawn does, which breaks scripts without an ``if __name__ == "__main__"``
+guard).  It is also Python's own default on Linux.  Workers touch no lock a
+caller's thread could hold (they log nothing, print nothing).
+
+A worker that dies without a word (a crash, the OOM killer) shows up as a
+:class:`~swarmget.parallel.backend.Died` event when its pipe ends; the driver
+fails the rows it had not reported and may :meth:`ForkBackend.replace` it.
+Ctrl-C: :meth:`ForkBackend.stop` sends every worker SIGTERM and waits for it
+to keep its parts and send its last results, which a following poll returns.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Final
+
+from swarmget.options import Options
+from swarmget.parallel.backend import (
+    Died,
+    Event,
+    Finished,
+    NoMoreRows,
+    Rows,
+    Stopped,
+)
+from swarmget.parallel.worker import worker_main
+from swarmget.sinks.base import AssignmentTuple, Sink
+
+STOP_WAIT: Final = 10.0  # seconds a stopped worker gets to clean up before SIGKILL
+
+
+class _Slot:
+    __slots__ = ("conn", "ended", "process")
+
+    def __init__(self, process: BaseProcess, conn: Connection) -> None:
+        self.process = process
+        self.conn = conn
+        self.ended = False  # it said Finished/Stopped, or its pipe ended
+
+
+class ForkBackend:
+    def __init__(self, workers: int, make_sink: Callable[[], Sink], options: Options) -> None:
+        self.workers = workers
+        self._make_sink = make_sink
+        self._options = options
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        self._method = method
+        self._context: Any = multiprocessing.get_context(method)
+        self._slots: list[_Slot | None] = [None] * workers
+        self._pending: list[Event] = []  # drained by stop(), returned by the next poll
+
+    def start(self) -> None:
+        for worker in range(self.workers):
+            self._spawn(worker)
+
+    def _spawn(self, worker: int) -> None:
+        parent_end, child_end = self._context.Pipe()
+        # With fork the child inherits every driver end made so far: it closes
+        # them (spawn passes nothing it is not given, so the list is moot).
+        inherited = [s.conn for s in self._slots if s is not None] + [parent_end]
+        process = self._context.Process(
+            target=worker_main,
+            args=(
+                child_end,
+                inherited if self._method == "fork" else [],
+                worker,
+                self._make_sink,
+                self._options,
+            ),
+            daemon=True,
+        )
+        process.start()
+        child_end.close()
+        old = self._slots[worker]
+        if old is not None:
+            old.conn.close()
+        self._slots[worker] = _Slot(process, parent_end)
+
+    def send(self, worker: int, rows: list[AssignmentTuple]) -> bool:
+        return self._send(worker, Rows(rows))
+
+    def end(self, worker: int) -> None:
+        self._send(worker, NoMoreRows())
+
+    def _send(self, worker: int, message: Rows | NoMoreRows) -> bool:
+        # A worker may end at any moment and its pipe then breaks.  That is not
+        # our error to raise: poll() reports how it ended.
+        slot = self._slots[worker]
+        if slot is None or slot.ended:
+            return False
+        try:
+            slot.conn.send(message)
+        except OSError:
+            return False
+        return True
+
+    def poll(self, timeout: float) -> list[Event]:
+        if self._pending:
+            events, self._pending = self._pending, []
+            return events
+        live = {slot.conn: worker for worker, slot in self._live()}
+        if not live:
+            return []
+        received: list[Event] = []
+        for conn in wait(list(live), timeout=timeout):
+            assert isinstance(conn, Connection)
+            self._receive(live[conn], received)
+        return received
+
+    def _live(self) -> list[tuple[int, _Slot]]:
+        return [(w, s) for w, s in enumerate(self._slots) if s is not None and not s.ended]
+
+    def _receive(self, worker: int, events: list[Event]) -> None:
+        slot = self._slots[worker]
+        assert slot is not None
+        try:
+            while slot.conn.poll():
+                message = slot.conn.recv()
+                events.append(message)
+                if isinstance(message, Finished | Stopped):
+                    slot.ended = True
+                    return
+        except (EOFError, OSError):
+            slot.ended = True
+            slot.process.join(5)
+            events.append(Died(worker, slot.process.exitcode))
+
+    def replace(self, worker: int) -> bool:
+        slot = self._slots[worker]
+        if slot is not None:
+            slot.process.join(1)
+        try:
+            self._spawn(worker)
+        except OSError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        """Interrupt every worker (SIGTERM: it stops as on Ctrl-C), then wait for it.
+
+        Its last messages are read while we wait (a worker blocked on a full
+        pipe would otherwise never exit), and kept for the next poll().
+        """
+        for _, slot in self._live():
+            if slot.process.is_alive():
+                slot.process.terminate()
+        deadline = time.monotonic() + STOP_WAIT
+        events: list[Event] = []
+        while True:
+            live = {slot.conn: worker for worker, slot in self._live()}
+            left = deadline - time.monotonic()
+            if not live or left <= 0:
+                break
+            for conn in wait(list(live), timeout=left):
+                assert isinstance(conn, Connection)
+                self._receive(live[conn], events)
+        for maybe in self._slots:
+            if maybe is not None and maybe.process.is_alive():
+                maybe.process.kill()
+                maybe.process.join()
+        self._pending.extend(events)
+
+    def close(self) -> None:
+        for slot in self._slots:
+            if slot is None:
+                continue
+            slot.process.join(STOP_WAIT)
+            if slot.process.is_alive():
+                slot.process.kill()
+                slot.process.join()
+            slot.conn.close()

@@ -1,0 +1,93 @@
+"""One engine in the driver's own process: the backend of ``workers=1``.
+
+:meth:`InlineBackend.poll` runs the engine's event loop for one turn (at most
+``timeout``), then hands over what the engine reported during it.  So the
+driver's loop *is* the event loop, with the driver's own work (dealing rows,
+recording results, progress) between turns; nothing crosses a process or a
+thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TextIO
+
+from swarmget.engine.core import Engine
+from swarmget.options import Options
+from swarmget.parallel.backend import (
+    Event,
+    Finished,
+    Progress,
+    ResultTuple,
+    Stopped,
+    result_to_tuple,
+)
+from swarmget.report import FileResult
+from swarmget.sinks.base import Assignment, AssignmentTuple, Sink
+
+
+class _Collected:
+    def __init__(self) -> None:
+        self.results: list[ResultTuple] = []
+        self.partials: list[tuple[bytes, str]] = []
+
+    def finished(self, result: FileResult) -> None:
+        self.results.append(result_to_tuple(result))
+
+    def partial(self, row: Assignment, validator: str) -> None:
+        self.partials.append((row.key, validator))
+
+
+class InlineBackend:
+    workers = 1
+
+    def __init__(
+        self, make_sink: Callable[[], Sink], options: Options, *, warn_to: TextIO | None = None
+    ) -> None:
+        self._events = _Collected()
+        self.engine = Engine(make_sink(), options, self._events, warn_to=warn_to)
+        self._done = False  # Finished or Stopped was reported
+        self._stopped = False
+
+    def start(self) -> None:
+        pass
+
+    def send(self, worker: int, rows: list[AssignmentTuple]) -> bool:
+        self.engine.add([Assignment.from_tuple(fields) for fields in rows])
+        return True
+
+    def end(self, worker: int) -> None:
+        self.engine.close_input()
+
+    def poll(self, timeout: float) -> list[Event]:
+        engine = self.engine
+        if not engine.finished and not self._stopped:
+            engine.step(timeout)
+        events: list[Event] = []
+        collected = self._events
+        if collected.results or collected.partials or not (engine.finished or self._stopped):
+            active, in_flight = engine.active()
+            events.append(Progress(0, collected.results, collected.partials, active, in_flight))
+            collected.results, collected.partials = [], []
+        if engine.finished and not self._done:
+            self._done = True
+            if engine.fatal is not None:
+                engine.abort(keep_parts=False)
+                events.append(Stopped(0, engine.fatal))
+            else:
+                events.append(Finished(0))
+        return events
+
+    def replace(self, worker: int) -> bool:
+        return False  # the driver's own process: nothing to replace it with
+
+    def stop(self) -> None:
+        """Interrupted: the engine stops at once; poll() still hands over what it reported."""
+        self.engine.abort()
+        self._stopped = self._done = True
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def backlog(self) -> int:
+        return self.engine.backlog()

@@ -1,0 +1,67 @@
+"""Rendering GET requests: one template per origin, filled in per request.
+
+Everything after the request target is the same for every request to an
+origin (Host, User-Agent, Accept, the user's headers), so it is encoded once,
+in :class:`RequestTemplate`, and a plain request is two concatenations.  What
+varies per request goes in front of the final blank line:
+
+* ``Range`` (and ``If-Range``, so a continued part is only continued if the
+  entity is unchanged) for a transfer of a byte range;
+* credentials: the user's ``Authorization``/``Cookie`` headers and a URL's
+  ``user:password@``, sent only to the origin they were meant for;
+* ``Proxy-Authorization`` for an http proxy that forwards our requests
+  (fixed per origin, so it is part of the tail).
+
+The target was made safe by the caller (``engine/urls.py``): printable ASCII,
+no spaces, so it can never end the request line early or inject a header.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class RequestTemplate:
+    __slots__ = ("_tail", "_tail_open", "target_prefix")
+
+    def __init__(
+        self,
+        host_header: str,
+        headers: Mapping[str, str],
+        *,
+        target_prefix: str = "",
+        proxy_authorization: str | None = None,
+    ) -> None:
+        lines = [" HTTP/1.1", f"Host: {host_header}"]
+        lines.extend(f"{name}: {value}" for name, value in headers.items())
+        if proxy_authorization is not None:
+            lines.append(f"Proxy-Authorization: {proxy_authorization}")
+        tail = ("\r\n".join(lines) + "\r\n").encode("latin-1")
+        self._tail = tail + b"\r\n"
+        self._tail_open = tail  # without the blank line: more headers follow
+        # "http://host:port" for an http proxy (absolute-form, RFC 9112 3.2.2), else "".
+        self.target_prefix = target_prefix
+
+    def render(
+        self,
+        target: str,
+        *,
+        byte_range: str | None = None,
+        validator: str | None = None,
+        credentials: bytes = b"",
+    ) -> bytes:
+        """The request for ``target``; ``credentials`` are whole CRLF-ended header lines."""
+        line = b"GET " + (self.target_prefix + target).encode("ascii")
+        if byte_range is None and not credentials:
+            return line + self._tail
+        extra = credentials
+        if byte_range is not None:
+            extra += f"Range: {byte_range}\r\n".encode("latin-1")
+            if validator is not None:
+                extra += f"If-Range: {validator}\r\n".encode("latin-1")
+        return line + self._tail_open + extra + b"\r\n"
+
+
+def header_lines(headers: Mapping[str, str]) -> bytes:
+    """``Name: value`` CRLF-ended lines, for :meth:`RequestTemplate.render`'s credentials."""
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")

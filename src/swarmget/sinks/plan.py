@@ -1,0 +1,519 @@
+"""Planning rows for the file sink: identity, output path, resume, skip (driver side).
+
+Theory of operation
+-------------------
+Every input row is planned here, in the driver, before any engine sees it,
+and identically whatever the number of worker processes: the same checks
+(the row parsed, the URL is http(s), the path is confined and not reserved),
+the same names, the same resume decisions.
+
+**Identity.**  A row is known across runs by its *key*: a hash of its URL, its
+explicit ``path`` column (if any) and its *occurrence* -- how many rows with
+the same URL and path came before it in this run's input.  So a list that is
+reordered between runs maps every row to what it was before (its file is
+skipped, not fetched twice), and a list with duplicates has one identity per
+copy: the first ``a.jpg`` and the second are two rows, with two files
+(``a.jpg``, ``a-1.jpg``) and two records, every run.
+
+**Names.**  A row the journal already knows keeps the path it was given, even
+if the list changed around it; a new row gets its default or explicit name,
+suffixed past every path claimed in this run or an earlier one
+(:class:`~swarmget.sinks.naming.NameAllocator` over the journal).
+
+**Decisions**, per row:
+
+* done in an earlier run (ok, and the file is there with its size): skipped;
+* a part was kept with a validator: continued with ``Range`` + ``If-Range``;
+* a file is at the path that this run did not plan (and no earlier run
+  claimed): it is someone else's, and the row fails with ``exists`` unless
+  ``--overwrite``;
+* otherwise: dealt out, to be downloaded.
+
+All of a batch's decisions are committed to the journal before the batch is
+dealt, so a file at a planned path is always known to be ours.
+
+**Duplicates with ``--dedupe``.**  The first row of each distinct URL is
+downloaded; the others wait for it in the journal and get its file by a hard
+link (a copy where links are impossible) and a record of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import hashlib
+import os
+import shutil
+
+from swarmget.engine.urls import UrlSplitter, redact
+from swarmget.errors import ErrorCode, TransferError
+from swarmget.manifest import manifest_path, write_manifest
+from swarmget.options import Options
+from swarmget.report import FileResult
+from swarmget.sinks.base import Assignment
+from swarmget.sinks.files import STATE_DIR, OutputDir, OutputError, part_path
+from swarmget.sinks.journal import (
+    FAILED,
+    OK,
+    Follower,
+    Journal,
+    Outcome,
+    PlanEntry,
+    Previous,
+    storable,
+)
+from swarmget.sinks.naming import NameAllocator, NameStore, parents_of
+from swarmget.sources.rows import Row
+
+_MAX_CACHED = 65536  # bounded caches: a list's length must not cost memory
+# Rows in the plan log before it is started afresh (see Journal.checkpoint).
+CHECKPOINT_ROWS = 100_000
+
+
+def row_key(url: str, path: str | None, occurrence: int) -> bytes:
+    """The identity of the ``occurrence``-th row with this URL and path column."""
+    path = path or ""
+    text = f"{len(url)}:{url}{len(path)}:{path}{occurrence}"
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+@dataclasses.dataclass(slots=True)
+class PlanBatch:
+    """What planning a batch of rows decided."""
+
+    assignments: list[Assignment]  # to download
+    results: list[FileResult]  # decided now (bad_row, bad_url, bad_path, exists, dedupe)
+    skipped: int = 0  # done in an earlier run
+
+
+class JournalNames(NameStore):
+    """Names handed out, kept in the journal (see NameStore).
+
+    A name is *held* in memory from the moment it is claimed until its row's
+    outcome is in the journal's table (:meth:`release`): that is, for the rows
+    in flight, a number bounded by the workers' backlogs, never by the list.
+    The planner announces a batch's candidate names (:meth:`prefetch`) so that
+    one query answers them all.
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._held: dict[str, None] = {}  # claimed, not yet in the table
+        self._held_dirs: dict[str, int] = {}  # directories they imply, with counts
+        self._known: dict[str, bool] = {}  # prefetched: taken or not
+        self._suffixes: dict[str, int] = {}
+
+    def prefetch(self, names: list[str]) -> None:
+        taken = self._journal.taken(names)
+        self._known = {name: name in taken for name in names}
+
+    def release(self, name: str) -> None:
+        """``name``'s row is in the table now: the journal answers for it."""
+        self._held.pop(name, None)
+        self._known.pop(name, None)
+        for parent in parents_of(name):
+            count = self._held_dirs.get(parent, 0) - 1
+            if count > 0:
+                self._held_dirs[parent] = count
+            else:
+                self._held_dirs.pop(parent, None)
+
+    def taken(self, name: str) -> bool:
+        if name in self._held:
+            return True
+        known = self._known.get(name)
+        if known is not None:
+            return known
+        return bool(self._journal.taken([name]))
+
+    def is_dir(self, name: str) -> bool:
+        return name in self._held_dirs or self._journal.is_directory(name)
+
+    def claim(self, name: str, parents: list[str]) -> None:
+        self._held[name] = None
+        if parents:
+            for parent in parents:
+                self._held_dirs[parent] = self._held_dirs.get(parent, 0) + 1
+            self._journal.note_directories()
+
+    def next_suffix(self, name: str) -> int:
+        return self._suffixes.get(name, 1)
+
+    def set_next_suffix(self, name: str, n: int) -> None:
+        if len(self._suffixes) >= _MAX_CACHED:
+            self._suffixes.clear()  # only a head start: counting from 1 is still right
+        self._suffixes[name] = n
+
+    def __len__(self) -> int:
+        return len(self._journal) + len(self._held)
+
+
+class FilePlanner:
+    """Plans rows for the file sink and keeps the journal (see the module docstring)."""
+
+    def __init__(self, root: str, options: Options) -> None:
+        self.root = OutputDir(root).root
+        self.options = options
+        self.journal = Journal(self.root)
+        self._names_store = JournalNames(self.journal)
+        self.names = NameAllocator(self._names_store)
+        # In an output dir that starts empty, every file is ours: no need to look
+        # for foreign files before each download (one syscall less per file).
+        self.fresh = self.journal.empty_at_start and not _has_files(self.root)
+        self._split = UrlSplitter().split
+        self._occurrences: dict[tuple[str, str | None], int] = {}
+        # Rows planned and dealt out whose outcome is not in the table yet.
+        self._in_flight: dict[bytes, PlanEntry] = {}
+        self._foreign: dict[bytes, str] = {}  # this batch's `exists` rows: their claimed path
+
+    # -- planning --------------------------------------------------------------------
+
+    def plan(self, rows: list[Row]) -> PlanBatch:
+        """Decide every row of ``rows``; commit the plan before returning it."""
+        batch = PlanBatch([], [])
+        keys, previous = self._identify(rows)
+        candidates = self._prefetch_names(rows, previous, keys)
+        plans: list[PlanEntry] = []
+        skips: list[tuple[bytes, int]] = []
+        for row, key, candidate in zip(rows, keys, candidates, strict=True):
+            self._plan_row(row, key, previous.get(key), candidate, batch, plans, skips)
+        journal = self.journal
+        journal.log_plans(plans)  # the claim, before any of these rows goes out
+        for plan in plans:
+            self._in_flight[plan[0]] = plan
+        journal.touch(skips)
+        self._record_now(batch.results)
+        batch.skipped = len(skips)
+        return batch
+
+    def _plan_row(
+        self,
+        row: Row,
+        key: bytes,
+        previous: Previous | None,
+        candidate: str | None,
+        batch: PlanBatch,
+        plans: list[PlanEntry],
+        skips: list[tuple[bytes, int]],
+    ) -> None:
+        url = storable(redact(row.url))
+        problem = row.problem
+        if problem:
+            batch.results.append(_failed(row, key, url, ErrorCode.BAD_ROW, problem))
+            return
+        try:
+            self._split(row.url)
+            if previous is not None and previous.path is not None:
+                path = previous.path  # claimed before: it keeps it, whatever moved around it
+            else:
+                path = self.names.allocate(row, candidate)
+        except TransferError as exc:
+            batch.results.append(_failed(row, key, url, exc.code, exc.message))
+            return
+        overwrite = self.options.overwrite
+        ours = previous is not None and previous.path == path and previous.mine
+        if not ours and not overwrite and not self.fresh and self._occupied(path):
+            message = (
+                f"{path} already exists and was not downloaded by swarmget "
+                "(use --overwrite to replace it)"
+            )
+            # The name stays claimed (not ours): later rows are named around it.
+            self._foreign[key] = path
+            batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
+            return
+        if ours and not overwrite and previous is not None and self._done(previous):
+            skips.append((key, row.index))
+            return
+        plans.append((key, row.index, url, path, True))
+        if self.options.dedupe and self._follows(row, key, url, path, batch):
+            return
+        resume_from, validator = 0, None
+        if ours and not overwrite and previous is not None and previous.validator:
+            resume_from = _size(part_path(self.root, key))
+            validator = previous.validator if resume_from else None
+        batch.assignments.append(
+            Assignment(
+                row.index,
+                key,
+                row.url,
+                path,
+                row.sha256,
+                row.md5,
+                row.size,
+                resume_from,
+                validator,
+            )
+        )
+
+    # -- --dedupe ----------------------------------------------------------------------
+
+    def _follows(self, row: Row, key: bytes, url: str, path: str, batch: PlanBatch) -> bool:
+        """Does another row fetch this URL?  Then this one gets its result, now or later."""
+        url_key = hashlib.blake2b(row.url.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        journal = self.journal
+        leader = journal.leader(url_key)
+        if leader is not None and leader[0] != key:
+            leader_key, run = leader
+            outcome = journal.outcome(leader_key)
+            settled = outcome is not None and outcome.status in (OK, FAILED)
+            if run == journal.run or (settled and self._leader_file(outcome)):
+                follower = Follower(key, leader_key, row.index, url, path)
+                if settled and outcome is not None:
+                    batch.results.append(self._settle(follower, outcome))
+                else:
+                    journal.add_follower(follower)
+                return True
+        journal.set_leader(url_key, key)  # this row fetches the URL
+        return False
+
+    def _leader_file(self, outcome: Outcome | None) -> bool:
+        """An earlier run's leader is still good if its file is there (or it failed here)."""
+        if outcome is None or outcome.status != OK or outcome.path is None:
+            return False
+        return _size(os.path.join(self.root, outcome.path), missing=-1) == outcome.bytes
+
+    def _settle(self, follower: Follower, leader: Outcome) -> FileResult:
+        """The row that fetched ``follower``'s URL is done: give it the same result."""
+        note = f"same URL as row {leader.index}"
+        if leader.status == OK and leader.path is not None:
+            try:
+                link_or_copy(
+                    os.path.join(self.root, leader.path), os.path.join(self.root, follower.path)
+                )
+            except (OSError, OutputError) as exc:
+                message = exc.message if isinstance(exc, OutputError) else str(exc)
+                return _failed_follower(follower, ErrorCode.IO, f"{note}: {message}")
+            return FileResult(
+                follower.url,
+                follower.path,
+                "ok",
+                leader.http_status,
+                leader.bytes,
+                None,
+                0,
+                0,
+                f"{note} ({leader.path}): linked",
+                index=follower.index,
+                key=follower.key,
+            )
+        error = leader.error or ErrorCode.CANCELLED
+        return _failed_follower(follower, error, f"{note}, which failed: {leader.message}")
+
+    def _done(self, previous: Previous) -> bool:
+        """Was the row finished by an earlier run, and is its file still whole?"""
+        if previous.status != OK or previous.path is None:
+            return False
+        return _size(os.path.join(self.root, previous.path), missing=-1) == previous.bytes
+
+    def _occupied(self, path: str) -> bool:
+        return os.path.lexists(os.path.join(self.root, path))
+
+    def _prefetch_names(
+        self, rows: list[Row], previous: dict[bytes, Previous], keys: list[bytes]
+    ) -> list[str | None]:
+        """Each row's candidate name (None: it has a path already, or a bad one);
+        one journal query learns which of them are taken."""
+        candidates: list[str | None] = []
+        for row, key in zip(rows, keys, strict=True):
+            known = previous.get(key)
+            name = None
+            if known is None or known.path is None:
+                with contextlib.suppress(TransferError):
+                    name = self.names.candidate(row)
+            candidates.append(name)
+        self._names_store.prefetch([name for name in candidates if name is not None])
+        return candidates
+
+    # -- identity --------------------------------------------------------------------
+
+    def _identify(self, rows: list[Row]) -> tuple[list[bytes], dict[bytes, Previous]]:
+        """The key of each row -- (url, path column, occurrence in this run's input) --
+        and what the journal knows of each key, in as few queries as possible."""
+        journal = self.journal
+        start: dict[tuple[str, str | None], int] = {}  # each identity's first occurrence here
+        for row in rows:
+            ident = (row.url, row.path)
+            if ident not in start:
+                start[ident] = self._occurrences.get(ident, 0)
+        first_keys = {ident: row_key(ident[0], ident[1], n) for ident, n in start.items()}
+        guesses = {key: ident for ident, key in first_keys.items()}
+        found = journal.lookup(list(guesses))
+        for key, ident in guesses.items():
+            seen = found.get(key)
+            if key in self._in_flight or (seen is not None and seen.run == journal.run):
+                # An earlier batch of this run had this identity already.
+                start[ident] = self._first_free(ident, start[ident])
+                first_keys[ident] = row_key(ident[0], ident[1], start[ident])
+        keys = []
+        following = dict(start)
+        for row in rows:
+            ident = (row.url, row.path)
+            occurrence = following[ident]
+            following[ident] = occurrence + 1
+            if occurrence == start[ident]:
+                keys.append(first_keys[ident])  # most rows: the key is known already
+            else:
+                keys.append(row_key(row.url, row.path, occurrence))
+        for ident, after in following.items():
+            if after > 1 or ident in self._occurrences:
+                self._remember(ident, after)
+        previous = {k: v for k, v in found.items() if v.run != journal.run}
+        unknown = [key for key in keys if key not in guesses]
+        if unknown:
+            previous.update(
+                (k, v) for k, v in journal.lookup(unknown).items() if v.run != journal.run
+            )
+        return keys, previous
+
+    def _first_free(self, ident: tuple[str, str | None], taken: int) -> int:
+        """The first occurrence of ``ident`` after ``taken`` that this run has not planned.
+
+        Rows of one identity are planned as 0, 1, 2...: gallop, then bisect.
+        """
+        url, path = ident
+        low, step = taken, 1
+        high = low + step
+        while self._planned_now(url, path, high):
+            low, step = high, step * 2
+            high = low + step
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._planned_now(url, path, middle):
+                low = middle
+            else:
+                high = middle
+        return high
+
+    def _planned_now(self, url: str, path: str | None, occurrence: int) -> bool:
+        key = row_key(url, path, occurrence)
+        if key in self._in_flight:
+            return True
+        found = self.journal.lookup([key]).get(key)
+        return found is not None and found.run == self.journal.run
+
+    def _remember(self, ident: tuple[str, str | None], following: int) -> None:
+        if len(self._occurrences) >= _MAX_CACHED:
+            self._occurrences.clear()  # a cache: the journal still knows
+        self._occurrences[ident] = following
+
+    # -- outcomes --------------------------------------------------------------------
+
+    def record(self, results: list[FileResult]) -> list[FileResult]:
+        """Record outcomes; with --dedupe, the results of the rows that waited for them."""
+        self._record_now(results)
+        if not self.options.dedupe:
+            return []
+        settled = [r.key for r in results if r.status in ("ok", "failed")]
+        followers = self.journal.followers(settled) if settled else []
+        if not followers:
+            return []
+        outcomes = {r.key: r for r in results}
+        more = [self._settle(f, _outcome_of(outcomes[f.leader])) for f in followers]
+        self._record_now(more)
+        return more
+
+    def _record_now(self, results: list[FileResult]) -> None:
+        """Into the table, each with the path its row claimed; its name is the journal's now."""
+        if not results:
+            return
+        entries: list[tuple[FileResult, str | None, bool]] = []
+        names = self._names_store
+        for result in results:
+            plan = self._in_flight.pop(result.key, None)
+            if plan is not None:
+                path = plan[3]
+                entries.append((result, path, True))
+            else:
+                path = self._foreign.pop(result.key, None)
+                entries.append((result, path, False))
+            if path is not None:
+                names.release(path)
+        self.journal.record(entries)
+
+    def partial(self, key: bytes, validator: str) -> None:
+        plan = self._in_flight.get(key)
+        if plan is not None:
+            self.journal.partial(plan, validator)
+
+    def commit(self) -> None:
+        journal = self.journal
+        if journal.logged >= CHECKPOINT_ROWS:
+            journal.checkpoint(list(self._in_flight.values()))
+        else:
+            journal.commit()
+
+    def finish(self, interrupted: bool) -> None:
+        """The run is over: keep the claims of rows that did not finish, write the
+        manifest, let go of the output dir.
+
+        The manifest is written however the run ended (``interrupted`` or not),
+        so what finished is always on record.
+        """
+        journal = self.journal
+        try:
+            journal.park(list(self._in_flight.values()))
+            self._in_flight.clear()
+            journal.commit()
+            manifest = manifest_path(self.root)
+            if journal.changed or not os.path.exists(manifest):
+                write_manifest(manifest, journal.records())
+        finally:
+            journal.close()
+
+
+def _outcome_of(result: FileResult) -> Outcome:
+    status = OK if result.ok else FAILED
+    return Outcome(
+        result.index,
+        result.path,
+        status,
+        result.http_status,
+        result.bytes,
+        result.error,
+        result.message,
+    )
+
+
+def _failed_follower(follower: Follower, code: str, message: str) -> FileResult:
+    return FileResult(
+        follower.url,
+        None,
+        "failed",
+        None,
+        0,
+        code,
+        0,
+        0,
+        message,
+        index=follower.index,
+        key=follower.key,
+    )
+
+
+def _failed(row: Row, key: bytes, url: str, code: str, message: str) -> FileResult:
+    return FileResult(url, None, "failed", None, 0, code, 0, 0, message, index=row.index, key=key)
+
+
+def _size(path: str, missing: int = 0) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return missing
+
+
+def _has_files(root: str) -> bool:
+    with os.scandir(root) as entries:
+        return any(entry.name != STATE_DIR for entry in entries)
+
+
+def link_or_copy(source: str, target: str) -> None:
+    """Give ``target`` the content of ``source``: a hard link, else a copy."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    try:
+        os.link(source, target)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise OutputError(f"cannot link {target}: {exc.strerror}") from None
+        shutil.copyfile(source, target)

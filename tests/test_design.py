@@ -1,0 +1,144 @@
+"""Properties of the code's shape that the design relies on (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pickle
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import swarmget
+from swarmget.errors import SwarmgetError, TransferError
+
+SRC = Path(swarmget.__file__).resolve().parent
+# Modules that import optional packages at their top: not imported by the
+# error walk below (their errors, if any, still come from swarmget.errors).
+OPTIONAL = {"swarmget.net.ares"}
+
+
+def _imports(path: Path, package: str) -> set[str]:
+    """swarmget modules that ``path`` imports, anywhere but under ``if TYPE_CHECKING``."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for stmt in node.body for child in ast.walk(stmt))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(package):
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith(package))
+    return found
+
+
+def _module_graph(packages: list[str]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for package in packages:
+        folder = SRC / package.split(".", 1)[1]
+        for path in folder.glob("*.py"):
+            name = f"{package}.{path.stem}" if path.stem != "__init__" else package
+            graph[name] = {m for m in _imports(path, "swarmget") if m.startswith(tuple(packages))}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if state.get(target) == 1:
+                return [*stack[stack.index(target) :], target]
+            if state.get(target) is None and (found := visit(target)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+@pytest.mark.parametrize("packages", [["swarmget.engine"], ["swarmget.net"]])
+def test_no_import_cycles(packages: list[str]) -> None:
+    graph = _module_graph(packages)
+    assert graph, packages
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_engine_talks_to_sinks_only_through_their_interface() -> None:
+    # The engine may build the file sink's errors (OutputError) but never a path.
+    for path in (SRC / "engine").glob("*.py"):
+        imported = _imports(path, "swarmget.sinks")
+        assert imported <= {"swarmget.sinks.base", "swarmget.sinks.files"}, path.name
+        text = path.read_text()
+        assert "PartFile" not in text and "FileSink(" not in text, path.name
+
+
+def test_connections_never_import_the_engine() -> None:
+    for name in ("connection", "https", "tunnel"):
+        assert "swarmget.engine.core" not in _imports(SRC / "engine" / f"{name}.py", "swarmget")
+
+
+def test_no_function_in_the_engine_is_over_60_lines() -> None:
+    long = []
+    for path in (SRC / "engine").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = (node.end_lineno or node.lineno) - node.lineno + 1
+                if length > 60:
+                    long.append(f"{path.name}:{node.name} ({length} lines)")
+    assert long == []
+
+
+def _all_errors() -> list[type[SwarmgetError]]:
+    for info in pkgutil.walk_packages(swarmget.__path__, "swarmget."):
+        skip = info.name in OPTIONAL or info.name.endswith("__main__")
+        if not skip and not info.name.startswith("swarmget.testing"):
+            importlib.import_module(info.name)
+    seen: list[type[SwarmgetError]] = []
+    todo: list[type[SwarmgetError]] = [SwarmgetError]
+    while todo:
+        cls = todo.pop()
+        seen.append(cls)
+        todo.extend(cls.__subclasses__())
+    return seen
+
+
+def _example(cls: type[SwarmgetError]) -> SwarmgetError:
+    parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    if cls is SwarmgetError or not parameters:
+        return cls("what went wrong")
+    if issubclass(cls, TransferError) and [p.name for p in parameters[:2]] == ["code", "message"]:
+        return cls("timeout", "what went wrong")
+    return cls("what went wrong")  # type: ignore[call-arg]
+
+
+def test_every_error_pickles_with_its_code_and_message() -> None:
+    errors = _all_errors()
+    assert len(errors) >= 6, errors
+    for cls in errors:
+        error = _example(cls)
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is cls
+        assert copy.args == error.args, cls
+        assert str(copy) == str(error), cls
+        assert copy.code == error.code, cls
+        if isinstance(error, TransferError):
+            assert isinstance(copy, TransferError) and copy.message == error.message, cls

@@ -1,0 +1,185 @@
+"""What a new user meets in the first hour: duplicates, --dedupe, progress, API traps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget.report import Report, Snapshot
+from swarmget.testing import TestServer, expected_body
+from swarmget.testing.process import child_env
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    text = (out / ".swarmget" / "manifest.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def requests_for(server: TestServer, name: str, since: int) -> int:
+    return sum(1 for r in server.requests[since:] if f"/files/{name}?".encode() in r)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_duplicates_get_a_record_each_and_a_rerun_does_nothing(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    a, b = server.file_url("a.jpg", size=300), server.file_url("b.jpg", size=400)
+    urls = [a, b, a, a]
+    first = swarmget.download(urls, tmp_path, workers=workers)
+    assert (first.ok, first.failed) == (4, 0)
+    assert sorted(os.listdir(tmp_path)) == [".swarmget", "a-1.jpg", "a-2.jpg", "a.jpg", "b.jpg"]
+    got = sorted((r["index"], r["path"]) for r in records(tmp_path))
+    assert got == [(0, "a.jpg"), (1, "b.jpg"), (2, "a-1.jpg"), (3, "a-2.jpg")]
+    seen = len(server.requests)
+    again = swarmget.download(urls, tmp_path, workers=workers)
+    assert (again.ok, again.failed, again.skipped) == (0, 0, 4)
+    assert len(server.requests) == seen
+    assert sorted(r["index"] for r in records(tmp_path)) == [0, 1, 2, 3]
+
+
+def test_duplicates_across_dealing_batches_keep_their_identity(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # 600 rows: the copies of one URL fall into different batches of 256.
+    urls = [server.file_url(f"u{i % 200}.bin", size=100) for i in range(600)]
+    assert swarmget.download(urls, tmp_path, workers=1).ok == 600
+    again = swarmget.download(urls, tmp_path, workers=1)
+    assert (again.ok, again.skipped) == (0, 600)
+    assert len(records(tmp_path)) == 600
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_dedupe_fetches_each_url_once_and_links_the_rest(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    a, b = server.file_url("da.bin", size=5000), server.file_url("db.bin", size=6000)
+    urls = [a, b, a, a, b]
+    seen = len(server.requests)
+    report = swarmget.download(urls, tmp_path, workers=workers, dedupe=True)
+    assert (report.ok, report.failed) == (5, 0)
+    assert requests_for(server, "da.bin", seen) == 1
+    assert requests_for(server, "db.bin", seen) == 1
+    copies = ["da.bin", "da-1.bin", "da-2.bin"]
+    for name in copies:
+        assert (tmp_path / name).read_bytes() == expected_body("da.bin", 5000)
+    assert len({(tmp_path / name).stat().st_ino for name in copies}) == 1  # hard links
+    by_index = {r["index"]: r for r in records(tmp_path)}
+    assert sorted(by_index) == [0, 1, 2, 3, 4]
+    assert {r["status"] for r in by_index.values()} == {"ok"}
+    assert "same URL as row 0" in by_index[2]["message"]
+    seen = len(server.requests)
+    again = swarmget.download(urls, tmp_path, workers=workers, dedupe=True)
+    assert (again.ok, again.skipped) == (0, 5)
+    assert len(server.requests) == seen
+
+
+def test_dedupe_passes_a_failure_on_to_every_copy(server: TestServer, tmp_path: Path) -> None:
+    bad = server.file_url("gone.bin", status=404)
+    report = swarmget.download([bad, bad, bad], tmp_path, workers=1, dedupe=True, retries=0)
+    assert report.failed == 3
+    assert report.error_counts() == {"http_404": 3}
+
+
+def test_a_reordered_list_reruns_cleanly(server: TestServer, tmp_path: Path) -> None:
+    # Two URLs with the same last segment: their names depend on input order.
+    x = server.file_url("x/photo.jpg", size=111)
+    y = server.file_url("y/photo.jpg", size=222)
+    z = server.file_url("z.jpg", size=333)
+    assert swarmget.download([x, y, z], tmp_path).ok == 3
+    names = {r["url"]: r["path"] for r in records(tmp_path)}
+    seen = len(server.requests)
+    again = swarmget.download([z, y, x], tmp_path)
+    assert (again.ok, again.failed, again.skipped) == (0, 0, 3)
+    assert len(server.requests) == seen
+    assert {r["url"]: r["path"] for r in records(tmp_path)} == names
+    assert {r["url"]: r["index"] for r in records(tmp_path)} == {z: 0, y: 1, x: 2}
+    assert (tmp_path / names[y]).read_bytes() == expected_body("y/photo.jpg", 222)
+
+
+def test_progress_with_workers_counts_every_row_and_skipped_ones(
+    server: TestServer, tmp_path: Path
+) -> None:
+    urls = [server.file_url(f"p{i}.bin", size=200) for i in range(301)]
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.last: Snapshot | None = None
+            self.final: Report | None = None
+
+        def start(self) -> None:
+            pass
+
+        def update(self, snapshot: Snapshot) -> None:
+            self.last = snapshot
+
+        def finish(self, report: Report) -> None:
+            self.final = report
+
+    first = swarmget.download(urls[:150], tmp_path, workers=2)
+    assert first.ok == 150
+    recorder = Recorder()
+    report = swarmget.download(urls, tmp_path, workers=2, progress=recorder)
+    assert (report.ok, report.skipped) == (151, 150)
+    assert recorder.final is report
+    # The last update before the end already counts every row, skipped ones too.
+    snapshot = recorder.last
+    assert snapshot is not None
+    assert (snapshot.done, snapshot.failed, snapshot.rows_seen) == (301, 0, 301)
+    assert snapshot.input_done and snapshot.active == 0
+
+
+def test_a_string_is_not_a_list_of_urls(tmp_path: Path) -> None:
+    for wrong in ("http://h/a.jpg", b"http://h/a.jpg"):
+        with pytest.raises(TypeError, match=r"pass \[url\] for one URL"):
+            swarmget.download(wrong, tmp_path)  # type: ignore[arg-type]
+    assert not (tmp_path / ".swarmget").exists()
+
+
+def test_an_empty_input_warns(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="no rows"):
+        report = swarmget.download([], tmp_path)
+    assert report.total == 0
+
+
+def test_the_cli_warns_about_an_empty_list(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing yet\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmget", str(empty), "-o", str(tmp_path / "out"), "-q"],
+        capture_output=True, text=True, env=child_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0
+    assert "no rows" in done.stderr
+
+
+def test_the_manifest_reads_back(server: TestServer, tmp_path: Path) -> None:
+    urls = [server.file_url("m1.bin", size=10), server.file_url("m2.bin", status=404)]
+    swarmget.download(urls, tmp_path, retries=0)
+    got = swarmget.read_manifest(tmp_path)
+    assert [(r["index"], r["status"]) for r in got] == [(0, "ok"), (1, "failed")]
+    assert got[1]["error"] == "http_404"
+    with pytest.raises(swarmget.UsageError, match="no manifest"):
+        swarmget.read_manifest(tmp_path / "nowhere")
+
+
+def test_the_manifest_as_a_table(server: TestServer, tmp_path: Path) -> None:
+    pyarrow = pytest.importorskip("pyarrow")
+    swarmget.download([server.file_url("t.bin", size=10)], tmp_path)
+    table = swarmget.manifest_table(tmp_path)
+    assert isinstance(table, pyarrow.Table)
+    assert table.column("status").to_pylist() == ["ok"]
+    assert table.column("bytes").to_pylist() == [10]

@@ -1,0 +1,345 @@
+"""Nothing a server, an input row or the machine does can lose a row or escape the plan."""
+
+from __future__ import annotations
+
+import base64
+import json
+import multiprocessing
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import swarmget
+from swarmget.sources.rows import Row
+from swarmget.testing import ScriptedConnection, TestServer, expected_body
+from swarmget.testing.outputs import parts
+from swarmget.testing.process import child_env
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    text = (out / ".swarmget" / "manifest.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+# -- no reply kills a process --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_unsolicited_upgrade_fails_one_row_and_the_run_goes_on(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    server.route_bytes(
+        "/upgrade",
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
+        b"\x81\x05hello",
+    )
+    try:
+        urls = [server.url("/upgrade")] + [
+            server.file_url(f"g{i}.bin", size=500) for i in range(20)
+        ]
+        report = swarmget.download(urls, tmp_path, workers=workers, retries=0)
+    finally:
+        server.unroute("/upgrade")
+    assert (report.ok, report.failed) == (20, 1)
+    assert report.failures[0].error == "protocol"
+
+
+def test_a_worker_that_dies_costs_only_its_unreported_rows(
+    server: TestServer, tmp_path: Path
+) -> None:
+    killed: list[int] = []
+
+    def kill_a_worker(head: bytes, conn: ScriptedConnection) -> None:
+        # The first request for this file kills whichever worker process is
+        # downloading now; the server runs in the test's own process, and so
+        # does the supervisor, so the workers are our children.
+        if not killed:
+            victim = multiprocessing.active_children()[0]
+            assert victim.pid is not None
+            killed.append(victim.pid)
+            os.kill(victim.pid, signal.SIGKILL)
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server.route("/killer", kill_a_worker)
+    try:
+        urls = [server.file_url(f"w{i}.bin", size=2000, latency=0.2) for i in range(300)]
+        urls.insert(100, server.url("/killer"))
+        report = swarmget.download(urls, tmp_path, workers=2, concurrency=40, retries=0)
+        assert killed
+        counts = report.error_counts()
+        assert set(counts) <= {"crashed"} and report.ok + report.failed == 301
+        assert report.ok >= 200  # the other worker, and the new one, did the rest
+        crashed = [r for r in records(tmp_path) if r["status"] == "failed"]
+        assert all("worker process died" in r["message"] for r in crashed)
+        again = swarmget.download(urls, tmp_path, workers=2, retries=0)
+        assert again.failed == 0 and again.ok == report.failed
+    finally:
+        server.unroute("/killer")
+    assert len(records(tmp_path)) == 301
+
+
+# -- the same checks in every mode ------------------------------------------------------------
+
+
+def _hostile_rows(server: TestServer) -> list[Row]:
+    good = server.file_url("same.bin", size=300)
+    return [
+        Row(0, good, path="../escape.bin"),
+        Row(1, good, path="a\x00b.bin"),
+        Row(2, good, path=".swarmget/journal.sqlite3"),
+        Row(3, good, path=".SwarmGet/x"),
+        Row(4, "ftp://h/x"),
+        Row(5, good, path="x"),
+        Row(6, good, path="x.part"),
+        Row(7, good, path="sub/\u202eevil.bin"),
+        Row(8, "not a url"),
+        Row(9, good),
+        Row(10, good, path="x"),
+    ]
+
+
+def _outcomes(out: Path) -> list[tuple[Any, ...]]:
+    return sorted((r["index"], r["status"], r["error"], r["path"]) for r in records(out))
+
+
+def test_every_check_runs_the_same_with_one_worker_and_with_many(
+    server: TestServer, tmp_path: Path
+) -> None:
+    one = swarmget.download(_hostile_rows(server), tmp_path / "one", workers=1)
+    many = swarmget.download(_hostile_rows(server), tmp_path / "many", workers=2)
+    assert one.error_counts() == many.error_counts() == {"bad_path": 5, "bad_url": 2}
+    assert _outcomes(tmp_path / "one") == _outcomes(tmp_path / "many")
+    assert sorted(os.listdir(tmp_path / "many")) == [".swarmget", "same.bin", "x", "x-1", "x.part"]
+    for name in ("x", "x.part", "x-1", "same.bin"):
+        assert (tmp_path / "many" / name).read_bytes() == expected_body("same.bin", 300)
+    assert not (tmp_path.parent / "escape.bin").exists()
+
+
+def test_part_files_never_meet_the_users_files(server: TestServer, tmp_path: Path) -> None:
+    (tmp_path / "data.part").write_bytes(b"mine, not yours")
+    (tmp_path / "data").write_bytes(b"also mine")
+    urls = [server.file_url("data", size=700), server.file_url("data.part", size=800)]
+    report = swarmget.download(urls, tmp_path, retries=0)
+    assert report.error_counts() == {"exists": 2}
+    assert (tmp_path / "data.part").read_bytes() == b"mine, not yours"
+    assert (tmp_path / "data").read_bytes() == b"also mine"
+    assert not parts(tmp_path)
+
+
+# -- small holes ------------------------------------------------------------------------------
+
+
+def test_retry_after_beyond_the_deadline_fails_now(server: TestServer, tmp_path: Path) -> None:
+    url = server.file_url("busy.bin", status=503, retry_after="60")
+    started = time.monotonic()
+    report = swarmget.download([url], tmp_path, retries=5, deadline=3)
+    assert time.monotonic() - started < 2
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("http_503", 1)
+
+
+def test_an_empty_location_is_a_bad_redirect(server: TestServer, tmp_path: Path) -> None:
+    for path, location in (("/empty-loc", b"Location: \r\n"), ("/no-loc", b"")):
+        server.route_bytes(
+            path, b"HTTP/1.1 302 Found\r\n" + location + b"Content-Length: 0\r\n\r\n"
+        )
+    try:
+        report = swarmget.download(
+            [server.url("/empty-loc"), server.url("/no-loc")], tmp_path, retries=0
+        )
+    finally:
+        server.unroute("/empty-loc")
+        server.unroute("/no-loc")
+    assert report.error_counts() == {"bad_redirect": 2}
+
+
+def test_bidi_controls_never_reach_a_file_name(server: TestServer, tmp_path: Path) -> None:
+    url = server.file_url("invoice%E2%80%AEgpj.exe", size=10)
+    report = swarmget.download([url], tmp_path)
+    assert report.ok == 1
+    (name,) = [n for n in os.listdir(tmp_path) if n != ".swarmget"]
+    assert "\u202e" not in name
+
+
+def test_user_and_password_in_a_url_are_basic_auth_for_that_origin_only(
+    server: TestServer, tmp_path: Path
+) -> None:
+    other = TestServer()
+    with other:
+        seen: dict[str, bytes] = {}
+
+        def protected(head: bytes, conn: ScriptedConnection) -> None:
+            seen["first"] = head
+            target = other.file_url("moved.bin", size=42).encode()
+            conn.send(
+                b"HTTP/1.1 302 Found\r\nLocation: " + target + b"\r\nContent-Length: 0\r\n\r\n"
+            )
+
+        server.route("/protected", protected)
+        try:
+            port = server.url("/").split(":")[2].split("/")[0]
+            url = f"http://alice:s3cr%40t@127.0.0.1:{port}/protected"
+            report = swarmget.download([url], tmp_path, retries=0)
+        finally:
+            server.unroute("/protected")
+        assert report.ok == 1
+        token = base64.b64encode(b"alice:s3cr@t")
+        assert (b"\r\nAuthorization: Basic " + token) in seen["first"]
+        assert b"authorization" not in other.requests[-1].lower()
+    text = (tmp_path / ".swarmget" / "manifest.jsonl").read_text()
+    assert "s3cr" not in text and "alice:***@" in text
+    assert all("s3cr" not in str(r) for r in swarmget.read_manifest(tmp_path))
+
+
+# -- dead and trickling hosts -----------------------------------------------------------------
+
+
+@pytest.fixture
+def black_hole() -> Iterator[int]:
+    """A port that accepts connections (into the kernel's backlog) and never answers."""
+    with socket.create_server(("127.0.0.1", 0), backlog=4096) as listener:
+        yield listener.getsockname()[1]
+
+
+def test_a_dead_host_costs_one_timeout_not_one_per_row(
+    server: TestServer, black_hole: int, tmp_path: Path
+) -> None:
+    good = [server.file_url(f"ok{i}.bin", size=1000) for i in range(1000)]
+    started = time.monotonic()
+    assert swarmget.download(good, tmp_path / "alone", workers=1).ok == 1000
+    alone = time.monotonic() - started
+    dead = [f"http://127.0.0.1:{black_hole}/d{i}.bin" for i in range(1000)]
+    mixed = [u for pair in zip(dead, good, strict=True) for u in pair]
+    timeout = 1.0
+    started = time.monotonic()
+    report = swarmget.download(mixed, tmp_path / "mixed", workers=1, timeout=timeout)
+    took = time.monotonic() - started
+    assert report.ok == 1000 and report.failed == 1000
+    assert set(report.error_counts()) == {"timeout"}
+    assert took < alone + 3 * timeout, (took, alone)
+    given_up = [r for r in records(tmp_path / "mixed") if "given up" in r.get("message", "")]
+    assert len(given_up) > 900
+
+
+def test_host_failures_zero_never_gives_up(
+    server: TestServer, black_hole: int, tmp_path: Path
+) -> None:
+    dead = [f"http://127.0.0.1:{black_hole}/d{i}.bin" for i in range(8)]
+    report = swarmget.download(
+        dead, tmp_path, workers=1, timeout=0.5, retries=0, host_failures=0, per_host=8
+    )
+    assert report.failed == 8
+    assert not any("given up" in (f.message or "") for f in report.failures)
+
+
+def test_a_trickling_server_fails_within_two_speed_windows(
+    server: TestServer, tmp_path: Path
+) -> None:
+    url = server.file_url("trickle.bin", size=100_000, fault="drip", drip_interval=0.05)
+    window = 1.0
+    started = time.monotonic()
+    report = swarmget.download(
+        [url], tmp_path, workers=1, min_speed=1000, min_speed_window=window, retries=3
+    )
+    took = time.monotonic() - started
+    (failure,) = report.failures
+    assert failure.error == "timeout" and "min-speed" in (failure.message or "")
+    assert failure.attempts == 2  # retried once for slowness, not three times
+    assert took < 2 * window + 0.3, took
+
+
+# -- the machine's limits ---------------------------------------------------------------------
+
+
+def _low_nofile() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (120, 120))
+
+
+def test_a_low_descriptor_limit_lowers_the_concurrency_and_says_so_once(
+    server: TestServer, tmp_path: Path
+) -> None:
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(f"n{i}.bin", size=300, latency=0.05) + "\n"
+                            for i in range(400)))  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmget", str(urls), "-o", str(tmp_path / "out"), "-q",
+         "--concurrency", "500", "--workers", "1"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+        preexec_fn=_low_nofile,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("file descriptors") == 1, done.stderr
+    assert "using --concurrency" in done.stderr
+    assert len(os.listdir(tmp_path / "out")) == 401
+
+
+def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
+    server: TestServer, tmp_path: Path
+) -> None:
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=2m tmpfs {mount} 2>/dev/null"):
+        pytest.skip("needs root to mount a 2 MiB tmpfs")
+    try:
+        out = mount / "out"
+        filler = mount / "filler"
+        urls = tmp_path / "urls.txt"
+        urls.write_text("".join(server.file_url(f"f{i}.bin", size=50_000) + "\n"
+                                for i in range(20)))  # fmt: skip
+        argv = [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "--json",
+                "--concurrency", "4"]  # fmt: skip
+        filler.write_bytes(b"\0" * (3 << 19))  # 1.5 of the 2 MiB
+        full = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        assert full.returncode == 1, full.stderr
+        assert "Traceback" not in full.stderr and "the run stopped" in full.stderr
+        summary = json.loads(full.stdout)
+        assert summary["ok"] < 20
+        assert not parts(out)
+        filler.unlink()
+        again = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        assert again.returncode == 0, again.stderr
+        for i in range(20):
+            assert (out / f"f{i}.bin").read_bytes() == expected_body(f"f{i}.bin", 50_000)
+        assert len(records(out)) == 20
+    finally:
+        os.system(f"umount {mount}")
+
+
+def test_rows_keep_flowing_when_the_journal_is_big(tmp_path: Path) -> None:
+    # A thread, not a subprocess: the point is the planner's bookkeeping across
+    # many checkpoints of the plan log (see sinks/journal.py).
+    from swarmget.options import Options
+    from swarmget.sinks import plan as plan_module
+    from swarmget.sinks.plan import FilePlanner
+
+    rows = [Row(i, f"http://h.invalid/{i % 5000}.jpg") for i in range(12_000)]
+    planner = FilePlanner(str(tmp_path), Options())
+    old = plan_module.CHECKPOINT_ROWS
+    try:
+        plan_module.CHECKPOINT_ROWS = 1000
+        keys: set[bytes] = set()
+        for start in range(0, len(rows), 256):
+            batch = planner.plan(rows[start : start + 256])
+            keys.update(a.key for a in batch.assignments)
+            planner.commit()
+    finally:
+        plan_module.CHECKPOINT_ROWS = old
+        planner.finish(interrupted=True)
+    assert len(keys) == 12_000  # every copy of a URL is a row of its own
+    log = tmp_path / ".swarmget" / "plans.log"
+    assert log.stat().st_size == 0  # emptied: every claim is in the table

@@ -1,0 +1,206 @@
+"""The scheduler's rules, with no sockets and no clock: actions in, actions out."""
+
+from __future__ import annotations
+
+from swarmget.engine.job import Job, Transfer
+from swarmget.engine.pool import DIRECT, HostPool, PooledConnection
+from swarmget.engine.scheduler import (
+    CONNECT_SLICE,
+    Action,
+    Close,
+    Defer,
+    Dial,
+    Fail,
+    Resolve,
+    Scheduler,
+    Start,
+)
+from swarmget.engine.urls import split_url
+from swarmget.errors import ErrorCode, TransferError
+from swarmget.protocol.request import RequestTemplate
+from swarmget.sinks.base import Assignment
+
+ADDRESSES = [(2, ("127.0.0.1", 80))]
+
+
+def pool(host: str = "a.test", resolved: bool = True) -> HostPool:
+    p = HostPool(("http", host, 80), RequestTemplate(host, {}), DIRECT)
+    if resolved:
+        p.addresses = list(ADDRESSES)
+        p.refresh_at = 1e9
+    return p
+
+
+def transfer(i: int = 0, host: str = "a.test") -> Transfer:
+    url = f"http://{host}/f{i}"
+    return Transfer(Job(Assignment(i, i.to_bytes(16, "big"), url, f"f{i}"), split_url(url)))
+
+
+def kinds(actions: list[Action]) -> list[str]:
+    return [type(action).__name__ for action in actions]
+
+
+def dial_all(scheduler: Scheduler, p: HostPool, count: int, now: float = 1.0) -> list[Action]:
+    actions: list[Action] = []
+    for i in range(count):
+        actions += scheduler.submit(p, transfer(i, p.host), now)
+    return actions
+
+
+def test_per_host_limit_queues_the_rest() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=2)
+    p = pool()
+    actions = dial_all(scheduler, p, 5)
+    assert kinds(actions) == ["Dial", "Dial"]
+    assert len(p.queue) == 3 and p.open == 2 and scheduler.open == 2
+
+
+def test_a_finished_connection_takes_the_next_queued_transfer_at_once() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=1)
+    p = pool()
+    dial_all(scheduler, p, 2)
+    conn = PooledConnection(p)
+    (action,) = scheduler.released(conn, reusable=True, now=2.0)
+    assert isinstance(action, Start) and action.conn is conn
+    assert action.transfer.job.row.index == 1 and not p.queue
+
+
+def test_idle_connections_are_reused_before_dialling() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=4)
+    p = pool()
+    dial_all(scheduler, p, 1)
+    conn = PooledConnection(p)
+    assert scheduler.released(conn, reusable=True, now=2.0) == []
+    assert p.idle == [conn] and conn.idle_since == 2.0
+    (action,) = scheduler.submit(p, transfer(7), now=3.0)
+    assert isinstance(action, Start) and action.conn is conn and not p.idle
+
+
+def test_an_unusable_connection_is_closed_and_its_slot_reopens_when_closed() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=1)
+    p = pool()
+    dial_all(scheduler, p, 2)
+    conn = PooledConnection(p)
+    (action,) = scheduler.released(conn, reusable=False, now=2.0)
+    assert isinstance(action, Close) and action.conn is conn
+    # The slot counts as promised until the connection is gone; then the queue dials.
+    assert kinds(scheduler.closed(conn, now=2.0)) == ["Dial"]
+    assert p.open == 1 and scheduler.open == 1 and scheduler.closing == 0
+
+
+def test_the_global_limit_evicts_another_origins_idle_connection() -> None:
+    scheduler = Scheduler(concurrency=2, per_host=2)
+    a, b = pool("a.test"), pool("b.test")
+    dial_all(scheduler, a, 2)
+    first, second = PooledConnection(a), PooledConnection(a)
+    scheduler.released(first, reusable=True, now=2.0)
+    scheduler.released(second, reusable=True, now=3.0)
+    actions = scheduler.submit(b, transfer(0, "b.test"), now=4.0)
+    assert kinds(actions) == ["Close", "Dial"]
+    assert isinstance(actions[0], Close) and actions[0].conn is first  # the oldest idle one
+
+
+def test_a_starved_origin_gets_the_next_freed_slot() -> None:
+    scheduler = Scheduler(concurrency=1, per_host=1)
+    a, b = pool("a.test"), pool("b.test")
+    dial_all(scheduler, a, 1)
+    assert scheduler.submit(b, transfer(0, "b.test"), now=2.0) == []  # starved: no slot
+    conn = PooledConnection(a)
+    # a has nothing queued, but b is starved: a's connection closes to make room.
+    (close,) = scheduler.released(conn, reusable=True, now=3.0)
+    assert isinstance(close, Close)
+    (dial,) = scheduler.closed(conn, now=3.0)
+    assert isinstance(dial, Dial) and dial.pool is b
+
+
+def test_a_fresh_transfer_never_reuses_a_kept_alive_connection() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=1)
+    p = pool()
+    dial_all(scheduler, p, 1)
+    conn = PooledConnection(p)
+    scheduler.released(conn, reusable=True, now=2.0)
+    retry = transfer(5)
+    retry.fresh = True
+    close, dial = scheduler.submit(p, retry, now=3.0, front=True)
+    # The idle connection goes first (its slot is promised to the new one).
+    assert isinstance(close, Close) and close.conn is conn
+    assert isinstance(dial, Dial) and dial.transfer is retry and not retry.fresh
+    assert scheduler.closed(conn, now=3.0) == []
+    assert p.open == 1
+
+
+def test_new_connections_start_in_slices_per_turn() -> None:
+    scheduler = Scheduler(concurrency=1000, per_host=1000)
+    p = pool()
+    actions = dial_all(scheduler, p, CONNECT_SLICE + 8, now=1.0)
+    assert kinds(actions).count("Dial") == CONNECT_SLICE
+    assert kinds(actions).count("Defer") == 1
+    assert kinds(scheduler.dispatch_deferred(now=1.001)) == ["Dial"] * 8
+
+
+def test_a_name_is_resolved_once_and_its_failure_fails_the_queue() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=10)
+    p = pool(resolved=False)
+    first = scheduler.submit(p, transfer(0), now=1.0)
+    second = scheduler.submit(p, transfer(1), now=1.0)
+    assert kinds(first) == ["Resolve"] and second == []
+    error = TransferError(ErrorCode.DNS, "cannot resolve")
+    failed = scheduler.resolved(p, None, error, refresh_at=11.0, now=1.5)
+    assert kinds(failed) == ["Fail", "Fail"]
+    assert all(isinstance(a, Fail) and a.error is error for a in failed)
+    # Until the negative answer goes stale, new transfers fail at once...
+    assert kinds(scheduler.submit(p, transfer(2), now=5.0)) == ["Fail"]
+    # ...and then the name is asked again.
+    assert kinds(scheduler.submit(p, transfer(3), now=12.0)) == ["Resolve"]
+
+
+def test_a_resolved_name_dials_and_refreshes_in_the_background() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=10)
+    p = pool(resolved=False)
+    scheduler.submit(p, transfer(0), now=1.0)
+    assert kinds(scheduler.resolved(p, ADDRESSES, None, refresh_at=5.0, now=1.1)) == ["Dial"]
+    # Past the TTL: the next dial uses what we have while the name is asked again.
+    assert kinds(scheduler.submit(p, transfer(1), now=6.0)) == ["Resolve", "Dial"]
+
+
+def test_the_circuit_breaker_gives_a_dead_host_up() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=2, host_failures=3)
+    p = pool()
+    dial_all(scheduler, p, 6)  # 2 dialled, 4 queued
+    timeout = TransferError(ErrorCode.TIMEOUT, "connect timed out after 2s")
+    assert scheduler.host_failed(p, timeout) == []
+    scheduler.host_answered(p)  # a response in between starts the count again
+    assert scheduler.host_failed(p, timeout) == []
+    assert scheduler.host_failed(p, timeout) == []
+    given_up = scheduler.host_failed(p, timeout)
+    assert kinds(given_up) == ["Fail"] * 4
+    error = p.given_up
+    assert error is not None and error.code == ErrorCode.TIMEOUT
+    assert "given up after 3 failed connections in a row" in error.message
+    assert kinds(scheduler.submit(p, transfer(9), now=2.0)) == ["Fail"]
+
+
+def test_http_errors_do_not_trip_the_breaker() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=2, host_failures=1)
+    p = pool()
+    assert scheduler.host_failed(p, TransferError("http_503", "HTTP 503")) == []
+    assert p.given_up is None
+
+
+def test_stopping_starts_nothing_and_reuses_nothing() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=2)
+    p = pool()
+    dial_all(scheduler, p, 3)
+    scheduler.stopping = True
+    conn = PooledConnection(p)
+    assert kinds(scheduler.released(conn, reusable=True, now=2.0)) == ["Close"]
+    assert scheduler.closed(conn, now=2.0) == []
+    assert len(p.queue) == 1
+
+
+def test_actions_name_what_they_act_on() -> None:
+    p = pool()
+    t = transfer()
+    conn = PooledConnection(p)
+    assert (Start(conn, t).conn, Dial(p, t).pool, Close(conn).conn) == (conn, p, conn)
+    assert Resolve(p).pool is p and isinstance(Defer(), Action)
