@@ -310,6 +310,9 @@ def test_options_reach_the_engine(
         "--dns-server",
         "[::1]:53",
         "--insecure",
+        "--dedupe",
+        "--host-failures",
+        "0",
     ]
     assert cli.main(argv) == 0
     (call,) = fake.calls
@@ -317,6 +320,8 @@ def test_options_reach_the_engine(
     assert call["dest"] == "out"
     assert call["sources"] == [urls_file, "-", "https://example.com/x.jpg"]
     assert call["options"] == {
+        "dedupe": True,
+        "host_failures": 0,
         "concurrency": 64,
         "per_host": 8,
         "timeout": 2.5,

@@ -19,10 +19,7 @@ def test_new_connections_start_in_slices_per_loop_turn(out_dir: Path) -> None:
     count = 3 * CONNECT_SLICE + 5
     with socket.create_server(("127.0.0.1", 0), backlog=count + 10) as listener:
         port = listener.getsockname()[1]
-        rows = [
-            Assignment(i, i.to_bytes(16, "big"), f"http://127.0.0.1:{port}/f{i}", f"f{i}")
-            for i in range(count)
-        ]
+        rows = [Assignment(i, i, f"http://127.0.0.1:{port}/f{i}", f"f{i}") for i in range(count)]
         options = Options(concurrency=count, per_host=count, timeout=5)
         engine = Engine(FileSink(out_dir), options, RecordedEvents())
         loop = engine.loop

@@ -192,7 +192,7 @@ def _supervisor(backlogs: list[int]) -> tuple[supervisor.Supervisor, _RecordingB
 
 
 def _rows(indices: range) -> list[Assignment]:
-    return [Assignment(i, i.to_bytes(16, "big"), f"http://h/{i}") for i in indices]
+    return [Assignment(i, i, f"http://h/{i}") for i in indices]
 
 
 def test_dealing_levels_the_backlogs() -> None:

@@ -33,7 +33,7 @@ def pool(host: str = "a.test", resolved: bool = True) -> HostPool:
 
 def transfer(i: int = 0, host: str = "a.test") -> Transfer:
     url = f"http://{host}/f{i}"
-    return Transfer(Job(Assignment(i, i.to_bytes(16, "big"), url, f"f{i}"), split_url(url)))
+    return Transfer(Job(Assignment(i, i, url, f"f{i}"), split_url(url)))
 
 
 def kinds(actions: list[Action]) -> list[str]:

@@ -244,7 +244,7 @@ def test_reconnects_resume_the_tls_session(
         options = Options(
             concurrency=1, cacert=str(tls_files.ca_pem), headers={"Connection": "close"}
         )
-        planned = [Assignment(i, bytes([i]) * 16, u, f"s{i}") for i, u in enumerate(urls)]
+        planned = [Assignment(i, i, u, f"s{i}") for i, u in enumerate(urls)]
         events = RecordedEvents()
         engine = Engine(FileSink(out_dir), options, events)
         tls_version = ssl.TLSVersion[version]

@@ -16,19 +16,19 @@ fails in milliseconds instead of after the progress display has come up.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
 import re
 import sys
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, NoReturn
 
 import swarmget
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
-from swarmget.net.proxy import proxy_settings
 from swarmget.options import Options
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -182,6 +182,145 @@ demo:
 """
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Flag:
+    """One command-line flag for one :class:`~swarmget.Options` field.
+
+    ``help`` may say ``{default}``: the field's default, from Options itself,
+    so the two can never disagree.
+    """
+
+    field: str
+    help: str
+    metavar: str | None = None
+    parse: Callable[[str], Any] | None = int  # None: a switch (store_true)
+    group: str = "transfer options"
+    repeat: bool = False  # may be given several times (a list)
+    name: str = ""  # the flag, when not --FIELD-WITH-DASHES
+
+    @property
+    def flag(self) -> str:
+        return self.name or "--" + self.field.replace("_", "-")
+
+
+_TLS = "TLS (https URLs)"
+_PROXIES = "proxies"
+FLAGS: tuple[Flag, ...] = (
+    Flag("concurrency", "connections open at once, in total (default: {default})", "N"),
+    Flag(
+        "workers",
+        "processes, each with its own event loop and its share of --concurrency and "
+        "--per-host (default: $SWARMGET_WORKERS, else one per CPU)",
+        "N",
+    ),
+    Flag("per_host", "connections open at once to one host (default: {default})", "N"),
+    Flag(
+        "timeout",
+        "seconds to connect, and of silence while reading (default: {default:g})",
+        "S",
+        parse_seconds,
+    ),
+    Flag(
+        "deadline", "seconds one file may take in total (default: {default:g})", "S", parse_seconds
+    ),
+    Flag(
+        "min_speed",
+        "bytes/s a transfer must average over 30 s, 0 to disable (default: {default})",
+        "B",
+        parse_size,
+    ),
+    Flag(
+        "max_size",
+        "fail files larger than this with too_large (default: no limit)",
+        "BYTES",
+        parse_size,
+    ),
+    Flag("retries", "extra attempts after a retryable failure (default: {default})", "N"),
+    Flag(
+        "host_failures",
+        "give a host up after N failed connections (connect errors or timeouts) in a row, "
+        "failing its remaining rows at once; 0: never (default: {default})",
+        "N",
+    ),
+    Flag(
+        "headers",
+        "send this request header; repeat for more (default: none)",
+        '"K: V"',
+        parse_header,
+        repeat=True,
+        name="--header",
+    ),
+    Flag("user_agent", "User-Agent header (default: {default})", "UA", str),
+    Flag(
+        "dns_servers",
+        "ask this name server (IP, IP:PORT or [IPv6]:PORT) instead of the system's; "
+        "repeat for more (default: /etc/resolv.conf)",
+        "ADDR",
+        str,
+        repeat=True,
+        name="--dns-server",
+    ),
+    Flag(
+        "overwrite",
+        "redo every row and replace files already in DIR, even ones swarmget did not write "
+        "(default: off: rows already done are skipped, foreign files fail with 'exists')",
+        parse=None,
+    ),
+    Flag(
+        "dedupe",
+        "fetch each distinct URL once; the other rows with the same URL get a hard link "
+        "(a copy where links are impossible) and a record of their own (default: off)",
+        parse=None,
+    ),
+    Flag("max_redirects", "follow at most N redirects per file (default: {default})", "N"),
+    Flag(
+        "allow_downgrade",
+        "follow redirects from https to http (default: refused with bad_redirect)",
+        parse=None,
+    ),
+    Flag(
+        "hash",
+        "record each file's digest in the manifest: sha256 or md5 (default: none; "
+        "sha256/md5 columns in the input are always verified)",
+        "ALGO",
+        str,
+    ),
+    Flag(
+        "cacert",
+        "also trust the CA certificate(s) in this PEM file (default: the system store, "
+        "or SSL_CERT_FILE / SSL_CERT_DIR when set)",
+        "FILE",
+        str,
+        _TLS,
+    ),
+    Flag(
+        "insecure",
+        "do not verify server certificates or host names; warns once (default: verify)",
+        parse=None,
+        group=_TLS,
+    ),
+    Flag(
+        "proxy",
+        "send requests through this http proxy, http://[user:password@]host[:port] (port "
+        "1080 if omitted; user:password for Basic auth): http URLs are forwarded to it, "
+        "https URLs tunnelled with CONNECT; '' for no proxy (default: $http_proxy for http "
+        "URLs, $https_proxy for https URLs, else $all_proxy; lower case wins over upper case)",
+        "URL",
+        str,
+        _PROXIES,
+    ),
+    Flag(
+        "no_proxy",
+        "comma-separated hosts to reach directly, as curl's --noproxy: a name also covers "
+        "its subdomains; IPs, CIDR ranges (10.0.0.0/8) and host:port work; '*' means no "
+        "proxy at all. localhost is proxied unless listed (default: $no_proxy or $NO_PROXY)",
+        "HOSTS",
+        str,
+        _PROXIES,
+    ),
+)
+
+
 def build_parser() -> ArgumentParser:
     d = Options()
     parser = ArgumentParser(
@@ -195,160 +334,25 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="output directory (required)"
     )
-    run = parser.add_argument_group("transfer options")
-    run.add_argument(
-        "--concurrency",
-        type=int,
-        default=d.concurrency,
-        metavar="N",
-        help=f"connections open at once, in total (default: {d.concurrency})",
-    )
-    run.add_argument(
-        "--workers",
-        type=int,
-        default=d.workers,
-        metavar="N",
-        help=(
-            "processes, each with its own event loop and its share of --concurrency "
-            "and --per-host (default: $SWARMGET_WORKERS, else one per CPU)"
-        ),
-    )
-    run.add_argument(
-        "--per-host",
-        type=int,
-        default=d.per_host,
-        metavar="N",
-        help=f"connections open at once to one host (default: {d.per_host})",
-    )
-    run.add_argument(
-        "--timeout",
-        type=parse_seconds,
-        default=d.timeout,
-        metavar="S",
-        help=f"seconds to connect, and of silence while reading (default: {d.timeout:g})",
-    )
-    run.add_argument(
-        "--deadline",
-        type=parse_seconds,
-        default=d.deadline,
-        metavar="S",
-        help=f"seconds one file may take in total (default: {d.deadline:g})",
-    )
-    run.add_argument(
-        "--min-speed",
-        type=parse_size,
-        default=d.min_speed,
-        metavar="B",
-        help=(
-            f"bytes/s a transfer must average over {d.min_speed_window:g} s, "
-            f"0 to disable (default: {d.min_speed})"
-        ),
-    )
-    run.add_argument(
-        "--max-size",
-        type=parse_size,
-        default=d.max_size,
-        metavar="BYTES",
-        help="fail files larger than this with too_large (default: no limit)",
-    )
-    run.add_argument(
-        "--retries",
-        type=int,
-        default=d.retries,
-        metavar="N",
-        help=f"extra attempts after a retryable failure (default: {d.retries})",
-    )
-    run.add_argument(
-        "--header",
-        type=parse_header,
-        action="append",
-        default=[],
-        metavar='"K: V"',
-        help="send this request header; repeat for more (default: none)",
-    )
-    run.add_argument(
-        "--user-agent",
-        default=d.user_agent,
-        metavar="UA",
-        help=f"User-Agent header (default: {d.user_agent})",
-    )
-    run.add_argument(
-        "--dns-server",
-        action="append",
-        default=[],
-        metavar="ADDR",
-        help=(
-            "ask this name server (IP, IP:PORT or [IPv6]:PORT) instead of the system's; "
-            "repeat for more (default: /etc/resolv.conf)"
-        ),
-    )
-    run.add_argument(
-        "--overwrite",
-        action="store_true",
-        help=(
-            "redo every row and replace files already in DIR, even ones swarmget did "
-            "not write (default: off: rows already done are skipped, foreign files fail "
-            "with 'exists')"
-        ),
-    )
-    run.add_argument(
-        "--max-redirects",
-        type=int,
-        default=d.max_redirects,
-        metavar="N",
-        help=f"follow at most N redirects per file (default: {d.max_redirects})",
-    )
-    run.add_argument(
-        "--allow-downgrade",
-        action="store_true",
-        help="follow redirects from https to http (default: refused with bad_redirect)",
-    )
-    run.add_argument(
-        "--hash",
-        choices=("sha256", "md5"),
-        default=None,
-        help="record each file's digest in the manifest (default: none; sha256/md5 "
-        "columns in the input are always verified)",
-    )
-    tls = parser.add_argument_group("TLS (https URLs)")
-    tls.add_argument(
-        "--cacert",
-        metavar="FILE",
-        default=d.cacert,
-        help=(
-            "also trust the CA certificate(s) in this PEM file (default: the system store, "
-            "or SSL_CERT_FILE / SSL_CERT_DIR when set)"
-        ),
-    )
-    tls.add_argument(
-        "--insecure",
-        action="store_true",
-        help="do not verify server certificates or host names; warns once (default: verify)",
-    )
-    proxies = parser.add_argument_group("proxies")
-    proxies.add_argument(
-        "--proxy",
-        metavar="URL",
-        default=d.proxy,
-        help=(
-            "send requests through this http proxy, http://[user:password@]host[:port] "
-            "(port 1080 if omitted; user:password for Basic auth): http URLs are forwarded "
-            "to it, https URLs tunnelled with CONNECT; '' for no proxy (default: "
-            "$http_proxy for http URLs, $https_proxy for https URLs, else $all_proxy; "
-            "lower case wins over upper case)"
-        ),
-    )
-    proxies.add_argument(
-        "--no-proxy",
-        metavar="HOSTS",
-        default=d.no_proxy,
-        help=(
-            "comma-separated hosts to reach directly, as curl's --noproxy: a name also "
-            "covers its subdomains; IPs, CIDR ranges (10.0.0.0/8) and host:port work; "
-            "'*' means no proxy at all. localhost is proxied unless listed "
-            "(default: $no_proxy or $NO_PROXY)"
-        ),
-    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag in FLAGS:
+        group = groups.get(flag.group)
+        if group is None:
+            group = groups[flag.group] = parser.add_argument_group(flag.group)
+        default = getattr(d, flag.field)
+        text = flag.help.format(default=default)
+        if flag.parse is None:
+            group.add_argument(flag.flag, dest=flag.field, action="store_true", help=text)
+        elif flag.repeat:
+            group.add_argument(
+                flag.flag, dest=flag.field, type=flag.parse, action="append", default=[],
+                metavar=flag.metavar, help=text,
+            )  # fmt: skip
+        else:
+            group.add_argument(
+                flag.flag, dest=flag.field, type=flag.parse, default=default,
+                metavar=flag.metavar, help=text,
+            )  # fmt: skip
     add_output_flags(parser)
     parser.add_argument("--version", action=_VersionAction)
     return parser
@@ -369,34 +373,11 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's keyword options, validated now so mistakes fail before the run."""
-    options: dict[str, Any] = {
-        "concurrency": args.concurrency,
-        "workers": args.workers,
-        "per_host": args.per_host,
-        "timeout": args.timeout,
-        "deadline": args.deadline,
-        "min_speed": args.min_speed,
-        "max_size": args.max_size,
-        "retries": args.retries,
-        "overwrite": args.overwrite,
-        "max_redirects": args.max_redirects,
-        "allow_downgrade": args.allow_downgrade,
-        "hash": args.hash,
-        "headers": dict(args.header),
-        "user_agent": args.user_agent,
-        "dns_servers": tuple(args.dns_server),
-        "cacert": args.cacert,
-        "insecure": args.insecure,
-        "proxy": args.proxy,
-        "no_proxy": args.no_proxy,
-    }
-    Options.from_kwargs(options)  # raises UsageError naming the flag
-    # A proxy environment variable we cannot use fails now too, naming the variable.
-    proxy_settings(args.proxy, args.no_proxy)
-    if args.cacert is not None:
-        from swarmget.net.tls import client_context
-
-        client_context(args.cacert)  # raises UsageError for a missing or non-PEM file
+    options: dict[str, Any] = {flag.field: getattr(args, flag.field) for flag in FLAGS}
+    options["headers"] = dict(options["headers"])
+    options["dns_servers"] = tuple(options["dns_servers"])
+    # Raises UsageError naming the flag, or the environment variable, or the file.
+    Options.from_kwargs(options).check_environment()
     return options
 
 

@@ -46,22 +46,21 @@ def manifest_path(out_dir: str | os.PathLike[str]) -> str:
     return os.path.join(os.fspath(out_dir), STATE_DIR, MANIFEST_NAME)
 
 
-def write_manifest(path: str, records: Iterable[dict[str, object]]) -> int:
-    """Write ``records`` as JSON lines to ``path`` atomically; the count written."""
+def write_manifest(path: str, lines: Iterable[str]) -> int:
+    """Write ``lines`` (JSON records) to ``path`` atomically; the count written."""
     tmp = f"{path}.tmp"
-    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
     count = 0
     try:
         with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as out:
-            lines: list[str] = []
-            for record in records:
-                lines.append(dumps(record))
+            chunk: list[str] = []
+            for line in lines:
+                chunk.append(line)
                 count += 1
-                if len(lines) >= 4096:
-                    out.write("\n".join(lines) + "\n")
-                    lines.clear()
-            if lines:
-                out.write("\n".join(lines) + "\n")
+                if len(chunk) >= 4096:
+                    out.write("\n".join(chunk) + "\n")
+                    chunk.clear()
+            if chunk:
+                out.write("\n".join(chunk) + "\n")
         os.replace(tmp, path)
     except OSError as exc:
         with contextlib.suppress(OSError):

@@ -89,6 +89,18 @@ class Options:
         if self.proxy:
             parse_proxy_url(self.proxy)  # raises UsageError naming --proxy
 
+    def check_environment(self) -> None:
+        """Check what the options point at, outside themselves: the proxy environment
+        variables (when ``trust_env``) and the ``cacert`` file.  Raises UsageError
+        naming the variable or the file, so a mistake fails before a run starts."""
+        from swarmget.net.proxy import proxy_settings
+
+        proxy_settings(self.proxy, self.no_proxy, self.trust_env)
+        if self.cacert is not None:
+            from swarmget.net.tls import client_context
+
+            client_context(self.cacert)  # a missing or non-PEM file
+
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
         """Build from keyword arguments, rejecting unknown names with a clear error."""

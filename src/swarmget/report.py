@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 from typing import Any, Protocol
 
@@ -24,7 +23,7 @@ class FileResult:
     final_url: str | None = None  # where redirects led, when not ``url``
     index: int = -1  # the row's position in the input
     # The row's identity across runs (sinks/plan.py); not part of the record.
-    key: builtins.bytes = dataclasses.field(default=b"", repr=False, compare=False)
+    key: int = dataclasses.field(default=-1, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:

@@ -35,7 +35,7 @@ from swarmget.sinks.base import AssignmentTuple
 
 # FileResult's fields as they cross a pipe (see result_to_tuple).
 ResultTuple = tuple[
-    bytes, int, str, str | None, str, int | None, int, str | None, int, int,
+    int, int, str, str | None, str, int | None, int, str | None, int, int,
     str | None, dict[str, str] | None, str | None,
 ]  # fmt: skip
 
@@ -76,7 +76,7 @@ class NoMoreRows:
 class Progress:
     worker: int
     results: list[ResultTuple]  # rows finished since the last message
-    partials: list[tuple[bytes, str]]  # (key, validator) of large bodies that began
+    partials: list[tuple[int, str]]  # (key, validator) of large bodies that began
     active: int  # transfers receiving now
     in_flight: int  # body bytes they have received so far
 

@@ -29,7 +29,7 @@ from swarmget.sinks.base import Assignment, AssignmentTuple, Sink
 class _Collected:
     def __init__(self) -> None:
         self.results: list[ResultTuple] = []
-        self.partials: list[tuple[bytes, str]] = []
+        self.partials: list[tuple[int, str]] = []
 
     def finished(self, result: FileResult) -> None:
         self.results.append(result_to_tuple(result))

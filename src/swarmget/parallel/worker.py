@@ -52,7 +52,7 @@ class PipeEvents:
         self._conn = conn
         self._worker = worker
         self._results: list[ResultTuple] = []
-        self._partials: list[tuple[bytes, str]] = []
+        self._partials: list[tuple[int, str]] = []
         self.engine: Engine | None = None
 
     def finished(self, result: FileResult) -> None:

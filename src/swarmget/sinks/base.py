@@ -30,7 +30,7 @@ from swarmget.errors import ErrorCode, TransferError
 # How an Assignment crosses a process pipe (a tuple pickles several times faster
 # than an object): the fields of Assignment, in order.
 AssignmentTuple = tuple[
-    int, bytes, str, str | None, str | None, str | None, int | None, int, str | None
+    int, int, str, str | None, str | None, str | None, int | None, int, str | None
 ]
 
 
@@ -47,7 +47,7 @@ class Assignment:
     def __init__(
         self,
         index: int,
-        key: bytes,
+        key: int,
         url: str,
         path: str | None = None,
         sha256: str | None = None,

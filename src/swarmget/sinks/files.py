@@ -55,9 +55,13 @@ def parts_dir(root: str) -> str:
     return os.path.join(root, STATE_DIR, PARTS_DIR)
 
 
-def part_path(root: str, key: bytes) -> str:
+def part_name(key: int) -> str:
+    return f"{key:016x}"
+
+
+def part_path(root: str, key: int) -> str:
     """Where the part of the row with identity ``key`` is written."""
-    return os.path.join(root, STATE_DIR, PARTS_DIR, key.hex())
+    return os.path.join(root, STATE_DIR, PARTS_DIR, part_name(key))
 
 
 class PartFile(Writer):
@@ -201,7 +205,7 @@ class FileSink(Sink):
             raise TransferError(ErrorCode.BAD_PATH, f"no output path was planned for {job.url}")
         final = self.output.final_path(path)
         return PartFile(
-            os.path.join(self.parts, job.key.hex()), final, resume_from=start, hashers=hashers
+            os.path.join(self.parts, part_name(job.key)), final, resume_from=start, hashers=hashers
         )
 
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:

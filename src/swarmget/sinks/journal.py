@@ -51,9 +51,9 @@ from swarmget.sinks.files import STATE_DIR, OutputError
 JOURNAL_NAME: Final = "journal.sqlite3"
 PLAN_LOG_NAME: Final = "plans.log"
 # What a row's plan is, as the journal keeps it: (key, index, url, path, mine).
-PlanEntry = tuple[bytes, int, str, str | None, bool]
+PlanEntry = tuple[int, int, str, str | None, bool]
 LOCK_NAME: Final = "lock"
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 # status column
 PLANNED: Final = 0
@@ -66,32 +66,25 @@ _STATUS_CODES: Final = {"ok": OK, "failed": FAILED, "partial": PARTIAL}
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS rows (
-    key BLOB NOT NULL UNIQUE,   -- the row's identity (sinks/plan.py)
+    key INTEGER PRIMARY KEY,    -- the row's identity (63 bits of a hash, sinks/plan.py)
     run INTEGER NOT NULL,       -- the run that last saw it
     idx INTEGER NOT NULL,       -- its position in that run's input
-    url TEXT NOT NULL,          -- with any password removed
     path TEXT,                  -- the output path claimed for it
     mine INTEGER NOT NULL,      -- 1: we may write at path; 0: someone else's file is there
     status INTEGER NOT NULL,
-    http_status INTEGER,
     bytes INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    elapsed_ms INTEGER NOT NULL DEFAULT 0,
-    message TEXT,
-    final_url TEXT,
-    digests TEXT,               -- JSON object, e.g. {"sha256": "..."}
-    validator TEXT              -- ETag / Last-Modified of a kept part
+    validator TEXT,             -- ETag / Last-Modified of a kept part
+    record TEXT                 -- its manifest record: a JSON object, without "index"
 );
 CREATE INDEX IF NOT EXISTS rows_path ON rows (path);
 -- --dedupe: the row that downloads each distinct URL, and the rows waiting for it.
 CREATE TABLE IF NOT EXISTS leaders (
-    url_key BLOB PRIMARY KEY, key BLOB NOT NULL, run INTEGER NOT NULL
-) WITHOUT ROWID;
+    url_key INTEGER PRIMARY KEY, key INTEGER NOT NULL, run INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS followers (
-    key BLOB PRIMARY KEY, leader BLOB NOT NULL, idx INTEGER NOT NULL, url TEXT NOT NULL,
-    path TEXT NOT NULL
-) WITHOUT ROWID;
+    key INTEGER PRIMARY KEY, leader INTEGER NOT NULL, idx INTEGER NOT NULL,
+    url TEXT NOT NULL, path TEXT NOT NULL
+);
 CREATE INDEX IF NOT EXISTS followers_leader ON followers (leader);
 """
 
@@ -111,8 +104,8 @@ class Outcome:
 
 @dataclasses.dataclass(slots=True, frozen=True)
 class Follower:
-    key: bytes
-    leader: bytes
+    key: int
+    leader: int
     index: int
     url: str
     path: str
@@ -168,9 +161,9 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------
 
-    def lookup(self, keys: list[bytes]) -> dict[bytes, Previous]:
+    def lookup(self, keys: list[int]) -> dict[int, Previous]:
         """What is known of each of ``keys`` (absent: nothing)."""
-        found: dict[bytes, Previous] = {}
+        found: dict[int, Previous] = {}
         for chunk in _chunks(keys, 500):
             marks = ",".join("?" * len(chunk))
             query = (
@@ -202,18 +195,23 @@ class Journal:
             ).fetchone()
         return row is not None
 
-    def outcome(self, key: bytes) -> Outcome | None:
+    def outcome(self, key: int) -> Outcome | None:
         with self._guard("read"):
             row = self._db.execute(
-                "SELECT idx, path, status, http_status, bytes, error, message FROM rows "
-                "WHERE key=?",
-                (key,),
+                "SELECT idx, path, status, bytes, record FROM rows WHERE key=?", (key,)
             ).fetchone()
-        return Outcome(*row) if row is not None else None
+        if row is None:
+            return None
+        index, path, status, size, text = row
+        record = json.loads(text) if text else {}
+        return Outcome(
+            index, path, status, record.get("http_status"), size, record.get("error"),
+            record.get("message"),
+        )  # fmt: skip
 
     # -- --dedupe ----------------------------------------------------------------------
 
-    def leader(self, url_key: bytes) -> tuple[bytes, int] | None:
+    def leader(self, url_key: int) -> tuple[int, int] | None:
         """The row (key, run) that downloads this URL, if one was chosen."""
         with self._guard("read"):
             row = self._db.execute(
@@ -221,7 +219,7 @@ class Journal:
             ).fetchone()
         return (row[0], row[1]) if row is not None else None
 
-    def set_leader(self, url_key: bytes, key: bytes) -> None:
+    def set_leader(self, url_key: int, key: int) -> None:
         with self._guard("write"):
             self._db.execute(
                 "INSERT INTO leaders VALUES (?, ?, ?) ON CONFLICT (url_key) DO UPDATE "
@@ -236,7 +234,7 @@ class Journal:
                 (follower.key, follower.leader, follower.index, follower.url, follower.path),
             )
 
-    def followers(self, leaders: list[bytes]) -> list[Follower]:
+    def followers(self, leaders: list[int]) -> list[Follower]:
         """The rows waiting for any of ``leaders``; they are forgotten as they are read."""
         found: list[Follower] = []
         for chunk in _chunks(leaders, 500):
@@ -270,7 +268,7 @@ class Journal:
         if not plans:
             return
         self.changed = True
-        line = json.dumps([[k.hex(), i, u, p, m] for k, i, u, p, m in plans], ensure_ascii=False)
+        line = json.dumps(plans, ensure_ascii=False)
         try:
             os.write(self._plan_log, (line + "\n").encode("utf-8", "surrogatepass"))
         except OSError as exc:
@@ -288,8 +286,7 @@ class Journal:
         try:
             with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as out:
                 if in_flight:
-                    entries = [[k.hex(), i, u, p, m] for k, i, u, p, m in in_flight]
-                    out.write(json.dumps(entries, ensure_ascii=False) + "\n")
+                    out.write(json.dumps(in_flight, ensure_ascii=False) + "\n")
             os.replace(tmp, self._plan_log_path)
             os.close(self._plan_log)
             self._plan_log = _open_append(self._plan_log_path)
@@ -309,12 +306,12 @@ class Journal:
         self.changed = True
         with self._guard("write"):
             self._db.executemany(
-                "INSERT INTO rows (key, run, idx, url, path, mine, status) "
-                f"VALUES (?, {self.run}, ?, ?, ?, ?, {PLANNED}) "
+                "INSERT INTO rows (key, run, idx, path, mine, status) "
+                f"VALUES (?, {self.run}, ?, ?, ?, {PLANNED}) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
-                "url=excluded.url, path=excluded.path, mine=excluded.mine, "
+                "path=excluded.path, mine=excluded.mine, "
                 f"status=CASE WHEN status={OK} THEN {PLANNED} ELSE status END",
-                plans,
+                [(key, index, path, mine) for key, index, _url, path, mine in plans],
             )
 
     def note_directories(self) -> None:
@@ -323,7 +320,7 @@ class Journal:
             self.has_dirs = True
             self._set_meta("has_dirs", 1)
 
-    def touch(self, rows: list[tuple[bytes, int]]) -> None:
+    def touch(self, rows: list[tuple[int, int]]) -> None:
         """``(key, index)`` of rows this run skips as done: still this run's rows."""
         if not rows:
             return
@@ -342,33 +339,34 @@ class Journal:
         self.changed = True
         with self._guard("write"):
             self._db.executemany(
-                "INSERT INTO rows (key, run, idx, url, path, mine, status, http_status, bytes, "
-                "error, attempts, elapsed_ms, message, final_url, digests) "
-                f"VALUES (?, {self.run}, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "INSERT INTO rows (key, run, idx, path, mine, status, bytes, record) "
+                f"VALUES (?, {self.run}, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
-                "url=excluded.url, path=coalesce(excluded.path, path), "
+                "path=coalesce(excluded.path, path), "
                 "mine=CASE WHEN excluded.path IS NULL THEN mine ELSE excluded.mine END, "
-                "status=excluded.status, http_status=excluded.http_status, "
-                "bytes=excluded.bytes, error=excluded.error, attempts=excluded.attempts, "
-                "elapsed_ms=excluded.elapsed_ms, message=excluded.message, "
-                "final_url=excluded.final_url, digests=excluded.digests, "
+                "status=excluded.status, bytes=excluded.bytes, record=excluded.record, "
                 f"validator=CASE WHEN excluded.status={OK} THEN NULL ELSE validator END",
-                [_record_values(result, path, mine) for result, path, mine in entries],
+                [
+                    (r.key, r.index, path, mine, _STATUS_CODES[r.status], r.bytes, encode(r))
+                    for r, path, mine in entries
+                ],
             )
 
     def partial(self, plan: PlanEntry, validator: str) -> None:
         """A large body of the row began: its part may be continued with ``validator``."""
         self.changed = True
         key, index, url, path, mine = plan
+        record = _DUMPS({"url": storable(url), "path": path, "status": "partial"})
         with self._guard("write"):
             self._db.execute(
-                "INSERT INTO rows (key, run, idx, url, path, mine, status, validator) "
-                f"VALUES (?, {self.run}, ?, ?, ?, ?, {PARTIAL}, ?) "
+                "INSERT INTO rows (key, run, idx, path, mine, status, validator, record) "
+                f"VALUES (?, {self.run}, ?, ?, ?, {PARTIAL}, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
                 "path=excluded.path, mine=excluded.mine, "
                 f"status=CASE WHEN status={OK} THEN status ELSE {PARTIAL} END, "
-                "validator=excluded.validator",
-                (key, index, url, path, mine, validator),
+                "validator=excluded.validator, "
+                f"record=CASE WHEN status={OK} THEN record ELSE excluded.record END",
+                (key, index, path, mine, validator, record),
             )
 
     def commit(self) -> None:
@@ -378,16 +376,20 @@ class Journal:
 
     # -- the manifest ------------------------------------------------------------------
 
-    def records(self) -> Iterator[dict[str, object]]:
-        """Every finished row's record, in the order rows were first seen."""
+    def records(self) -> Iterator[str]:
+        """Every finished row's manifest line (without its newline): this run's rows
+        in input order, then rows only earlier runs had."""
         with self._guard("read"):
             cursor = self._db.execute(
-                "SELECT idx, url, path, status, http_status, bytes, error, attempts, "
-                "elapsed_ms, message, final_url, digests, validator FROM rows "
-                f"WHERE status != {PLANNED} ORDER BY run DESC, idx"
+                "SELECT idx, status, validator, record FROM rows "
+                f"WHERE status != {PLANNED} AND record IS NOT NULL ORDER BY run DESC, idx"
             )
-            for row in cursor:
-                yield _record_json(row)
+            for index, status, validator, record in cursor:
+                line = f'{{"index":{index},{record[1:]}'
+                if validator is not None and status != OK:
+                    # A part is kept (partial, or failed part way): say what resumes it.
+                    line = f'{line[:-1]},"validator":{_DUMPS(validator)}}}'
+                yield line
 
     def close(self) -> None:
         """Commit and let go; the plan log is emptied (its rows are in the table now)."""
@@ -410,11 +412,11 @@ class Journal:
                         entries = json.loads(line)
                     except ValueError:
                         continue  # torn by the kill: that batch was never dealt out
-                    plans = [(bytes.fromhex(k), i, u, p, bool(m)) for k, i, u, p, m in entries]
+                    plans = [(k, i, p, bool(m)) for k, i, _url, p, m in entries]
                     with self._guard("recover"):
                         self._db.executemany(
-                            "INSERT INTO rows (key, run, idx, url, path, mine, status) "
-                            f"VALUES (?, {self.run - 1}, ?, ?, ?, ?, {PLANNED}) "
+                            "INSERT INTO rows (key, run, idx, path, mine, status) "
+                            f"VALUES (?, {self.run - 1}, ?, ?, ?, {PLANNED}) "
                             "ON CONFLICT (key) DO NOTHING",
                             plans,
                         )
@@ -448,46 +450,39 @@ class Journal:
             raise OutputError(f"cannot {action} the journal {self.path}: {exc}", True) from None
 
 
-def _record_values(result: FileResult, path: str | None, mine: bool) -> tuple[object, ...]:
-    digests = json.dumps(result.digests) if result.digests else None
-    message = storable(result.message) if result.message is not None else None
-    final_url = storable(result.final_url) if result.final_url is not None else None
-    return (
-        result.key, result.index, storable(result.url), path, mine,
-        _STATUS_CODES[result.status], result.http_status, result.bytes, result.error,
-        result.attempts, result.elapsed_ms, message, final_url, digests,
-    )  # fmt: skip
+_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_quote = json.encoder.encode_basestring  # C-accelerated, keeps non-ASCII as UTF-8
+_OK_RECORD = (
+    '{"url":%s,"path":%s,"status":"ok","http_status":%d,"bytes":%d,'
+    '"error":null,"attempts":%d,"elapsed_ms":%d}'
+)
 
 
-def _record_json(row: tuple[object, ...]) -> dict[str, object]:
-    index, url, path, status, http_status, size, error, attempts = row[:8]
-    elapsed_ms, message, final_url, digests, validator = row[8:]
-    name = STATUS_NAMES[int(status)]  # type: ignore[call-overload]
-    record: dict[str, object] = {
-        "index": index,
-        "url": url,
-        "path": path if name != "failed" else None,
-        "status": name,
-        "http_status": http_status,
-        "bytes": size,
-        "error": error,
-        "attempts": attempts,
-        "elapsed_ms": elapsed_ms,
-    }
-    if name == "partial":
-        record = {"index": index, "url": url, "path": path, "status": name}
-    if message is not None:
-        record["message"] = message
-    if final_url is not None:
-        record["final_url"] = final_url
-    if digests:
-        record.update(json.loads(str(digests)))
-    if validator is not None and name != "ok":
-        record["validator"] = validator
-    return record
+def encode(result: FileResult) -> str:
+    """``result``'s manifest record as JSON text, without ``index`` (the journal adds it)."""
+    if (
+        result.ok
+        and result.message is None
+        and result.digests is None
+        and result.final_url is None
+        and result.path is not None
+        and result.url.isascii()
+    ):
+        # The common case, formatted directly: a third of the cost of the encoder.
+        return _OK_RECORD % (
+            _quote(result.url), _quote(result.path), result.http_status or 0, result.bytes,
+            result.attempts, result.elapsed_ms,
+        )  # fmt: skip
+    record = result.to_json()
+    del record["index"]
+    for field in ("url", "message", "final_url"):
+        value = record.get(field)
+        if isinstance(value, str):
+            record[field] = storable(value)
+    return _DUMPS(record)
 
 
-def _chunks(items: list[bytes] | list[str], size: int) -> Iterator[list[object]]:
+def _chunks(items: list[int] | list[str], size: int) -> Iterator[list[object]]:
     for start in range(0, len(items), size):
         yield list(items[start : start + size])
 
