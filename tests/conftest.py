@@ -16,6 +16,14 @@
   tests/test_proxy.py); skips when missing, fails under CI, like ``nginx_bin``.
 - ``out_dir``: a fresh empty directory per test, on tmpfs (/dev/shm) when
   there is room, because disk speed is not what our tests measure.
+- ``c_compiler``: the C compiler mypyc's build uses, checked to find
+  ``Python.h``; skips when there is none, fails under CI, like ``nginx_bin``.
+- ``git_bin``: path of git; skips when missing, fails under CI.
+
+Tests marked ``install`` (tests/test_install.py) build and install their own
+copies of the package, so the build this process imports does not matter to
+them: they run in the compiled pass of ``./dev test`` and are deselected in the
+pure one (``SWARMGET_EXPECT_BUILD=pure``), where they would only repeat.
 """
 
 from __future__ import annotations
@@ -23,7 +31,10 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import shlex
 import shutil
+import subprocess
+import sysconfig
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,11 +62,17 @@ def pytest_configure(config: pytest.Config) -> None:
     _raise_nofile_limit()
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Anything that uses the shared server needs nginx: mark it so `-m "not nginx"` works.
     for item in items:
         if {"nginx_server", "nginx_bin"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.nginx)
+    if os.environ.get("SWARMGET_EXPECT_BUILD") == "pure":
+        # The install tests install their own builds: once per `./dev test` is enough.
+        install = [item for item in items if item.get_closest_marker("install")]
+        if install:
+            config.hook.pytest_deselected(items=install)
+            items[:] = [item for item in items if not item.get_closest_marker("install")]
 
 
 def _raise_nofile_limit() -> None:
@@ -100,6 +117,33 @@ def nginx_bin() -> str:
 @pytest.fixture(scope="session")
 def tinyproxy_bin() -> str:
     return _required(find_tinyproxy(), "tinyproxy", "tinyproxy")
+
+
+def find_c_compiler() -> str | None:
+    """The compiler setuptools would use (``$CC``, else Python's own), if it finds Python.h."""
+    command = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if not command or shutil.which(command[0]) is None:
+        return None
+    include = sysconfig.get_paths()["include"]
+    probe = subprocess.run(
+        [*command, f"-I{include}", "-fsyntax-only", "-x", "c", "-"],
+        input=b"#include <Python.h>\n",
+        capture_output=True,
+        check=False,
+    )
+    return shutil.which(command[0]) if probe.returncode == 0 else None
+
+
+@pytest.fixture(scope="session")
+def c_compiler() -> str:
+    return _required(
+        find_c_compiler(), "a C compiler that finds Python.h", "gcc libc6-dev python3-dev"
+    )
+
+
+@pytest.fixture(scope="session")
+def git_bin() -> str:
+    return _required(shutil.which("git"), "git", "git")
 
 
 @pytest.fixture(scope="session")
