@@ -15,6 +15,20 @@ def download(urls, dest, **options):  # type: ignore[no-untyped-def]
     return _download(urls, dest, **options)
 
 
+def stream(urls, **options):  # type: ignore[no-untyped-def]
+    """Every URL's bytes inside your loop; see :func:`swarmget.streaming.stream`."""
+    from swarmget.streaming import stream as _stream
+
+    return _stream(urls, **options)
+
+
+def astream(urls, **options):  # type: ignore[no-untyped-def]
+    """:func:`stream` as an async iterator; see :func:`swarmget.streaming.astream`."""
+    from swarmget.streaming import astream as _astream
+
+    return _astream(urls, **options)
+
+
 def compiled() -> bool:
     """True when the hot path runs as C compiled by mypyc (see setup.py), False
     when it runs from the ``.py`` files (``SWARMGET_PURE_PYTHON=1``, no C compiler,
@@ -31,6 +45,7 @@ __all__ = [
     "Report",
     "SwarmgetError",
     "TransferError",
+    "astream",
     "UsageError",
     "__version__",
     "compiled",
@@ -38,4 +53,5 @@ __all__ = [
     "manifest_frame",
     "manifest_table",
     "read_manifest",
+    "stream",
 ]

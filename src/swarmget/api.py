@@ -33,10 +33,11 @@ FDS_SPARE = 64
 
 def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) -> Iterator[Row]:
     """The rows of a run: ``sources`` (files, ``-``, URLs) first, then ``urls``."""
-    if isinstance(urls, str | bytes | bytearray):
+    given: object = urls  # not narrowed: a bytes must reach the check, compiled or not
+    if isinstance(given, str | bytes | bytearray):
         raise TypeError(
             "swarmget: `urls` must be an iterable of URLs, not a single "
-            f"{type(urls).__name__}: pass [url] for one URL, or sources=[path] for a list file"
+            f"{type(given).__name__}: pass [url] for one URL, or sources=[path] for a list file"
         )
     rows: Iterator[Row] = iter(())
     if sources:
@@ -73,6 +74,11 @@ def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
     return dataclasses.replace(options, concurrency=fits, per_host=min(options.per_host, fits))
 
 
+def file_sink(root: str, worker: int) -> FileSink:
+    """Every worker writes files under ``root`` (make_sink for the backends)."""
+    return FileSink(root)
+
+
 def download(
     urls: Iterable[str | Row] | None,
     dest: str | os.PathLike[str],
@@ -105,7 +111,7 @@ def run_download(
     """Plan ``rows`` into ``dest`` and download them with one engine per worker."""
     planner = FilePlanner(os.fspath(dest), options)
     try:
-        make_sink = functools.partial(FileSink, planner.root)
+        make_sink = functools.partial(file_sink, planner.root)
         workers = worker_count(options)
         backend: Backend
         if workers > 1:

@@ -57,8 +57,17 @@ class SwarmgetError(Exception):
     :class:`~swarmget.report.Report` so far as ``report``.
     """
 
-    code: str = "error"
-    report: Any = None
+    # Attributes are set in __init__ and codes are properties, not class-level
+    # defaults: mypyc compiles this class, and an unpickled compiled exception
+    # would lack a default (unpickling calls __init__, which always sets them).
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.report: Any = None
+
+    @property
+    def code(self) -> str:
+        return "error"
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else self.code
@@ -67,7 +76,9 @@ class SwarmgetError(Exception):
 class UsageError(SwarmgetError):
     """Bad options or unreadable input: the CLI exits with status 2."""
 
-    code = "usage"
+    @property
+    def code(self) -> str:
+        return "usage"
 
 
 class TransferError(SwarmgetError):
@@ -75,8 +86,12 @@ class TransferError(SwarmgetError):
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(code, message)
-        self.code = code
+        self._code = code
         self.message = message
+
+    @property
+    def code(self) -> str:
+        return self._code
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"

@@ -24,6 +24,8 @@ class FileResult:
     index: int = -1  # the row's position in the input
     # The row's identity across runs (sinks/plan.py); not part of the record.
     key: int = dataclasses.field(default=-1, repr=False, compare=False)
+    # What a sink hands on with the row (the streaming iterator's body); not recorded.
+    payload: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:

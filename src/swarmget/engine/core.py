@@ -358,7 +358,8 @@ class Engine(ConnectionOwner):
         job = transfer.job
         if verdict.start == 0 and transfer.start:
             transfer.start = 0  # the server ignored our Range: the whole body comes
-        writer = self.sink.open(job.row, verdict.start, self._hashers_for(job.row))
+        length = head.content_length if not head.chunked else None
+        writer = self.sink.open(job.row, verdict.start, length, self._hashers_for(job.row))
         if verdict.start == 0 and self.sink.resumable:
             self._note_resumable(job, head)
         return writer
@@ -585,8 +586,11 @@ class Engine(ConnectionOwner):
             done.append((transfer.job.row, writer))
         errors = self.sink.publish(done)
         for (transfer, result), error in zip(batch, errors, strict=True):
+            writer = transfer.writer
             transfer.writer = None
             self.in_memory -= 1
+            if writer is not None:
+                result.payload = writer.payload
             if error is not None:
                 if isinstance(error, OutputError) and error.fatal:
                     self._stop(error)

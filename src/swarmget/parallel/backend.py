@@ -36,23 +36,23 @@ from swarmget.sinks.base import AssignmentTuple
 # FileResult's fields as they cross a pipe (see result_to_tuple).
 ResultTuple = tuple[
     int, int, str, str | None, str, int | None, int, str | None, int, int,
-    str | None, dict[str, str] | None, str | None,
+    str | None, dict[str, str] | None, str | None, object,
 ]  # fmt: skip
 
 
 def result_to_tuple(r: FileResult) -> ResultTuple:
     return (
         r.key, r.index, r.url, r.path, r.status, r.http_status, r.bytes, r.error, r.attempts,
-        r.elapsed_ms, r.message, r.digests, r.final_url,
+        r.elapsed_ms, r.message, r.digests, r.final_url, r.payload,
     )  # fmt: skip
 
 
 def result_from_tuple(t: ResultTuple) -> FileResult:
     key, index, url, path, status, http_status, size, error, attempts = t[:9]
-    elapsed_ms, message, digests, final_url = t[9:]
+    elapsed_ms, message, digests, final_url, payload = t[9:]
     return FileResult(
         url, path, status, http_status, size, error, attempts, elapsed_ms, message,
-        digests, final_url, index, key,
+        digests, final_url, index, key, payload,
     )  # fmt: skip
 
 
@@ -67,6 +67,13 @@ class Rows:
 @dataclasses.dataclass(slots=True)
 class NoMoreRows:
     pass
+
+
+@dataclasses.dataclass(slots=True)
+class Release:
+    """The driver has taken payloads the worker's sink handed on: their tokens."""
+
+    tokens: list[int]
 
 
 # -- worker -> driver ---------------------------------------------------------------
@@ -120,6 +127,10 @@ class Backend(Protocol):
 
     def poll(self, timeout: float) -> list[Event]:
         """Wait at most ``timeout`` seconds for events; return those that came."""
+        ...
+
+    def release(self, worker: int, tokens: list[int]) -> None:
+        """Tell ``worker``'s sink the driver is done with these payloads (Sink.release)."""
         ...
 
     def replace(self, worker: int) -> bool:

@@ -27,6 +27,7 @@ from swarmget.parallel.backend import (
     Event,
     Finished,
     NoMoreRows,
+    Release,
     Rows,
     Stopped,
 )
@@ -46,7 +47,7 @@ class _Slot:
 
 
 class ForkBackend:
-    def __init__(self, workers: int, make_sink: Callable[[], Sink], options: Options) -> None:
+    def __init__(self, workers: int, make_sink: Callable[[int], Sink], options: Options) -> None:
         self.workers = workers
         self._make_sink = make_sink
         self._options = options
@@ -55,8 +56,12 @@ class ForkBackend:
         self._context: Any = multiprocessing.get_context(method)
         self._slots: list[_Slot | None] = [None] * workers
         self._pending: list[Event] = []  # drained by stop(), returned by the next poll
+        self._started = False
 
     def start(self) -> None:
+        if self._started:
+            return  # a stream starts its workers early, in the caller's thread
+        self._started = True
         for worker in range(self.workers):
             self._spawn(worker)
 
@@ -89,7 +94,10 @@ class ForkBackend:
     def end(self, worker: int) -> None:
         self._send(worker, NoMoreRows())
 
-    def _send(self, worker: int, message: Rows | NoMoreRows) -> bool:
+    def release(self, worker: int, tokens: list[int]) -> None:
+        self._send(worker, Release(tokens))
+
+    def _send(self, worker: int, message: Rows | NoMoreRows | Release) -> bool:
         # A worker may end at any moment and its pipe then breaks.  That is not
         # our error to raise: poll() reports how it ended.
         slot = self._slots[worker]

@@ -42,10 +42,10 @@ class InlineBackend:
     workers = 1
 
     def __init__(
-        self, make_sink: Callable[[], Sink], options: Options, *, warn_to: TextIO | None = None
+        self, make_sink: Callable[[int], Sink], options: Options, *, warn_to: TextIO | None = None
     ) -> None:
         self._events = _Collected()
-        self.engine = Engine(make_sink(), options, self._events, warn_to=warn_to)
+        self.engine = Engine(make_sink(0), options, self._events, warn_to=warn_to)
         self._done = False  # Finished or Stopped was reported
         self._stopped = False
 
@@ -77,6 +77,10 @@ class InlineBackend:
             else:
                 events.append(Finished(0))
         return events
+
+    def release(self, worker: int, tokens: list[int]) -> None:
+        for token in tokens:
+            self.engine.sink.release(token)
 
     def replace(self, worker: int) -> bool:
         return False  # the driver's own process: nothing to replace it with

@@ -58,6 +58,42 @@ class Planner(Protocol):
     def finish(self, interrupted: bool) -> None: ...
 
 
+class Delivery(Protocol):
+    """Where a run's outcomes go besides the journal and the report: the streaming
+    iterator's queue (``stream/``).  It also paces the run: rows are only taken
+    from the input while the consumer has room for them."""
+
+    def room(self, taken: int) -> int:
+        """How many more rows may be taken from the input now (``taken`` so far)."""
+        ...
+
+    def deliver(self, results: list[FileResult]) -> None: ...
+
+    def stopping(self) -> bool:
+        """The consumer is gone: stop the run."""
+        ...
+
+    def wait(self) -> float:
+        """The longest the supervisor may wait for events before asking again."""
+        ...
+
+
+class NoDelivery:
+    """A run to files: outcomes go to the journal only, and nothing paces it."""
+
+    def room(self, taken: int) -> int:
+        return 1 << 62
+
+    def deliver(self, results: list[FileResult]) -> None:
+        pass
+
+    def stopping(self) -> bool:
+        return False
+
+    def wait(self) -> float:
+        return TICK
+
+
 class _Worker:
     __slots__ = ("active", "done", "ended", "gone", "in_flight", "outstanding", "sent")
 
@@ -85,12 +121,14 @@ class Supervisor:
         *,
         backlog_limit: int,
         progress: ProgressListener | None = None,
+        delivery: Delivery | None = None,
     ) -> None:
         self._rows = rows
         self._planner = planner
         self._backend = backend
         self._backlog_limit = backlog_limit
         self._progress = progress
+        self._delivery: Delivery = delivery if delivery is not None else NoDelivery()
         self._workers = [_Worker() for _ in range(backend.workers)]
         self.report = Report()
         self._seen = 0
@@ -107,7 +145,7 @@ class Supervisor:
     def run(self) -> Report:
         self._started = time.monotonic()
         # Bad input fails here, before any process starts.
-        self._first = self._take(BATCH)
+        self._first = self._take(min(BATCH, self._delivery.room(0)))
         if self._input_error is not None and not self._first:
             self._planner.finish(interrupted=True)
             self._backend.close()
@@ -139,10 +177,15 @@ class Supervisor:
 
     def _loop(self) -> None:
         next_tick = 0.0
+        delivery = self._delivery
         while not self._done():
+            if delivery.stopping():
+                self._stop()
+                return
             self._deal()
             now = time.monotonic()
-            for event in self._backend.poll(max(0.0, min(TICK, next_tick - now))):
+            wait = max(0.0, min(delivery.wait(), next_tick - now))
+            for event in self._backend.poll(wait):
                 self._handle(event)
             if self._fatal is not None:
                 self._stop()
@@ -178,9 +221,14 @@ class Supervisor:
 
     def _deal(self) -> None:
         while self._first or (
-            not self._input_done and self._lowest_backlog() < self._backlog_limit
+            not self._input_done
+            and self._lowest_backlog() < self._backlog_limit
+            and self._delivery.room(self._seen) > 0
         ):
-            rows, self._first = (self._first, []) if self._first else (self._take(BATCH), [])
+            if self._first:
+                rows, self._first = self._first, []
+            else:
+                rows = self._take(min(BATCH, self._delivery.room(self._seen)))
             if rows:
                 batch = self._planner.plan(rows)
                 self.report.skipped += batch.skipped
@@ -300,6 +348,7 @@ class Supervisor:
             report.add(result)
         for result in more:
             report.add(result)
+        self._delivery.deliver(results + more if more else results)
 
     def _tick(self, now: float) -> None:
         if self._progress is None:

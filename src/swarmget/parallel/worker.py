@@ -32,6 +32,7 @@ from swarmget.parallel.backend import (
     Finished,
     NoMoreRows,
     Progress,
+    Release,
     ResultTuple,
     Rows,
     Stopped,
@@ -83,6 +84,9 @@ class PipeFeed:
                 message = self._conn.recv()
                 if isinstance(message, Rows):
                     self._engine.add([Assignment.from_tuple(fields) for fields in message.rows])
+                elif isinstance(message, Release):
+                    for token in message.tokens:
+                        self._engine.sink.release(token)
                 elif isinstance(message, NoMoreRows):
                     # The pipe stays registered, so that the driver's death is
                     # still noticed (EOF) until we finish.
@@ -95,7 +99,7 @@ def worker_main(
     conn: Connection,
     inherited: list[Connection],
     worker: int,
-    make_sink: Callable[[], Sink],
+    make_sink: Callable[[int], Sink],
     options: Options,
 ) -> None:
     # A forked worker holds copies of the driver's pipe ends (its own and its
@@ -112,7 +116,9 @@ def worker_main(
     message: Finished | Stopped
     try:
         _terminate_with_parent()
-        engine = Engine(make_sink(), options, events, warn_to=io.StringIO())  # the driver warns
+        engine = Engine(
+            make_sink(worker), options, events, warn_to=io.StringIO()
+        )  # the driver warns
         events.engine = engine
         engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
         _report_periodically(engine, events)

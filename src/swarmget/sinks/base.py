@@ -93,14 +93,17 @@ class Writer:
     """The body of one response on its way to the sink.
 
     ``hashers`` (name -> hashlib object) see every byte, so checksums are
-    verified while streaming, not by reading the result again.
+    verified while streaming, not by reading the result again.  ``payload`` is
+    what :meth:`Sink.publish` hands on with the row's result, for sinks whose
+    rows go somewhere other than a file (the streaming iterator's bodies).
     """
 
-    __slots__ = ("hashers", "written")
+    __slots__ = ("hashers", "payload", "written")
 
     def __init__(self, hashers: dict[str, Hasher] | None = None) -> None:
         self.hashers = hashers
         self.written = 0  # body bytes so far, including a continued part's
+        self.payload: object = None
 
     def write(self, data: memoryview | bytes) -> None:
         raise NotImplementedError
@@ -138,13 +141,19 @@ class Sink:
     # Can a failed or interrupted body be kept and continued with Range later?
     resumable = False
 
-    def open(self, job: Assignment, start: int, hashers: dict[str, Hasher] | None) -> Writer:
-        """A writer for ``job``'s body from byte ``start``; raises TransferError (io...)."""
+    def open(
+        self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
+    ) -> Writer:
+        """A writer for ``job``'s body from byte ``start``; ``length``: the bytes the
+        response announces (None: unknown).  Raises TransferError (io...)."""
         raise NotImplementedError
 
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
         """Make finished rows visible; one entry per row: None, or why it failed."""
         raise NotImplementedError
+
+    def release(self, token: int) -> None:
+        """The driver is done with a payload this sink handed on (see sinks/memory.py)."""
 
     def close(self) -> None:
         pass

@@ -199,7 +199,9 @@ class FileSink(Sink):
         except OSError as exc:
             raise io_error("create", self.parts, exc) from None
 
-    def open(self, job: Assignment, start: int, hashers: dict[str, Hasher] | None) -> Writer:
+    def open(
+        self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
+    ) -> Writer:
         path = job.path
         if path is None:
             raise TransferError(ErrorCode.BAD_PATH, f"no output path was planned for {job.url}")

@@ -1,0 +1,363 @@
+"""Bodies for the caller instead of files: memory, shared memory, or a spill file.
+
+Theory of operation
+-------------------
+The streaming iterator (``swarmget/streaming/``) gives the caller each URL's
+bytes.  Its sink, :class:`MemorySink`, picks a writer when a response head
+says how long the body will be:
+
+* **In a worker process** (``workers > 1``) the body goes into the worker's
+  :class:`Arena`: one anonymous shared mapping per worker, made by the driver
+  before it forks, so the same pages are mapped in both processes.  The
+  writer copies each slice of the receive buffer into its slot (the one copy
+  there must be: the receive buffer is reused), and the driver copies the slot
+  once into the ``bytes`` the caller gets, then hands the slot back
+  (:meth:`MemorySink.release`).  Nothing is pickled, nothing crosses a pipe
+  but ``(offset, length)``.
+* **In the driver's own process** (``workers=1``, the engine on a thread) the
+  body goes into a ``bytearray`` of its announced length, and becomes the
+  item's ``bytes`` when complete.
+* **Anything that does not fit** -- larger than the arena's free space, or
+  than what the byte budget has left, or of unknown length and growing past
+  it -- goes to a file under the stream's spill directory
+  (:class:`SpillWriter`).  The loop cannot stop reading a socket mid-body, so
+  the budget is enforced where a body starts: what cannot fit is spilled, and
+  a body of unknown length that outgrows its share is moved to a file.
+
+With ``map``, the caller's function runs here, in the process that downloaded
+the item, when the item is published; only its value travels on, and the body
+is dropped (a spill file removed) right after.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import mmap
+import os
+import threading
+from collections.abc import Callable
+from typing import Any, Final
+
+from swarmget.errors import ErrorCode, TransferError
+from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
+from swarmget.sinks.files import io_error
+
+MAP_ERROR: Final = "map_error"
+_SPILL_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# Payloads, as results carry them to the driver (FileResult.payload):
+ARENA: Final = "arena"  # ("arena", worker, offset, length): a slot of a worker's arena
+BYTES: Final = "bytes"  # ("bytes", data): the body itself (same process)
+SPILL: Final = "spill"  # ("spill", path): a file in the spill directory
+VALUE: Final = "value"  # ("value", value): what map returned
+
+
+class Arena:
+    """Shared memory for one worker's bodies, with a first-fit allocator.
+
+    Made before the fork (an anonymous ``MAP_SHARED`` mapping is inherited),
+    so the driver reads a slot the worker wrote without any copy in between.
+    Only the worker allocates; the driver only reads and sends releases.
+    """
+
+    __slots__ = ("_ends", "_sizes", "_starts", "size", "view")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.view = memoryview(mmap.mmap(-1, max(size, mmap.PAGESIZE)))
+        self._starts = [0]  # free extents, sorted by start
+        self._ends = [size]
+        self._sizes: dict[int, int] = {}  # allocated slot -> its length
+
+    def allocate(self, length: int) -> int | None:
+        """The offset of a free slot of ``length`` bytes, or None when none is free."""
+        length = max(length, 1)
+        for i, start in enumerate(self._starts):
+            if self._ends[i] - start >= length:
+                if self._ends[i] - start == length:
+                    del self._starts[i], self._ends[i]
+                else:
+                    self._starts[i] = start + length
+                self._sizes[start] = length
+                return start
+        return None
+
+    def release(self, offset: int) -> None:
+        length = self._sizes.pop(offset, 0)
+        if not length:
+            return
+        end = offset + length
+        i = bisect.bisect_left(self._starts, offset)
+        starts, ends = self._starts, self._ends
+        if i > 0 and ends[i - 1] == offset:  # joins the extent before it
+            if i < len(starts) and starts[i] == end:  # ...and the one after
+                ends[i - 1] = ends[i]
+                del starts[i], ends[i]
+            else:
+                ends[i - 1] = end
+        elif i < len(starts) and starts[i] == end:
+            starts[i] = offset
+        else:
+            starts.insert(i, offset)
+            ends.insert(i, end)
+
+    @property
+    def free(self) -> int:
+        return sum(e - s for s, e in zip(self._starts, self._ends, strict=True))
+
+
+class Budget:
+    """Body bytes held in memory ahead of the caller, all of them (thread-safe)."""
+
+    __slots__ = ("_lock", "limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def force(self, n: int) -> None:
+        """Hold ``n`` more bytes even past the limit (one item that must move)."""
+        with self._lock:
+            self.used += n
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - n)
+
+
+class ArenaWriter(Writer):
+    __slots__ = ("_arena", "_view", "length", "offset", "worker")
+
+    def __init__(
+        self,
+        arena: Arena,
+        worker: int,
+        offset: int,
+        length: int,
+        hashers: dict[str, Hasher] | None,
+    ) -> None:
+        super().__init__(hashers)
+        self._arena = arena
+        self.worker = worker
+        self.offset = offset
+        self.length = length
+        self._view = arena.view[offset : offset + length]
+
+    def write(self, data: memoryview | bytes) -> None:
+        n = len(data)
+        end = self.written + n
+        if end > self.length:
+            raise TransferError(ErrorCode.PROTOCOL, "the body is longer than announced")
+        self._view[self.written : end] = data
+        if self.hashers is not None:
+            for hasher in self.hashers.values():
+                hasher.update(data)
+        self.written = end
+
+    def finish(self) -> None:
+        self.payload = (ARENA, self.worker, self.offset, self.written)
+
+    def abort(self, keep: bool = False) -> None:
+        self._view.release()
+        self._arena.release(self.offset)
+
+    def data(self) -> bytes:
+        return bytes(self._view[: self.written])
+
+
+class BufferWriter(Writer):
+    """A body in this process's memory; moves itself to a file if it outgrows its share."""
+
+    __slots__ = ("_budget", "_buffer", "_reserved", "_spill", "_spill_path")
+
+    def __init__(
+        self,
+        budget: Budget,
+        reserved: int,
+        spill_path: str,
+        hashers: dict[str, Hasher] | None,
+    ) -> None:
+        super().__init__(hashers)
+        self._budget = budget
+        self._reserved = reserved  # budget bytes taken for this body so far
+        self._buffer = bytearray()
+        self._spill: SpillWriter | None = None
+        self._spill_path = spill_path
+
+    def write(self, data: memoryview | bytes) -> None:
+        spill = self._spill
+        if spill is None:
+            n = len(data)
+            need = len(self._buffer) + n - self._reserved
+            if need > 0 and not self._budget.take(max(need, 1 << 16)):
+                spill = self._move_to_file()
+            else:
+                if need > 0:
+                    self._reserved += max(need, 1 << 16)
+                self._buffer += data
+                if self.hashers is not None:
+                    for hasher in self.hashers.values():
+                        hasher.update(data)
+                self.written += n
+                return
+        before = spill.written
+        spill.write(data)
+        self.written += spill.written - before
+        if self.hashers is not None:
+            for hasher in self.hashers.values():
+                hasher.update(data)
+
+    def _move_to_file(self) -> SpillWriter:
+        spill = SpillWriter(self._spill_path, None)
+        spill.write(memoryview(self._buffer))
+        self._budget.give(self._reserved)
+        self._reserved = 0
+        self._buffer = bytearray()
+        self._spill = spill
+        return spill
+
+    def finish(self) -> None:
+        if self._spill is not None:
+            self._spill.finish()
+            self.payload = self._spill.payload
+            return
+        data = bytes(self._buffer)
+        self._buffer = bytearray()
+        # What stays charged is exactly the body; the caller gives it back.
+        self._budget.give(self._reserved - len(data))
+        self._reserved = len(data)
+        self.payload = (BYTES, data)
+
+    def abort(self, keep: bool = False) -> None:
+        if self._spill is not None:
+            self._spill.abort()
+        self._budget.give(self._reserved)
+        self._reserved = 0
+        self._buffer = bytearray()
+
+
+class SpillWriter(Writer):
+    """A body in a file of the spill directory (no rename: the path is the item's)."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, path: str, hashers: dict[str, Hasher] | None) -> None:
+        super().__init__(hashers)
+        self.path = path
+        try:
+            self.fd = os.open(path, _SPILL_FLAGS, 0o600)
+        except OSError as exc:
+            raise io_error("create", path, exc) from None
+
+    def write(self, data: memoryview | bytes) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(self.fd, view)
+                view = view[written:]
+        except OSError as exc:
+            raise io_error("write", self.path, exc) from None
+        if self.hashers is not None:
+            for hasher in self.hashers.values():
+                hasher.update(data)
+        self.written += len(data)
+
+    def finish(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+        self.payload = (SPILL, self.path)
+
+    def abort(self, keep: bool = False) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+
+class MemorySink(Sink):
+    """Bodies for the streaming iterator (see the module docstring)."""
+
+    def __init__(
+        self,
+        spill_dir: str,
+        *,
+        worker: int = 0,
+        arena: Arena | None = None,
+        budget: Budget | None = None,
+        map_fn: Callable[[Any], Any] | None = None,
+        make_item: Callable[..., Any] | None = None,
+    ) -> None:
+        self.spill_dir = spill_dir
+        self.worker = worker
+        self.arena = arena
+        self.budget = budget if budget is not None else Budget(1 << 62)
+        self.map_fn = map_fn
+        self.make_item = make_item  # builds the Item map_fn gets (stream/items.py)
+        self._spilled = 0
+
+    def open(
+        self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
+    ) -> Writer:
+        arena = self.arena
+        if arena is not None and length is not None:
+            offset = arena.allocate(length)
+            if offset is not None:
+                return ArenaWriter(arena, self.worker, offset, length, hashers)
+        elif arena is None:
+            reserved = length if length is not None else 0
+            if self.budget.take(reserved):
+                return BufferWriter(self.budget, reserved, self._spill_path(job), hashers)
+        return SpillWriter(self._spill_path(job), hashers)
+
+    def _spill_path(self, job: Assignment) -> str:
+        self._spilled += 1
+        return os.path.join(self.spill_dir, f"{job.index:012d}-{os.getpid()}-{self._spilled}")
+
+    def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
+        errors: list[TransferError | None] = []
+        for row, writer in done:
+            errors.append(self._map(row, writer) if self.map_fn is not None else None)
+        return errors
+
+    def _map(self, row: Assignment, writer: Writer) -> TransferError | None:
+        """Run the caller's function on the item, here; only its value goes on."""
+        fn, make_item = self.map_fn, self.make_item
+        assert fn is not None and make_item is not None
+        payload = writer.payload
+        item = make_item(row, payload, self.arena)
+        try:
+            value = fn(item)
+        except Exception as exc:
+            return TransferError(MAP_ERROR, f"{type(exc).__name__}: {exc}")
+        finally:
+            item.close()
+            self._drop(payload)
+        writer.payload = (VALUE, value)
+        return None
+
+    def _drop(self, payload: object) -> None:
+        """The body is no longer needed (map has run): free its slot, file or budget."""
+        if not isinstance(payload, tuple):
+            return
+        if payload[0] == ARENA and self.arena is not None:
+            self.arena.release(payload[2])
+        elif payload[0] == BYTES:
+            self.budget.give(len(payload[1]))
+        elif payload[0] == SPILL:
+            with contextlib.suppress(OSError):
+                os.unlink(payload[1])
+
+    def release(self, token: int) -> None:
+        if self.arena is not None:
+            self.arena.release(token)

@@ -1,0 +1,320 @@
+"""``swarmget.stream()``: the bytes of every URL, inside the caller's own loop.
+
+Theory of operation
+-------------------
+A stream is a run like ``download()`` -- the same supervisor, backends and
+engines -- with three parts swapped:
+
+* the planner (:class:`StreamPlanner`) names nothing and keeps no journal: a
+  row's identity is its index, and a bad row or URL is an item that failed;
+* the sink is :class:`~swarmget.sinks.memory.MemorySink`: bodies go to memory
+  (shared with the driver when they are downloaded in worker processes), or
+  to files in the spill directory when they do not fit;
+* the outcomes go to a :class:`~swarmget.streaming.delivery.Delivery`, the queue
+  the caller's ``for`` loop reads, which also paces the run (``prefetch``).
+
+The supervisor runs on a daemon thread, so downloading (and ``map``, in the
+worker processes) goes on while the caller works on the items it has.  Worker
+processes are forked in the caller's thread before that thread starts, so a
+fork never copies a half-held lock of ours.
+
+Ending early is as safe as finishing: leaving the ``with``, :meth:`Stream.close`,
+dropping the iterator, Ctrl-C, or the interpreter exiting all stop the run,
+end the workers, and remove the spill files, within a second or two.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Final
+
+from swarmget.engine.urls import UrlSplitter, redact
+from swarmget.errors import ErrorCode, TransferError, UsageError
+from swarmget.options import Options
+from swarmget.parallel.backend import Backend
+from swarmget.parallel.fork import ForkBackend
+from swarmget.parallel.inline import InlineBackend
+from swarmget.parallel.supervisor import BATCH, Supervisor
+from swarmget.parallel.workers import worker_count, worker_options
+from swarmget.report import FileResult, ProgressListener, Report
+from swarmget.sinks.base import Assignment
+from swarmget.sinks.memory import Arena, Budget, MemorySink
+from swarmget.sinks.plan import PlanBatch
+from swarmget.sources.rows import Row
+from swarmget.streaming.delivery import ON_ERROR, Delivery
+from swarmget.streaming.items import Item, body_item
+
+STOP_WAIT: Final = 15.0  # seconds close() waits for the run's thread
+_open_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
+
+
+class StreamPlanner:
+    """Plans rows for a stream: no names, no journal; a bad row is a failed item.
+
+    A row's key is its place in the order rows were read (0, 1, 2...):
+    ``ordered=True`` yields by it, whatever the rows' own indices are (a
+    shuffled or sharded list keeps its indices, see swarmget.torch).
+    """
+
+    def __init__(self) -> None:
+        self._split = UrlSplitter().split
+        self._read = 0
+
+    def plan(self, rows: list[Row]) -> PlanBatch:
+        batch = PlanBatch([], [])
+        for row in rows:
+            key = self._read
+            self._read += 1
+            try:
+                if row.problem:
+                    raise TransferError(ErrorCode.BAD_ROW, row.problem)
+                self._split(row.url)
+            except TransferError as exc:
+                batch.results.append(
+                    FileResult(
+                        redact(row.url),
+                        None,
+                        "failed",
+                        None,
+                        0,
+                        exc.code,
+                        0,
+                        0,
+                        exc.message,
+                        index=row.index,
+                        key=key,
+                    )
+                )
+                continue
+            batch.assignments.append(
+                Assignment(row.index, key, row.url, None, row.sha256, row.md5, row.size)
+            )
+        return batch
+
+    def record(self, results: list[FileResult]) -> list[FileResult]:
+        return []
+
+    def partial(self, key: int, validator: str) -> None:
+        pass
+
+    def commit(self) -> None:
+        pass
+
+    def finish(self, interrupted: bool) -> None:
+        pass
+
+
+def worker_sink(
+    spill_dir: str, arenas: list[Arena], map_fn: Callable[[Item], Any] | None, worker: int
+) -> MemorySink:
+    """The sink of worker process ``worker`` (make_sink for ForkBackend)."""
+    arena = arenas[worker]
+    return MemorySink(spill_dir, worker=worker, arena=arena, map_fn=map_fn, make_item=_make_item)
+
+
+def _make_item(row: Assignment, payload: object, arena: Arena | None) -> Item:
+    return body_item(row.index, row.url, payload, arena)
+
+
+class Stream(Iterator[Item]):
+    """What :func:`swarmget.stream` returns: a context manager and an iterator of items."""
+
+    def __init__(
+        self,
+        urls: Iterable[str | Row],
+        *,
+        map: Callable[[Item], Any] | None = None,
+        ordered: bool = False,
+        prefetch: int = 256,
+        max_buffer_bytes: int = 256 << 20,
+        spill_dir: str | os.PathLike[str] | None = None,
+        on_error: str = "yield",
+        workers: int | None = None,
+        progress: bool = False,
+        **options: Any,
+    ) -> None:
+        from swarmget.api import input_rows
+
+        if on_error not in ON_ERROR:
+            raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
+        if prefetch < 1:
+            raise UsageError("prefetch must be at least 1")
+        if max_buffer_bytes < 0:
+            raise UsageError("max_buffer_bytes must be >= 0")
+        if workers is not None:
+            options["workers"] = workers
+        self._options = Options.from_kwargs(options)
+        self._rows = input_rows(urls, None)
+        self._map = map
+        self._ordered = ordered
+        self._prefetch = prefetch
+        self._limit = max_buffer_bytes
+        self._spill_parent = os.fspath(spill_dir) if spill_dir is not None else None
+        self._on_error = on_error
+        self._progress = progress
+        self._started = False
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._delivery: Delivery | None = None
+        self._display: Any = None
+        self.spill_dir: str | None = None
+        self.report: Report | None = None  # the run's totals, once it has ended
+
+    # -- starting -----------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        if self._closed:
+            raise UsageError("this stream is closed")
+        self._started = True
+        self.spill_dir = _make_spill_dir(self._spill_parent)
+        try:
+            backend, budget, arenas = self._backend()
+            self._delivery = Delivery(
+                ordered=self._ordered, prefetch=self._prefetch, on_error=self._on_error,
+                budget=budget, arenas=arenas, backend=backend,
+            )  # fmt: skip
+            supervisor = self._supervisor(backend)
+        except BaseException:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+            raise
+        self._thread = threading.Thread(
+            target=self._drive, args=(supervisor,), name="swarmget-stream", daemon=True
+        )
+        _open_streams.add(self)
+        self._thread.start()
+
+    def _backend(self) -> tuple[Backend, Budget, list[Arena] | None]:
+        options = self._options
+        workers = worker_count(options)
+        assert self.spill_dir is not None
+        if workers > 1:
+            # Half the byte budget for bodies in the workers' arenas, half for
+            # bodies here waiting for the caller (stream/delivery.py).
+            arenas = [Arena(self._limit // (2 * workers)) for _ in range(workers)]
+            make = functools.partial(worker_sink, self.spill_dir, arenas, self._map)
+            backend = ForkBackend(workers, make, worker_options(options, workers))
+            backend.start()  # fork now, in the caller's thread, before ours starts
+            return backend, Budget(self._limit // 2), arenas
+        budget = Budget(self._limit)
+        spill_dir, fn = self.spill_dir, self._map
+
+        def make_sink(worker: int) -> MemorySink:
+            return MemorySink(spill_dir, budget=budget, map_fn=fn, make_item=_make_item)
+
+        return InlineBackend(make_sink, options), budget, None
+
+    def _supervisor(self, backend: Backend) -> Supervisor:
+        progress: ProgressListener | None = None
+        if self._progress:
+            from swarmget.progress import make_progress
+
+            self._display = progress = make_progress(sys.stderr)
+        assert self._delivery is not None
+        backlog = 2 * max(1, self._options.concurrency // max(1, backend.workers)) + BATCH
+        return Supervisor(
+            self._rows, StreamPlanner(), backend, backlog_limit=backlog, progress=progress,
+            delivery=self._delivery,
+        )  # fmt: skip
+
+    def _drive(self, supervisor: Supervisor) -> None:
+        delivery = self._delivery
+        assert delivery is not None
+        error: BaseException | None = None
+        try:
+            self.report = supervisor.run()
+        except BaseException as exc:
+            error = exc
+        finally:
+            delivery.finished(error)
+
+    # -- iterating ----------------------------------------------------------------------
+
+    def __iter__(self) -> Stream:
+        self._start()
+        return self
+
+    def __next__(self) -> Item:
+        self._start()
+        delivery = self._delivery
+        assert delivery is not None
+        try:
+            item = delivery.take()
+        except BaseException:
+            self.close()
+            raise
+        if item is None:
+            self._end_run()  # spilled files stay until the items (or the stream) go
+            raise StopIteration
+        assert isinstance(item, Item)
+        return item
+
+    def ready(self) -> Item | object | None:
+        """The next item if one is ready now, without waiting (NOT_YET otherwise)."""
+        self._start()
+        assert self._delivery is not None
+        item = self._delivery.take(block=False)
+        if item is None:
+            self._end_run()
+        return item
+
+    # -- ending -------------------------------------------------------------------------
+
+    def __enter__(self) -> Stream:
+        self._start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop downloading, end the workers, remove the spill files.  Safe to repeat."""
+        if self._closed:
+            return
+        self._closed = True
+        self._end_run()
+        if self.spill_dir is not None:
+            shutil.rmtree(self.spill_dir, ignore_errors=True)
+        _open_streams.discard(self)
+
+    def _end_run(self) -> None:
+        """Stop the run and wait for its thread (the workers end with it)."""
+        if self._delivery is not None:
+            self._delivery.close()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(STOP_WAIT)
+        if self._display is not None:
+            self._display.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+
+def _make_spill_dir(parent: str | None) -> str:
+    """A folder of our own for spilled bodies (under ``parent`` when given)."""
+    if parent is not None:
+        os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(prefix="swarmget-stream-", dir=parent)
+
+
+@atexit.register
+def _close_open_streams() -> None:
+    """The interpreter is exiting: no stream may leave workers or spill files behind."""
+    for stream in list(_open_streams):
+        stream.close()

@@ -1,0 +1,116 @@
+"""One downloaded URL as the caller's loop sees it: :class:`Item`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from pathlib import Path
+from typing import Any
+
+from swarmget.errors import TransferError
+from swarmget.sinks.memory import ARENA, BYTES, SPILL, Arena
+
+
+class Item:
+    """One URL's outcome: its bytes (in memory or in a spill file), or its error.
+
+    ``data`` is the body as ``bytes`` (None when it was spilled to ``path``, or
+    failed); ``value`` is what ``map`` returned (then neither the body nor its
+    file comes along).  A spilled item's file is removed when the item is
+    dropped or :meth:`close`\\ d, or when the stream closes.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_remove",
+        "data",
+        "error",
+        "http_status",
+        "index",
+        "message",
+        "ok",
+        "path",
+        "url",
+        "value",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        url: str,
+        ok: bool,
+        *,
+        http_status: int | None = None,
+        error: str | None = None,
+        message: str | None = None,
+        data: bytes | None = None,
+        path: Path | None = None,
+        value: Any = None,
+    ) -> None:
+        self.index = index  # the row's position in the input
+        self.url = url
+        self.ok = ok
+        self.http_status = http_status
+        self.error = error  # the manifest's error code, when not ok
+        self.message = message
+        self.data = data
+        self.path = path
+        self.value = value
+        self._remove: weakref.finalize | None = None  # type: ignore[type-arg]
+        if path is not None:
+            self._remove = weakref.finalize(self, _unlink, str(path))
+
+    def read(self) -> bytes:
+        """The body, from memory or from the spill file; a failed item raises its error."""
+        if not self.ok:
+            raise TransferError(self.error or "error", self.message or "")
+        if self.data is not None:
+            return self.data
+        if self.path is not None:
+            return self.path.read_bytes()
+        return b""
+
+    def close(self) -> None:
+        """Let go of the body now: the spill file goes, ``data`` is dropped."""
+        self.data = None
+        if self._remove is not None:
+            self._remove()
+            self._remove = None
+
+    def __len__(self) -> int:
+        if self.data is not None:
+            return len(self.data)
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                return self.path.stat().st_size
+        return 0
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else f"failed {self.error}"
+        return f"<Item {self.index} {state} {self.url}>"
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def body_item(index: int, url: str, payload: object, arena: Arena | None) -> Item:
+    """The item ``map`` gets, in the worker: the body from wherever the sink put it."""
+    data: bytes | None = None
+    path: Path | None = None
+    if isinstance(payload, tuple) and payload:
+        kind = payload[0]
+        if kind == BYTES:
+            data = payload[1]
+        elif kind == ARENA and arena is not None:
+            offset, length = payload[-2], payload[-1]
+            data = bytes(arena.view[offset : offset + length])
+        elif kind == SPILL:
+            path = Path(payload[1])
+    item = Item(index, url, True, data=data, path=path)
+    if item._remove is not None:
+        item._remove.detach()  # the sink removes the file itself, after map
+        item._remove = None
+    return item

@@ -1,0 +1,144 @@
+"""``swarmget.torch.URLDataset``: URLs as a PyTorch ``IterableDataset``.
+
+Install with ``pip install 'swarmget[torch]'``.
+
+Theory of operation
+-------------------
+A ``DataLoader`` with ``num_workers=K`` runs the dataset's ``__iter__`` in K
+loader processes; under ``torch.distributed`` (or ``RANK``/``WORLD_SIZE`` in
+the environment) there are R ranks of those.  Each of the R x K copies takes
+the rows whose position ``p`` in the epoch's order has
+``p % (R*K) == rank*K + worker``: disjoint shares whose union is every input
+exactly once.  Each copy streams its share with :func:`swarmget.stream` and
+``workers=1``: its own event loop on a thread of the loader process (loader
+processes are daemonic and may not start processes of their own; the
+loader's K processes already give the parallelism), so ``map`` runs in the
+loader process too.
+
+``shuffle=True`` orders the rows by a permutation drawn from ``seed`` and the
+epoch (:meth:`URLDataset.set_epoch`): reproducible, and new every epoch.  It
+needs the whole list (a sequence); without shuffling any iterable works, read
+lazily.
+
+Failed items are skipped and counted (``dataset.failed``, per process); the
+first few failures are logged through :mod:`warnings` so they are not lost.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from swarmget.errors import UsageError
+from swarmget.sources.rows import Row
+from swarmget.streaming import Item, stream
+
+try:
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError("swarmget.torch needs PyTorch: pip install 'swarmget[torch]'") from exc
+
+WARN_FAILURES = 5  # failures reported through warnings, per process
+
+
+class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
+    """Yields ``map(item)`` for every URL, or ``{"index", "url", "data"}`` without map."""
+
+    def __init__(
+        self,
+        urls: Iterable[str | Row],
+        map: Callable[[Item], Any] | None = None,
+        *,
+        shuffle: bool = False,
+        seed: int = 0,
+        **stream_options: Any,
+    ) -> None:
+        super().__init__()
+        if shuffle and not isinstance(urls, Sequence):
+            raise UsageError("shuffle=True needs a sequence of URLs (a list), not an iterator")
+        if "workers" in stream_options and stream_options["workers"] not in (None, 1):
+            raise UsageError(
+                "URLDataset streams with one event loop per loader worker: "
+                "use DataLoader(num_workers=...) for more"
+            )
+        self.urls = urls
+        self.map = map
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.failed = 0
+        self._options = stream_options
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` (with ``shuffle=True``) from the next iteration on."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        share, count = _share()
+        rows = self._rows(share, count)
+        with stream(rows, map=self.map, workers=1, **self._options) as items:
+            for item in items:
+                if not item.ok:
+                    self._failed(item)
+                    continue
+                if self.map is not None:
+                    yield item.value
+                else:
+                    yield {"index": item.index, "url": item.url, "data": item.read()}
+                    item.close()
+
+    def _rows(self, share: int, count: int) -> Iterator[Row]:
+        """This copy's rows, in this epoch's order, keeping their input index."""
+        order: Iterable[int]
+        if self.shuffle:
+            assert isinstance(self.urls, Sequence)
+            positions = list(range(len(self.urls)))
+            random.Random(f"{self.seed}:{self.epoch}").shuffle(positions)
+            order = positions
+            for p, i in enumerate(order):
+                if p % count == share:
+                    yield _row(i, self.urls[i])
+            return
+        for i, url in enumerate(self.urls):
+            if i % count == share:
+                yield _row(i, url)
+
+    def _failed(self, item: Item) -> None:
+        self.failed += 1
+        if self.failed <= WARN_FAILURES:
+            warnings.warn(
+                f"swarmget.torch: skipped {item.url}: {item.error}: {item.message}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def _row(index: int, url: str | Row) -> Row:
+    if isinstance(url, Row):
+        return Row(index, url.url, url.path, url.sha256, url.md5, url.size, url.problem)
+    return Row(index, str(url))
+
+
+def _share() -> tuple[int, int]:
+    """(this copy's share, how many copies): ranks x loader workers."""
+    rank, world = _rank()
+    info = get_worker_info()
+    worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+    return rank * workers + worker, world * workers
+
+
+def _rank() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:  # pragma: no cover
+        pass
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None and rank.isdigit() and world.isdigit():
+        return int(rank), int(world)
+    return 0, 1

@@ -1,0 +1,351 @@
+"""swarmget.stream / astream: bytes into the caller's loop, in order or not, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import swarmget
+from swarmget.sources.rows import Row
+from swarmget.streaming import Item
+from swarmget.testing import TestServer, expected_body
+from swarmget.testing.nginx import ServedTree
+from swarmget.testing.process import child_env
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def _pid_of(item: Item) -> int:
+    return os.getpid()
+
+
+def _fails_on_odd(item: Item) -> int:
+    if item.index % 2:
+        raise ValueError(f"odd row {item.index}")
+    return len(item.read())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ordered_items_are_the_served_bytes_with_errors_in_place(
+    server: TestServer, workers: int
+) -> None:
+    urls = [
+        server.file_url(f"o{i}.bin", size=500 + 37 * i, latency=0.01 * (i % 5)) for i in range(60)
+    ]
+    urls[7] = server.file_url("missing.bin", status=404)
+    urls[30] = "not a url"
+    with swarmget.stream(urls, ordered=True, workers=workers, retries=0) as items:
+        got = list(items)
+    assert [item.index for item in got] == list(range(60))
+    for item in got:
+        if item.index == 7:
+            assert (item.ok, item.error, item.http_status) == (False, "http_404", 404)
+        elif item.index == 30:
+            assert (item.ok, item.error) == (False, "bad_url")
+        else:
+            assert item.ok and item.url == urls[item.index]
+            assert item.read() == expected_body(f"o{item.index}.bin", 500 + 37 * item.index)
+            assert item.data is not None and item.path is None and item.value is None
+
+
+def test_unordered_items_come_as_they_finish(server: TestServer) -> None:
+    slow = server.file_url("slow.bin", size=100, latency=0.5)
+    fast = [server.file_url(f"fast{i}.bin", size=100) for i in range(10)]
+    with swarmget.stream([slow, *fast], workers=1) as items:
+        order = [item.index for item in items]
+    assert sorted(order) == list(range(11))
+    assert order[-1] == 0  # the slow one, first in the input, came last
+
+
+@pytest.mark.parametrize(("on_error", "expected"), [("skip", 9), ("yield", 10)])
+def test_on_error_skip_and_yield(server: TestServer, on_error: str, expected: int) -> None:
+    urls = [server.file_url(f"e{i}.bin", size=10) for i in range(9)]
+    urls.insert(4, server.file_url("e404.bin", status=404))
+    with swarmget.stream(urls, on_error=on_error, retries=0, workers=1) as items:
+        got = list(items)
+    assert len(got) == expected
+    assert all(item.ok for item in got) == (on_error == "skip")
+
+
+def test_on_error_raise_raises_at_that_item(server: TestServer) -> None:
+    urls = [server.file_url(f"r{i}.bin", size=10) for i in range(5)]
+    urls[3] = server.file_url("r404.bin", status=404)
+    seen = []
+    stream = swarmget.stream(urls, on_error="raise", ordered=True, retries=0)
+    with pytest.raises(swarmget.TransferError) as info, stream as items:
+        for item in items:
+            seen.append(item.index)
+    assert info.value.code == "http_404"
+    assert seen == [0, 1, 2]
+
+
+def test_map_runs_in_the_worker_processes(server: TestServer) -> None:
+    urls = [server.file_url(f"m{i}.bin", size=2000, latency=0.02) for i in range(80)]
+    with swarmget.stream(urls, map=_pid_of, workers=2, concurrency=20) as items:
+        got = list(items)
+    pids = {item.value for item in got}
+    assert len(got) == 80 and all(item.ok for item in got)
+    assert os.getpid() not in pids and len(pids) == 2
+    assert all(item.data is None and item.path is None for item in got)
+
+
+def test_an_exception_in_map_fails_that_item_with_map_error(server: TestServer) -> None:
+    urls = [server.file_url(f"x{i}.bin", size=300) for i in range(10)]
+    with swarmget.stream(urls, map=_fails_on_odd, workers=2, ordered=True) as items:
+        got = list(items)
+    for item in got:
+        if item.index % 2:
+            assert (item.ok, item.error) == (False, "map_error")
+            assert item.message == f"ValueError: odd row {item.index}"
+        else:
+            assert item.ok and item.value == 300
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bodies_beyond_the_budget_spill_and_their_files_go(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    size = 300_000
+    urls = [server.file_url(f"big{i}.bin", size=size) for i in range(12)]
+    spill = tmp_path / "spill"
+    with swarmget.stream(
+        urls, max_buffer_bytes=700_000, spill_dir=spill, workers=workers, ordered=True
+    ) as items:
+        kept: list[Item] = []
+        for item in items:
+            assert item.read() == expected_body(f"big{item.index}.bin", size)
+            kept.append(item)
+        spilled = [item for item in kept if item.path is not None]
+        assert spilled and all(item.data is None for item in spilled)
+        (ours,) = list(spill.iterdir())  # swarmget works in a folder of its own
+        assert ours.name.startswith("swarmget-stream-")
+        first = spilled[0].path
+        assert first is not None and first.exists()
+        spilled[0].close()  # dropping an item (or close) removes its file
+        assert not first.exists()
+    assert list(spill.iterdir()) == []  # and closing the stream removes the rest
+
+
+def test_a_body_larger_than_the_whole_budget_always_spills(server: TestServer) -> None:
+    with swarmget.stream(
+        [server.file_url("huge.bin", size=200_000)], max_buffer_bytes=1000
+    ) as items:
+        (item,) = list(items)
+        assert item.data is None and item.path is not None
+        assert item.read() == expected_body("huge.bin", 200_000)
+
+
+def test_checksums_and_download_options_apply(server: TestServer) -> None:
+    import hashlib
+
+    body = expected_body("c.bin", 1000)
+    rows = [
+        Row(0, server.file_url("c.bin", size=1000), sha256=hashlib.sha256(body).hexdigest()),
+        Row(1, server.file_url("c.bin", size=1000), sha256="0" * 64),
+    ]
+    with swarmget.stream(rows, ordered=True, workers=1) as items:
+        good, bad = list(items)
+    assert good.ok and good.data == body
+    assert (bad.ok, bad.error) == (False, "checksum")
+
+
+def test_prefetch_bounds_what_runs_ahead_of_a_slow_consumer(server: TestServer) -> None:
+    urls = [server.file_url(f"p{i}.bin", size=100) for i in range(200)]
+    server.reset_stats()
+    with swarmget.stream(urls, prefetch=10, workers=1) as items:
+        first = next(items)
+        time.sleep(0.5)  # a consumer busy with the first item
+        assert server.stats.requests <= 12
+        rest = [first, *items]
+    assert len(rest) == 200
+
+
+def test_breaking_out_stops_everything_and_leaves_nothing(
+    server: TestServer, tmp_path: Path
+) -> None:
+    urls = [server.file_url(f"b{i}.bin", size=100_000, latency=0.05) for i in range(2000)]
+    spill = tmp_path / "spill"
+    started = time.monotonic()
+    with swarmget.stream(urls, workers=2, spill_dir=spill, max_buffer_bytes=200_000) as items:
+        for i, _ in enumerate(items):
+            if i == 20:
+                break
+        children = [p.pid for p in __import__("multiprocessing").active_children()]
+        assert children
+    assert time.monotonic() - started < 10
+    time.sleep(0.2)
+    for pid in children:
+        assert not _alive(pid), pid
+    assert list(spill.iterdir()) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().split()[2] != "Z"
+
+
+CTRL_C_CHILD = """
+import os, sys, time, swarmget
+urls = [{url!r}.replace("N", str(i)) for i in range(5000)]
+with swarmget.stream(urls, workers=2, spill_dir={spill!r}, max_buffer_bytes=100_000) as items:
+    for i, item in enumerate(items):
+        if i == 5:
+            print("ready", flush=True)
+        time.sleep(0.01)
+"""
+
+
+def test_ctrl_c_stops_the_stream_promptly_without_orphans(
+    server: TestServer, tmp_path: Path
+) -> None:
+    spill = tmp_path / "spill"
+    url = server.file_url("cN.bin", size=60_000, latency=0.05)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_CHILD.format(url=url, spill=str(spill))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    workers = _children_of(child.pid)
+    assert len(workers) == 2
+    os.killpg(child.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
+    started = time.monotonic()
+    _, stderr = child.communicate(timeout=15)
+    assert time.monotonic() - started < 3
+    assert "KeyboardInterrupt" in stderr
+    time.sleep(0.2)
+    assert not [pid for pid in workers if _alive(pid)]
+    assert list(spill.iterdir()) == []
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def test_astream_never_blocks_the_event_loop(server: TestServer) -> None:
+    urls = [server.file_url(f"a{i}.bin", size=5000, latency=0.2) for i in range(40)]
+
+    async def main() -> tuple[list[int], list[float]]:
+        ticks: list[float] = []
+        stop = asyncio.Event()
+
+        async def ticker() -> None:
+            while not stop.is_set():
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(ticker())
+        got: list[int] = []
+        async with swarmget.astream(urls, workers=1, concurrency=10) as items:
+            async for item in items:
+                assert item.ok
+                got.append(item.index)
+        stop.set()
+        await task
+        return got, ticks
+
+    got, ticks = asyncio.run(main())
+    assert sorted(got) == list(range(40))
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    assert len(ticks) > 50 and max(gaps) < 0.1, max(gaps)
+
+
+def test_nginx_items_byte_for_byte(nginx_server: ServedTree) -> None:
+    names = nginx_server.names[:500]
+    urls = [nginx_server.url(name) for name in names]
+    with swarmget.stream(urls, concurrency=50) as items:
+        for item in items:
+            assert item.ok
+            assert item.read() == nginx_server.expected(names[item.index])
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    with pytest.raises(swarmget.UsageError, match="on_error"):
+        swarmget.stream([], on_error="ignore")
+    with pytest.raises(swarmget.UsageError, match="prefetch"):
+        swarmget.stream([], prefetch=0)
+    with pytest.raises(TypeError):
+        swarmget.stream("http://h/a")
+    with swarmget.stream([]) as items:
+        assert list(items) == []
+
+
+MEMORY_CHILD = """
+import os, time, swarmget
+
+def pss_kb(pid):
+    try:
+        with open(f"/proc/{{pid}}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return 0
+    return 0
+
+def tree_pss():
+    me = os.getpid()
+    pids = [me] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == me]
+    return sum(pss_kb(p) for p in pids)
+
+def _ppid(pid):
+    try:
+        with open(f"/proc/{{pid}}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+urls = [{url!r}.replace("N", str(i)) for i in range(300)]
+peak = 0
+with swarmget.stream(urls, workers=2, max_buffer_bytes=64 << 20, spill_dir={spill!r}) as items:
+    start = tree_pss()
+    for i, item in enumerate(items):
+        assert item.ok and len(item.read()) == 4 << 20
+        del item
+        time.sleep(0.02)  # a slow consumer
+        if i % 10 == 0:
+            peak = max(peak, tree_pss())
+print(start, peak)
+"""
+
+
+@pytest.mark.slow
+def test_memory_stays_within_twice_the_budget_with_a_slow_consumer(
+    server: TestServer, tmp_path: Path
+) -> None:
+    url = server.file_url("memN.bin", size=4 << 20)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(MEMORY_CHILD.format(url=url, spill=str(tmp_path)))],
+        capture_output=True, text=True, env=child_env(), timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    start, peak = (int(x) for x in done.stdout.split())
+    assert peak - start < 2 * 64 * 1024, (start, peak)

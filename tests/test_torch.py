@@ -1,0 +1,100 @@
+"""swarmget.torch.URLDataset in real DataLoaders: shares, ranks, epochs, map, failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from swarmget.testing import TestServer, expected_body
+from swarmget.testing.process import child_env
+
+if os.environ.get("CI", "").lower() not in ("", "0", "false", "no"):
+    import torch  # under CI torch is installed by ./dev: a missing one is a failure
+else:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed (./dev test installs it)")
+
+from torch.utils.data import DataLoader
+
+from swarmget.torch import URLDataset
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[TestServer]:
+    with TestServer() as srv:
+        yield srv
+
+
+def _size(item: Any) -> int:
+    return len(item.read())
+
+
+def test_each_loader_worker_takes_a_disjoint_share(server: TestServer) -> None:
+    urls = [server.file_url(f"t{i}.bin", size=100 + i) for i in range(50)]
+    loader = DataLoader(URLDataset(urls), num_workers=2, batch_size=None)
+    seen = list(loader)
+    assert sorted(s["index"] for s in seen) == list(range(50))
+    for sample in seen:
+        i = sample["index"]
+        assert sample["url"] == urls[i]
+        assert sample["data"] == expected_body(f"t{i}.bin", 100 + i)
+
+
+def test_map_values_and_failures_are_skipped_and_counted(server: TestServer) -> None:
+    urls = [server.file_url(f"m{i}.bin", size=10 * (i + 1)) for i in range(6)]
+    urls[2] = server.file_url("gone.bin", status=404)
+    dataset = URLDataset(urls, map=_size, retries=0)
+    with pytest.warns(RuntimeWarning, match="http_404"):
+        values = sorted(dataset)
+    assert values == [10, 20, 40, 50, 60]
+    assert dataset.failed == 1
+
+
+def test_set_epoch_gives_a_reproducible_new_order(server: TestServer) -> None:
+    urls = [server.file_url(f"s{i}.bin", size=10) for i in range(30)]
+
+    def order(epoch: int) -> list[int]:
+        dataset = URLDataset(urls, shuffle=True, seed=7, ordered=True)
+        dataset.set_epoch(epoch)
+        return [sample["index"] for sample in dataset]
+
+    first = order(0)
+    assert sorted(first) == list(range(30)) and first != list(range(30))
+    assert order(0) == first  # the same seed and epoch: the same order
+    assert order(1) != first
+
+
+def test_shuffle_needs_a_list() -> None:
+    with pytest.raises(Exception, match="shuffle=True needs a sequence"):
+        URLDataset(iter(["http://h/a"]), shuffle=True)
+
+
+RANK_CHILD = """
+import json, sys
+from torch.utils.data import DataLoader
+from swarmget.torch import URLDataset
+urls = json.loads(sys.argv[1])
+loader = DataLoader(URLDataset(urls), num_workers=2, batch_size=None)
+print(json.dumps([sample["index"] for sample in loader]))
+"""
+
+
+def test_two_ranks_of_two_loader_workers_cover_every_input_once(server: TestServer) -> None:
+    urls = [server.file_url(f"r{i}.bin", size=50) for i in range(101)]
+    ranks = []
+    for rank in range(2):
+        env = dict(child_env(), RANK=str(rank), WORLD_SIZE="2")
+        done = subprocess.run(
+            [sys.executable, "-c", RANK_CHILD, json.dumps(urls)],
+            capture_output=True, text=True, env=env, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        ranks.append(json.loads(done.stdout))
+    assert not set(ranks[0]) & set(ranks[1])
+    assert sorted(ranks[0] + ranks[1]) == list(range(101))
+    assert abs(len(ranks[0]) - len(ranks[1])) <= 1
