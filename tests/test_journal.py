@@ -1,0 +1,209 @@
+"""The journal and the planner, sans engine: claims before deals, crash recovery, ranges."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarmget.engine.job import Job, Transfer, content_range_ok
+from swarmget.engine.urls import split_url
+from swarmget.engine.verdicts import ACCEPT, FAIL, RESTART, judge
+from swarmget.errors import ErrorCode
+from swarmget.options import Options
+from swarmget.protocol import ResponseHead
+from swarmget.protocol.request import RequestTemplate
+from swarmget.report import FileResult
+from swarmget.sinks.base import Assignment
+from swarmget.sinks.files import FileSink, part_path
+from swarmget.sinks.journal import Journal
+from swarmget.sinks.plan import FilePlanner, row_key
+from swarmget.sources.rows import Row
+from swarmget.testing.process import child_env
+
+
+def rows(*urls: str) -> list[Row]:
+    return [Row(i, url) for i, url in enumerate(urls)]
+
+
+def ok(assignment: Assignment, size: int = 10) -> FileResult:
+    return FileResult(
+        assignment.url, assignment.path, "ok", 200, size, None, 1, 1,
+        index=assignment.index, key=assignment.key,
+    )  # fmt: skip
+
+
+# -- commit order ------------------------------------------------------------------------------
+
+
+def test_a_batch_is_claimed_in_the_plan_log_before_it_is_dealt(tmp_path: Path) -> None:
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(rows("http://h/a.jpg", "http://h/b.jpg"))
+        log = (tmp_path / ".swarmget" / "plans.log").read_text()
+        claims = [entry for line in log.splitlines() for entry in json.loads(line)]
+        assert [(c[0], c[3], c[4]) for c in claims] == [
+            (a.key, a.path, True) for a in batch.assignments
+        ]
+        # Nothing is in the table yet: the outcome puts it there.
+        assert len(planner.journal) == 0
+        planner.record([ok(batch.assignments[0])])
+        assert len(planner.journal) == 1
+    finally:
+        planner.finish(interrupted=True)
+    # An interrupted run keeps the claims of the rows still in flight.
+    journal = Journal(str(tmp_path))
+    try:
+        found = journal.lookup([a.key for a in batch.assignments])
+        assert {k: v.path for k, v in found.items()} == {a.key: a.path for a in batch.assignments}
+    finally:
+        journal.close()
+
+
+def test_the_file_sink_renames_only_a_finished_part(tmp_path: Path) -> None:
+    sink = FileSink(tmp_path)
+    row = Assignment(0, row_key("http://h/a", None, 0), "http://h/a", "sub/a.bin")
+    writer = sink.open(row, 0, 5, None)
+    writer.write(b"hello")
+    part = Path(part_path(str(tmp_path.resolve()), row.key))
+    assert part.read_bytes() == b"hello" and not (tmp_path / "sub" / "a.bin").exists()
+    writer.finish()
+    assert sink.publish([(row, writer)]) == [None]
+    assert (tmp_path / "sub" / "a.bin").read_bytes() == b"hello" and not part.exists()
+
+
+KILLED_CHILD = """
+import os, sys
+from swarmget.options import Options
+from swarmget.sinks.plan import FilePlanner
+from swarmget.sources.rows import Row
+planner = FilePlanner(sys.argv[1], Options())
+batch = planner.plan([Row(0, "http://h/a.jpg"), Row(1, "http://h/b.jpg")])
+# The engine renamed a.jpg into place; the outcome never reached the journal.
+open(os.path.join(sys.argv[1], batch.assignments[0].path), "wb").write(b"whole")
+os._exit(9)  # a kill: no finish(), no commit, nothing tidied
+"""
+
+
+def test_after_a_kill_a_planned_file_is_ours_not_foreign(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD, str(tmp_path)], env=child_env(), check=False
+    )
+    assert done.returncode == 9
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(rows("http://h/a.jpg", "http://h/b.jpg"))
+    finally:
+        planner.finish(interrupted=True)
+    # Not "exists": the plan log told the journal that a.jpg is ours to redo.
+    assert batch.results == []
+    assert [a.path for a in batch.assignments] == ["a.jpg", "b.jpg"]
+
+
+def test_names_taken_in_an_earlier_run_stay_taken(tmp_path: Path) -> None:
+    planner = FilePlanner(str(tmp_path), Options())
+    first = planner.plan(rows("http://x/photo.jpg"))
+    planner.record([ok(first.assignments[0])])
+    planner.finish(interrupted=False)
+    (tmp_path / "photo.jpg").write_bytes(b"0123456789")
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        second = planner.plan(rows("http://y/photo.jpg", "http://x/photo.jpg"))
+    finally:
+        planner.finish(interrupted=True)
+    assert [a.path for a in second.assignments] == ["photo-1.jpg"]  # x's row is skipped
+    assert second.skipped == 1
+
+
+def test_a_journal_on_a_full_disk_is_a_fatal_io_error(tmp_path: Path) -> None:
+    mount = tmp_path / "tiny"
+    mount.mkdir()
+    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=64k tmpfs {mount} 2>/dev/null"):
+        pytest.skip("needs root to mount a 64 KiB tmpfs")
+    try:
+        from swarmget.sinks.files import OutputError
+
+        with pytest.raises(OutputError) as info:
+            planner = FilePlanner(str(mount), Options())
+            try:
+                for start in range(0, 20_000, 256):
+                    batch = planner.plan(
+                        [Row(i, f"http://h/{i}.jpg") for i in range(start, start + 256)]
+                    )
+                    planner.record([ok(a) for a in batch.assignments])
+                    planner.commit()
+            finally:
+                planner.finish(interrupted=True)
+        assert info.value.code == ErrorCode.IO and info.value.fatal
+    finally:
+        os.system(f"umount {mount}")
+
+
+# -- range planning ----------------------------------------------------------------------------
+
+
+def _transfer(start: int = 0, end: int | None = None) -> Transfer:
+    url = "https://h.test/big.bin"
+    return Transfer(Job(Assignment(0, 1, url, "big.bin"), split_url(url)), start, end)
+
+
+def _head(status: int, **headers: str) -> ResponseHead:
+    fields = {k.replace("_", "-").encode(): v.encode() for k, v in headers.items()}
+    length = fields.get(b"content-length")
+    return ResponseHead(status, fields, int(length) if length else None, False, True)
+
+
+@pytest.mark.parametrize(
+    ("value", "start", "end", "answer"),
+    [
+        (b"bytes 100-199/200", 100, None, True),
+        (b"bytes 100-199/*", 100, None, True),
+        (b"bytes 100-149/200", 100, None, False),  # "to the end" but stops short
+        (b"bytes 100-149/200", 100, 150, True),  # a middle range
+        (b"bytes 100-199/200", 100, 300, True),  # the entity is shorter than asked
+        (b"bytes 100-149/200", 100, 160, False),
+        (b"bytes 101-199/200", 100, None, False),
+        (b"bytes 100-99/200", 100, None, False),
+        (b"bytes 100-200/200", 100, None, False),  # past the end
+        (b"bytes */200", 100, None, False),
+        (b"pages 100-199/200", 100, None, False),
+        (None, 100, None, False),
+    ],
+)
+def test_content_range_answers_the_range_asked(
+    value: bytes | None, start: int, end: int | None, answer: bool
+) -> None:
+    assert content_range_ok(value, start, end) is answer
+
+
+def test_a_range_renders_with_its_validator() -> None:
+    template = RequestTemplate("h.test", {"User-Agent": "t"})
+    whole = template.render("/big.bin")
+    assert whole == b"GET /big.bin HTTP/1.1\r\nHost: h.test\r\nUser-Agent: t\r\n\r\n"
+    transfer = _transfer(100, 150)
+    assert transfer.range_header() == "bytes=100-149"
+    assert _transfer(100).range_header() == "bytes=100-"
+    ranged = template.render("/big.bin", byte_range="bytes=100-149", validator='"v1"')
+    assert ranged.endswith(b'Range: bytes=100-149\r\nIf-Range: "v1"\r\n\r\n')
+
+
+def test_verdicts_on_ranged_answers() -> None:
+    options = Options()
+    accept = judge(_transfer(100), _head(206, content_range="bytes 100-199/200"), options)
+    assert (accept.kind, accept.start) == (ACCEPT, 100)
+    whole = judge(_transfer(100), _head(200, content_length="200"), options)
+    assert (whole.kind, whole.start) == (ACCEPT, 0)  # the server sent it all again
+    other = judge(_transfer(100), _head(206, content_range="bytes 0-9/200"), options)
+    assert other.kind == RESTART
+    unasked = judge(_transfer(0), _head(206, content_range="bytes 0-9/200"), options)
+    assert (unasked.kind, unasked.error and unasked.error.code) == (FAIL, ErrorCode.PROTOCOL)
+    too_big = judge(
+        _transfer(100),
+        _head(206, content_range="bytes 100-199/200", content_length="100"),
+        Options(max_size=150),
+    )
+    assert (too_big.kind, too_big.error and too_big.error.code) == (FAIL, ErrorCode.TOO_LARGE)
