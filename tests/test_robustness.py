@@ -343,3 +343,17 @@ def test_rows_keep_flowing_when_the_journal_is_big(tmp_path: Path) -> None:
     assert len(keys) == 12_000  # every copy of a URL is a row of its own
     log = tmp_path / ".swarmget" / "plans.log"
     assert log.stat().st_size == 0  # emptied: every claim is in the table
+
+
+def test_running_out_of_descriptors_is_retried_not_an_io_failure() -> None:
+    import errno
+
+    from swarmget.engine.retry import RetryPolicy, RetryState
+    from swarmget.sinks.files import OutOfDescriptors, io_error
+
+    error = io_error("create", "/x.part", OSError(errno.EMFILE, "Too many open files"))
+    assert isinstance(error, OutOfDescriptors) and not error.fatal
+    state = RetryState().started().failed(error)
+    assert RetryPolicy(retries=3).decide(state, error) is not None
+    full = io_error("write", "/x.part", OSError(errno.ENOSPC, "No space left on device"))
+    assert full.fatal and RetryPolicy(retries=3).decide(state, full) is None

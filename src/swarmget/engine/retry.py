@@ -32,6 +32,7 @@ import random
 import time
 
 from swarmget.errors import ErrorCode, TransferError
+from swarmget.sinks.files import OutOfDescriptors
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 RETRYABLE_CODES = frozenset(
@@ -122,6 +123,8 @@ class RetryPolicy:
         ``state`` already holds ``error`` (see :meth:`RetryState.failed`);
         ``time_left`` is what remains of the row's ``--deadline``.
         """
+        if isinstance(error, OutOfDescriptors) and state.attempts <= self.retries:
+            return self.delay(state.attempts)  # a moment's shortage, whatever its code
         if not self.should_retry(error.code, state.attempts):
             return None
         if isinstance(error, Stalled):

@@ -47,7 +47,20 @@ class OutputError(TransferError):
         return (OutputError, (self.message, self.fatal))
 
 
+class OutOfDescriptors(OutputError):
+    """No file descriptor was free (EMFILE/ENFILE): a moment's shortage, so the
+    row is retried (engine/retry.py), not failed and not fatal."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, False)
+
+    def __reduce__(self) -> tuple[type[OutOfDescriptors], tuple[str]]:  # type: ignore[override]
+        return (OutOfDescriptors, (self.message,))
+
+
 def io_error(action: str, path: str, exc: OSError) -> OutputError:
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return OutOfDescriptors(f"cannot {action} {path}: {exc.strerror}")
     return OutputError(f"cannot {action} {path}: {exc.strerror}", exc.errno in FATAL_ERRNOS)
 
 
