@@ -104,7 +104,7 @@ def test_endless_informational_responses_are_a_protocol_error() -> None:
     "head",
     [
         b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nContent-Length: abc\r\n\r\n",
         b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\n\r\n",
@@ -119,6 +119,47 @@ def test_malformed_heads_are_protocol_errors(head: bytes) -> None:
     with pytest.raises(ProtocolError) as info:
         feed(head + b"hello")
     assert info.value.code == ErrorCode.PROTOCOL
+
+
+def test_chunked_wins_over_content_length_and_the_connection_is_not_reused() -> None:
+    data = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
+    done, c = feed(data + RESP_CHUNKED[RESP_CHUNKED.index(b"\r\n\r\n") + 4 :], 3)
+    assert done and bytes(c.body) == b"hello world"
+    assert c.heads[0].chunked and c.heads[0].content_length is None
+    assert not c.parser.reusable
+
+
+def test_head_repairs_are_the_rfc_ones_only() -> None:
+    from swarmget.protocol.head import repair
+
+    assert repair(b"HTTP/1.1 200 OK\nA: b\n\n") == b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n"
+    assert repair(b"HTTP/1.1 200\tOK\r\n x\r\nA: b\r\n  c\r\n\r\n") == (
+        b"HTTP/1.1 200 OK\r\nA: b c\r\n\r\n"
+    )
+    assert repair(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\ncontent-length: 5, 05\r\n\r\n") == (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n"
+    )
+    # A bare CR or a NUL stays where it was, for llhttp to refuse.
+    assert repair(b"HTTP/1.1 200 OK\nA: b\rc\x00\n\n") == b"HTTP/1.1 200 OK\r\nA: b\rc\x00\r\n\r\n"
+    with pytest.raises(ProtocolError, match="conflicting"):
+        repair(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n")
+    with pytest.raises(ProtocolError, match="too large"):
+        repair(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999, 99999999999999999999\r\n\r\n"
+        )
+
+
+def test_transfer_codings_are_planned_as_curl_does() -> None:
+    from swarmget.protocol.codings import plan_codings
+
+    assert plan_codings([b"chunked"]) == (True, [])
+    assert plan_codings([b"identity", b"chunked", b"chunked"]) == (True, [])
+    assert plan_codings([b"gzip", b"deflate", b"chunked"]) == (True, [b"gzip", b"deflate"])
+    assert plan_codings([b"gzip"]) == (False, [b"gzip"])
+    assert plan_codings([b"identity"]) == (False, [])
+    for refused in ([b"chunked", b"gzip"], [b"br"], [b"gzip"] * 5 + [b"chunked"]):
+        with pytest.raises(ProtocolError):
+            plan_codings(refused)
 
 
 def test_header_block_over_64k_is_refused() -> None:

@@ -2,23 +2,54 @@
 
 Theory of operation
 -------------------
-llhttp (through httptools) is the parser: we never interpret a status line or a
-header ourselves.  What we *do* own is where the bytes go, because that is the
-hot path of the whole product:
+llhttp (through httptools) reads every response head: we never interpret a
+status line or a field's syntax ourselves.  What we *do* own is where the bytes
+go, because that is the hot path of the whole product, and how far we bend for
+servers that break the rules, because a download tool is judged by the files it
+gets.  curl is the yardstick: ``tests/test_curl_replies.py`` replays replies
+from curl's own test suite and checks that we save what curl saves, byte for
+byte, or fail where it fails.
 
-* **Head.**  Bytes are gathered until the blank line that ends the header block
-  (at most :data:`MAX_HEADER_BYTES`), and exactly that block is fed to a fresh
-  ``httptools.HttpResponseParser``.  llhttp validates it strictly (duplicate or
-  non-numeric Content-Length, Content-Length together with Transfer-Encoding,
-  NUL or bare CR in a value, a bad status line...).  We add the limits llhttp
-  does not have: header block size, number of fields, and how many ``1xx``
-  interim responses we sit through.
+* **Head.**  Bytes are gathered until the empty line that ends the head (at
+  most :data:`MAX_HEADER_BYTES`).  The empty line, and the line before it, may
+  end in CRLF or in a bare LF (RFC 9112 section 2.2: a recipient MAY take a
+  single LF as a line end; curl, browsers and aiohttp do), so :func:`head_end`
+  looks for ``LF CRLF`` and ``LF LF``.  The head goes to a fresh, *strict*
+  ``httptools.HttpResponseParser``, which checks it thoroughly (no NUL, no bare
+  CR, a valid status line and field names, one Content-Length...).  Nearly
+  every server passes and pays nothing for the rest of this paragraph (the
+  first look even searches only for CRLFCRLF: a strict reading refuses any bare
+  LF, so when it accepts the block, that was the end).  A head llhttp refuses
+  goes to :func:`swarmget.protocol.head.repair`, which undoes what RFC 9112
+  lets a recipient undo -- bare LF line ends, obs-fold, whitespace lines after
+  the status line, a Content-Length repeated with one value -- and llhttp reads
+  the result again with a single leniency, ``lenient_chunked_length``
+  (Transfer-Encoding together with Content-Length: Transfer-Encoding wins, RFC
+  9112 section 6.3, and the connection is not reused).  We use no other flag
+  for heads: ``lenient_headers`` would also let NUL and control bytes through,
+  and the line-end flags are not needed once the head is rewritten.  Whatever
+  llhttp still refuses, and any exception at all that comes out of it, is a
+  :class:`ProtocolError`.  We add the limits llhttp does not have: head size,
+  number of fields, how many ``1xx`` interim responses we sit through; and a
+  ``101`` is a :class:`ProtocolError` (we never ask to switch protocols).
 * **Body framed by Content-Length, or by the connection closing.**  llhttp is
   not involved: the parser hands ``memoryview`` slices of the caller's receive
   buffer straight to the ``on_body`` callback, so a 50 KB image travels from
   ``recv_into`` to ``os.write`` without a single copy.
-* **Chunked body.**  The same llhttp parser that read the head continues with
-  the chunk framing; its ``on_body`` bytes go to the callback.
+* **Chunked body.**  Usually llhttp reads the chunk framing (:class:`_LlhttpChunks`,
+  a parser of its own, so that heads need no body callbacks), with two narrow
+  leniencies: a bare LF after chunk data, in the trailer and at the end, and
+  spaces after a chunk size, both of which curl reads.  llhttp cannot be told
+  to accept a bare LF right after a chunk size; when it refuses the first one,
+  :class:`_ChunkReader`, curl's rules in Python, reads the body instead, from
+  its first byte.  It also reads every chunked body whose head was repaired or
+  whose Transfer-Encoding is more than a single ``chunked``, where llhttp's own
+  reading of the fields could differ from ours.
+* **Other transfer codings** (``gzip``, ``deflate``) are undone by
+  :class:`swarmget.protocol.codings.Decoder`, bounded by ``max_decoded``; an
+  unknown one, or ``chunked`` anywhere but last, is a :class:`ProtocolError`:
+  never a file saved still encoded.  (Content-Encoding is not framing: we ask
+  for ``identity`` and save what comes, as curl does without ``--compressed``.)
 
 One response per parser: the connection creates a new :class:`ResponseParser`
 for each request (that costs about a microsecond).  Bytes that arrive after a
@@ -29,11 +60,13 @@ the connection unusable: :attr:`ResponseParser.reusable` turns False.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import ClassVar, Final
 
 import httptools
 
 from swarmget.errors import ErrorCode, ProtocolError, TransferError
+from swarmget.protocol.codings import Decoder, plan_codings
+from swarmget.protocol.head import MAX_CONTENT_LENGTH, repair, transfer_codings
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 MAX_HEADER_FIELDS: Final = 100
@@ -42,11 +75,35 @@ MAX_INFORMATIONAL: Final = 16
 # segment; typical heads are a few hundred bytes and the rest is body.
 _HEAD_PROBE: Final = 8192
 _FIRST_PROBE: Final = 1024  # the first look, when nothing is pending: most heads fit
+_MAX_CHUNK_LINE: Final = 4096  # a chunk-size line, extensions included
+_LINE_PROBE: Final = 256  # how much is copied at a time to find a chunk line's end
 
 _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
+# _ChunkReader states: a size line, data, the line end after data, trailer lines.
+_SIZE, _DATA, _DATA_END, _TRAILER, _END = range(5)
+_HEX: Final = b"0123456789abcdefABCDEF"
+# What _LlhttpChunks feeds llhttp first, so that it reads chunks next.
+_CHUNKED_HEAD: Final = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
 BodyCallback = Callable[[memoryview | bytes], None]
 HeadCallback = Callable[["ResponseHead"], None]
+
+
+def head_end(data: bytes | bytearray, start: int = 0) -> int:
+    """Where the head in ``data`` ends (just past its empty line), or -1 if not yet.
+
+    The empty line is CRLF or a bare LF, after a line ended by either: so the
+    head ends at the first ``LF CRLF`` or ``LF LF``, whichever comes first.
+    ``start`` is where to begin looking (a line end found before it is not
+    looked at again).
+    """
+    crlf = data.find(b"\n\r\n", start)
+    lf = data.find(b"\n\n", start, crlf + 2 if crlf >= 0 else len(data))
+    if lf >= 0:
+        return lf + 2
+    if crlf >= 0:
+        return crlf + 3
+    return -1
 
 
 class ConnectionClosed(TransferError):
@@ -98,17 +155,20 @@ class ResponseHead:
         return f"<ResponseHead {self.status} length={self.content_length} chunked={self.chunked}>"
 
 
-class _Callbacks:
-    """httptools callbacks for one response: the head, then a chunked body if any."""
+class _Fields:
+    """What httptools calls for a head: only ``on_header``."""
 
-    __slots__ = (
-        "began",
-        "body_sink",
-        "complete",
-        "extra",
-        "headers",
-        "on_header",
-    )
+    __slots__ = ("headers", "on_header")
+
+    # httptools looks each callback up once per parser; a name that is missing
+    # costs a raised and caught AttributeError, one that is None costs nothing.
+    on_body: ClassVar[None] = None
+    on_chunk_complete: ClassVar[None] = None
+    on_chunk_header: ClassVar[None] = None
+    on_headers_complete: ClassVar[None] = None
+    on_message_begin: ClassVar[None] = None
+    on_message_complete: ClassVar[None] = None
+    on_status: ClassVar[None] = None
 
     def __init__(self) -> None:
         self.headers: dict[bytes, bytes] = {}
@@ -116,30 +176,263 @@ class _Callbacks:
         # runs no Python frame, where a method cost one per field (~1 us of
         # the ~7 us a whole 50 KB response used to cost us).
         self.on_header = self.headers.__setitem__
-        self.began = False
-        self.complete = False
-        self.extra = False
-        self.body_sink: BodyCallback | None = None
 
-    def on_message_begin(self) -> None:
-        if self.began:
-            # A second message in the same stream: bytes after the response.
-            self.extra = True
-            raise _StopParsing
-        self.began = True
 
-    def on_body(self, body: bytes) -> None:
-        sink = self.body_sink
-        if sink is None:  # pragma: no cover - only chunked bodies reach llhttp
-            raise _StopParsing
-        sink(body)
+class _Framing:
+    """How the body of a head is delimited, read from its framing fields."""
 
-    def on_message_complete(self) -> None:
-        self.complete = True
+    __slots__ = ("chunked", "codings", "length", "reusable", "simple")
+
+    def __init__(self) -> None:
+        self.simple = False  # one Transfer-Encoding field, "chunked", in a head as it came
+        self.chunked = False
+        self.codings: list[bytes] = []  # transfer codings to undo, besides chunked
+        self.length: int | None = None
+        self.reusable = True
+
+
+def _framing(block: bytes | bytearray, headers: dict[bytes, bytes], repaired: bool) -> _Framing:
+    """The body framing of a head llhttp accepted (so its Content-Length is one number)."""
+    framing = _Framing()
+    content_length = headers.get(b"Content-Length")  # the spelling nearly all use
+    transfer_encoding: bytes | None = None
+    # llhttp refuses Content-Length with Transfer-Encoding unless repaired.
+    if content_length is None or repaired:
+        for name, value in headers.items():
+            size = len(name)
+            if size == 14 and name.lower() == b"content-length":
+                content_length = value
+            elif size == 17 and name.lower() == b"transfer-encoding":
+                transfer_encoding = value
+    if transfer_encoding is None:
+        if content_length is not None:
+            framing.length = _length(content_length)
+        return framing
+    # Transfer-Encoding overrides Content-Length (RFC 9112 section 6.3), and a
+    # reply with both is not one to keep a connection for.
+    framing.reusable = content_length is None
+    if transfer_encoding == b"chunked" and block.count(b"ransfer-") == 1:
+        framing.chunked = True  # the usual case: one field, one coding
+        framing.simple = not repaired
+        return framing
+    framing.chunked, framing.codings = plan_codings(transfer_codings(block))
+    if framing.codings and not framing.chunked:
+        framing.reusable = False  # the body ends when the connection does
+    if not framing.codings and not framing.chunked and content_length is not None:
+        framing.length = _length(content_length)  # only identity: Content-Length frames it
+    return framing
+
+
+def _length(value: bytes) -> int:
+    """A Content-Length llhttp has accepted (digits, maybe with whitespace) as a number."""
+    try:
+        return int(value)
+    except ValueError:
+        raise ProtocolError(f"invalid Content-Length {value[:40]!r}") from None
 
 
 class _StopParsing(Exception):
     pass
+
+
+class _ChunkedBody:
+    """A chunked body's reader: ``feed`` is True once the body is over."""
+
+    __slots__ = ("extra",)
+
+    def __init__(self) -> None:
+        self.extra = False  # bytes came after the end of the body
+
+    def feed(self, view: memoryview) -> bool:
+        raise NotImplementedError
+
+
+class _Refused(Exception):
+    """llhttp refused the chunk framing before any body byte came out of it."""
+
+
+class _LlhttpChunks(_ChunkedBody):
+    """The usual chunked body, read by llhttp (C) after a made-up head.
+
+    Leniencies: ``lenient_optional_cr_before_lf`` (a bare LF after chunk data,
+    in the trailer and at the end, RFC 9112 section 2.2) and
+    ``lenient_spaces_after_chunk_size`` (``5 ;ext``, as curl reads it).  A
+    server whose chunk-size lines end in a bare LF is refused at the first one:
+    :class:`_Refused` then hands the bytes so far to :class:`_ChunkReader`.
+    """
+
+    __slots__ = ("_backlog", "_began", "_complete", "_parser", "_sink")
+
+    # The callbacks httptools looks up and we do not use (see _Fields).
+    on_chunk_complete: ClassVar[None] = None
+    on_chunk_header: ClassVar[None] = None
+    on_header: ClassVar[None] = None
+    on_headers_complete: ClassVar[None] = None
+    on_status: ClassVar[None] = None
+
+    def __init__(self, sink: BodyCallback) -> None:
+        super().__init__()
+        self._sink = sink
+        self._began = False
+        self._complete = False
+        self._backlog: bytearray | None = bytearray()  # fed, before any body came out
+        self._parser = httptools.HttpResponseParser(self)
+        self._parser.feed_data(_CHUNKED_HEAD)
+        self._parser.set_dangerous_leniencies(
+            lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True
+        )
+
+    def on_message_begin(self) -> None:
+        if self._began:
+            self.extra = True  # a second message: bytes after the response
+            raise _StopParsing
+        self._began = True
+
+    def on_body(self, body: bytes) -> None:
+        self._backlog = None
+        self._sink(body)
+
+    def on_message_complete(self) -> None:
+        self._complete = True
+
+    def feed(self, view: memoryview) -> bool:
+        try:
+            self._parser.feed_data(view)
+        except httptools.HttpParserCallbackError as exc:
+            if not self.extra:
+                # Our own body sink failed (disk full, too large...): surface
+                # that error, not llhttp's wrapper around it.
+                cause = exc.__context__
+                if isinstance(cause, Exception):
+                    raise cause from None
+                raise ProtocolError(f"chunked body: {exc}") from None
+        except Exception as exc:
+            if self._complete:
+                self.extra = True  # junk after the response
+            elif self._backlog is not None:
+                self._backlog += view
+                raise _Refused(bytes(self._backlog)) from None
+            else:
+                raise ProtocolError(f"malformed chunked body: {exc}") from None
+        if self._backlog is not None:
+            self._backlog += view
+        return self._complete
+
+
+class _ChunkReader(_ChunkedBody):
+    """The chunked framing of a body (RFC 9112 section 7.1), read as curl reads it.
+
+    For what llhttp cannot be told to accept (a bare LF right after a chunk
+    size), and for the heads we repaired or whose Transfer-Encoding is more than
+    one ``chunked``: llhttp would frame those by its own reading of the fields.
+    Chunk data goes to ``sink`` as slices of the input.
+    """
+
+    __slots__ = ("_cr", "_line", "_remaining", "_state", "_trailer_bytes", "sink")
+
+    def __init__(self, sink: BodyCallback) -> None:
+        super().__init__()
+        self.sink = sink
+        self._state = _SIZE
+        self._line = bytearray()  # a line split across segments, so far
+        self._remaining = 0  # data bytes left in the current chunk
+        self._cr = False  # the CR after chunk data has been seen
+        self._trailer_bytes = 0
+
+    def feed(self, view: memoryview) -> bool:
+        pos = 0
+        size = len(view)
+        while pos < size:
+            state = self._state
+            if state == _DATA:
+                take = min(self._remaining, size - pos)
+                stop = pos + take
+                self.sink(view[pos:stop])
+                pos = stop
+                self._remaining -= take
+                if not self._remaining:
+                    self._state = _DATA_END
+            elif state == _DATA_END:
+                pos = self._data_end(view[pos], pos)
+            else:
+                after = self._take_line(view, pos)
+                if after < 0:
+                    return False
+                pos = after
+                self._line_done()
+                if self._state == _END:
+                    self.extra = pos < size
+                    return True
+        return False
+
+    def _data_end(self, byte: int, pos: int) -> int:
+        """After chunk data: an optional CR, then LF."""
+        if byte == 10:
+            self._state = _SIZE
+            self._cr = False
+        elif byte == 13 and not self._cr:
+            self._cr = True
+        else:
+            raise ProtocolError("chunk data is not followed by a line end")
+        return pos + 1
+
+    def _take_line(self, view: memoryview, pos: int) -> int:
+        """Add ``view[pos:]`` up to its first LF to the line; returns past the LF or -1."""
+        size = len(view)
+        while pos < size:
+            stop = min(size, pos + _LINE_PROBE)
+            probe = bytes(view[pos:stop])
+            lf = probe.find(b"\n")
+            if lf >= 0:
+                self._line += probe[:lf]
+                return pos + lf + 1
+            self._line += probe
+            pos = stop
+            limit = _MAX_CHUNK_LINE if self._state == _SIZE else MAX_HEADER_BYTES
+            if len(self._line) + self._trailer_bytes > limit:
+                raise ProtocolError("chunk-size line or trailer too long")
+        return -1
+
+    def _line_done(self) -> None:
+        """A whole line has been taken (up to its LF): a chunk size or a trailer field."""
+        line = bytes(self._line)
+        self._line.clear()
+        if self._state == _SIZE:
+            self._size_line(line)
+        else:
+            self._trailer_line(line)
+
+    def _size_line(self, line: bytes) -> None:
+        """``1*HEXDIG [BWS] [; extensions]``, ended by LF or CRLF (curl's rules)."""
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        digits = line
+        if not line or len(line) > 16 or line.lstrip(_HEX):  # more than bare digits
+            digits = line.partition(b";")[0].rstrip(b" \t")
+            if not digits or len(digits) > 16 or digits.lstrip(_HEX) or _bad_line(line):
+                raise ProtocolError(f"invalid chunk size line {line[:40]!r}")
+        self._remaining = int(digits, 16)
+        if self._remaining > MAX_CONTENT_LENGTH:
+            raise ProtocolError(f"chunk size {digits[:40]!r} is too large")
+        self._state = _DATA if self._remaining else _TRAILER
+
+    def _trailer_line(self, line: bytes) -> None:
+        """A trailer field, read and dropped; the empty line ends the body."""
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        if not line:
+            self._state = _END
+            return
+        if _bad_line(line) or (b":" not in line and line[:1] not in (b" ", b"\t")):
+            raise ProtocolError(f"invalid trailer field {line[:40]!r}")
+        self._trailer_bytes += len(line) + 2
+        if self._trailer_bytes > MAX_HEADER_BYTES:
+            raise ProtocolError(f"chunked trailer is larger than {MAX_HEADER_BYTES} bytes")
+
+
+def _bad_line(line: bytes) -> bool:
+    """A NUL or a CR left in a line: never acceptable (curl refuses them too)."""
+    return b"\r" in line or b"\x00" in line
 
 
 class ResponseParser:
@@ -149,16 +442,22 @@ class ResponseParser:
     tells that the peer closed; it returns True when that completes a
     close-delimited body and raises :class:`TransferError` (``truncated``) or
     :class:`ConnectionClosed` otherwise.  Any malformed input raises
-    :class:`ProtocolError`.
+    :class:`ProtocolError`; nothing else escapes except what the callbacks
+    raise.  ``max_decoded`` bounds a body with a transfer coding to undo
+    (``gzip``...): past that many decoded bytes ``feed`` raises ``too_large``.
     """
 
     __slots__ = (
-        "_chunk_state",
-        "_llhttp",
+        "_chunks",
+        "_codings",
+        "_decoder",
+        "_head_len",
+        "_max_decoded",
         "_on_body",
         "_on_head",
         "_pending",
         "_remaining",
+        "_simple_chunked",
         "_state",
         "head",
         "informational",
@@ -166,17 +465,23 @@ class ResponseParser:
         "reusable",
     )
 
-    def __init__(self, on_head: HeadCallback, on_body: BodyCallback) -> None:
+    def __init__(
+        self, on_head: HeadCallback, on_body: BodyCallback, max_decoded: int | None = None
+    ) -> None:
         self._on_head = on_head
         self._on_body = on_body
+        self._max_decoded = max_decoded
         self._state = _HEAD
         self._pending = bytearray()
         self._remaining = 0
-        self._llhttp: httptools.HttpResponseParser | None = None
-        self._chunk_state: _Callbacks | None = None
+        self._chunks: _ChunkedBody | None = None
+        self._simple_chunked = False
+        self._codings: list[bytes] | None = None  # transfer codings to undo
+        self._decoder: Decoder | None = None
+        self._head_len = 0  # how much of the last block _parse_head was given is the head
         self.head: ResponseHead | None = None
         self.informational = 0  # 1xx responses skipped so far
-        self.received = 0  # body bytes delivered to on_body
+        self.received = 0  # body bytes received (before undoing any transfer coding)
         self.reusable = False  # meaningful once complete
 
     @property
@@ -226,6 +531,7 @@ class ResponseParser:
         if state == _DONE:
             return True
         if state == _UNTIL_CLOSE:
+            self._finish_decoding(ErrorCode.TRUNCATED)
             self._state = _DONE
             self.reusable = False
             return True
@@ -250,12 +556,15 @@ class ResponseParser:
         if not self._pending:
             # The usual case: the whole head is in the first few hundred bytes
             # of this segment.  Copy just that much and parse it from there.
+            # A CRLF head ends at the first CRLFCRLF: llhttp's strict reading
+            # refuses any bare LF, so when it accepts the block, that was the end
+            # (else _parse_head looks again, for LF ends too).
             probe = bytes(view[:_FIRST_PROBE])
-            end = probe.find(b"\r\n\r\n")
-            if end >= 0:
-                head_len = end + 4
+            crlf = probe.find(b"\r\n\r\n")
+            head_len = crlf + 4 if crlf >= 0 else head_end(probe)
+            if head_len >= 0:
                 head = self._parse_head(probe[:head_len])
-                view = view[head_len:]
+                view = view[self._head_len :]
                 if head is not None:
                     return self._start_body(head, view)
                 if not len(view):
@@ -267,20 +576,19 @@ class ResponseParser:
             # and only the probe is copied; the body stays in the caller's buffer.
             taken = min(len(view), _HEAD_PROBE)
             pending += view[:taken]
-            end = pending.find(b"\r\n\r\n", max(0, old - 3))
-            if end < 0 and taken < len(view):
+            head_len = head_end(pending, max(0, old - 3))
+            if head_len < 0 and taken < len(view):
                 room = MAX_HEADER_BYTES + 4 - len(pending)
                 if room > 0:
                     more = min(len(view) - taken, room)
                     pending += view[taken : taken + more]
                     taken += more
-                    end = pending.find(b"\r\n\r\n", max(0, old - 3))
-            if end < 0:
+                    head_len = head_end(pending, max(0, old - 3))
+            if head_len < 0:
                 if len(pending) > MAX_HEADER_BYTES:
                     raise ProtocolError(f"response head is larger than {MAX_HEADER_BYTES} bytes")
                 return False
-            head_len = end + 4
-            if head_len > MAX_HEADER_BYTES:
+            if head_len > MAX_HEADER_BYTES + 4:
                 raise ProtocolError(f"response head is larger than {MAX_HEADER_BYTES} bytes")
             head = self._parse_head(pending[:head_len])  # a copy: the rare slow path
             pending.clear()
@@ -292,48 +600,54 @@ class ResponseParser:
             return self._start_body(head, view)
 
     def _parse_head(self, block: bytes | bytearray) -> ResponseHead | None:
-        """Parse one whole header block (it ends with the blank line)."""
-        # Lines, not distinct names: repeated fields count too.  The status
-        # line and the blank line make two of them.
-        if block.count(b"\n") - 2 > MAX_HEADER_FIELDS:
-            raise ProtocolError(f"response has more than {MAX_HEADER_FIELDS} header fields")
-        collector = _Callbacks()
-        parser = httptools.HttpResponseParser(collector)
+        """Parse the head ``block`` ends with; None for a 1xx.  Sets ``_head_len``.
+
+        ``block`` runs to the first CRLFCRLF, or to its real end (:func:`head_end`):
+        if llhttp refuses it as it is, the real end is looked for, and the head
+        (only as long as that) is repaired and read again.
+        """
+        fields = _Fields()
+        parser = httptools.HttpResponseParser(fields)
+        repaired = False
         try:
             parser.feed_data(block)
-        except httptools.HttpParserError as exc:
-            raise ProtocolError(f"malformed response head: {exc}") from None
-        headers = collector.headers
+            self._head_len = len(block)
+        except Exception as exc:  # llhttp's errors, and HttpParserUpgrade for a 101
+            end = head_end(block)
+            if 0 <= end < len(block):
+                block = block[:end]  # an LF head ended before the CRLFCRLF we found
+            self._head_len = len(block)
+            parser, fields, block = _reread(parser, block, exc)
+            repaired = True
+        # Lines, not distinct names: repeated fields count too.  The status
+        # line and the empty line make two of them.
+        if block.count(b"\n") - 2 > MAX_HEADER_FIELDS:
+            raise ProtocolError(f"response has more than {MAX_HEADER_FIELDS} header fields")
         status = parser.get_status_code()
         if 100 <= status < 200:
-            if status == 101:
-                raise ProtocolError("unexpected 101 Switching Protocols")
-            self.informational += 1
-            if self.informational > MAX_INFORMATIONAL:
-                raise ProtocolError(f"more than {MAX_INFORMATIONAL} interim 1xx responses")
+            self._interim(status)
             return None
-        # llhttp has already checked the framing fields (one Content-Length, all
-        # digits, not together with Transfer-Encoding); here we only read them.
+        headers = fields.headers
         content_length = headers.get(b"Content-Length")  # the spelling nearly all use
-        transfer_encoding = None
-        if content_length is None:
-            for name, value in headers.items():
-                size = len(name)
-                if size == 14 and name.lower() == b"content-length":
-                    content_length = value
-                elif size == 17 and name.lower() == b"transfer-encoding":
-                    transfer_encoding = value
-        chunked = False
-        length: int | None = None
-        if transfer_encoding is not None:
-            chunked = transfer_encoding.lower().split(b",")[-1].strip() == b"chunked"
-        elif content_length is not None:
-            length = int(content_length)
-        head = ResponseHead(status, headers, length, chunked, parser.should_keep_alive())
-        if chunked:
-            self._llhttp = parser
-            self._chunk_state = collector
-        return head
+        if content_length is not None and not repaired:
+            # The usual case.  llhttp has checked that the value is one number,
+            # and that there is no Transfer-Encoding with it.
+            length = _length(content_length)
+            return ResponseHead(status, headers, length, False, parser.should_keep_alive())
+        framing = _framing(block, headers, repaired)
+        self._codings = framing.codings
+        self._simple_chunked = framing.simple
+        keep_alive = framing.reusable and bool(parser.should_keep_alive())
+        return ResponseHead(status, headers, framing.length, framing.chunked, keep_alive)
+
+    def _interim(self, status: int) -> None:
+        """A 1xx: skipped (the final response follows), unless it is a 101."""
+        if status == 101:
+            # We never ask to switch protocols; llhttp would hand us the connection.
+            raise ProtocolError("unexpected 101 Switching Protocols")
+        self.informational += 1
+        if self.informational > MAX_INFORMATIONAL:
+            raise ProtocolError(f"more than {MAX_INFORMATIONAL} interim 1xx responses")
 
     def _start_body(self, head: ResponseHead, rest: memoryview) -> bool:
         self.head = head
@@ -344,10 +658,16 @@ class ResponseParser:
             if len(rest):
                 self.reusable = False
             return True
+        if self._codings:
+            decoder = Decoder(self._codings, self._on_body, self._max_decoded)
+            self._decoder = decoder
+            self._on_body = decoder.write
         if head.chunked:
             self._state = _CHUNKED
-            assert self._chunk_state is not None
-            self._chunk_state.body_sink = self._count_body
+            if self._simple_chunked:
+                self._chunks = _LlhttpChunks(self._count_body)
+            else:
+                self._chunks = _ChunkReader(self._count_body)
             return self._feed_chunked(rest) if len(rest) else False
         if head.content_length is not None:
             self._state = _LENGTH
@@ -357,33 +677,63 @@ class ResponseParser:
             self.reusable = False
         return self.feed(rest) if len(rest) else False
 
-    # -- chunked --------------------------------------------------------------
+    # -- chunked and coded bodies ------------------------------------------------
 
     def _count_body(self, body: memoryview | bytes) -> None:
         self.received += len(body)
         self._on_body(body)
 
     def _feed_chunked(self, view: memoryview) -> bool:
-        llhttp, state = self._llhttp, self._chunk_state
-        assert llhttp is not None and state is not None
+        chunks = self._chunks
+        assert chunks is not None
         try:
-            llhttp.feed_data(view)
-        except httptools.HttpParserCallbackError as exc:
-            if not state.extra:
-                # Our own body sink failed (disk full, too large...): surface
-                # that error, not llhttp's wrapper around it.
-                cause = exc.__context__
-                if isinstance(cause, Exception):
-                    raise cause from None
-                raise ProtocolError(f"chunked body: {exc}") from None
-        except httptools.HttpParserError as exc:
-            raise ProtocolError(f"malformed chunked body: {exc}") from None
-        if state.complete:
-            self._state = _DONE
-            if state.extra:
-                self.reusable = False
-            return True
-        return False
+            done = chunks.feed(view)
+        except _Refused as refused:
+            # llhttp refused the first chunk-size line (a bare LF after it):
+            # curl's rules read it, from the body's first byte.
+            chunks = self._chunks = _ChunkReader(self._count_body)
+            done = chunks.feed(memoryview(refused.args[0]))
+        if not done:
+            return False
+        self._finish_decoding(ErrorCode.PROTOCOL)
+        self._state = _DONE
+        if chunks.extra:
+            self.reusable = False  # bytes after the response
+        return True
+
+    def _finish_decoding(self, code: str) -> None:
+        decoder = self._decoder
+        if decoder is not None:
+            decoder.finish(code)
+
+
+def _reread(
+    refused: httptools.HttpResponseParser, block: bytes | bytearray, error: Exception
+) -> tuple[httptools.HttpResponseParser, _Fields, bytes]:
+    """llhttp's second reading of a head it refused, repaired; ProtocolError if no good."""
+    if refused.get_status_code() == 101:
+        raise ProtocolError("unexpected 101 Switching Protocols")
+    repaired = _repair(block, str(error) or type(error).__name__)
+    fields = _Fields()
+    parser = httptools.HttpResponseParser(fields)
+    try:
+        parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        parser.feed_data(repaired)
+    except Exception as exc:
+        if parser.get_status_code() == 101:
+            raise ProtocolError("unexpected 101 Switching Protocols") from None
+        raise ProtocolError(f"malformed response head: {exc}") from None
+    return parser, fields, repaired
+
+
+def _repair(block: bytes | bytearray, error: str) -> bytes:
+    """``block`` as :func:`swarmget.protocol.head.repair` rewrites it, errors ours."""
+    try:
+        return repair(block)
+    except ProtocolError:
+        raise
+    except Exception:  # a block too broken to even split: llhttp's word stands
+        raise ProtocolError(f"malformed response head: {error}") from None
 
 
 class ConnectResponseParser(ResponseParser):

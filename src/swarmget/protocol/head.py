@@ -1,0 +1,131 @@
+"""Reading the response heads llhttp refuses but curl and browsers read (RFC 9112).
+
+:mod:`swarmget.protocol.http11` gives every head to llhttp as it came, strictly;
+only a head that llhttp refuses comes here, to be rewritten into the plain form
+llhttp accepts, and is then parsed once more.  So a well-formed head costs
+nothing extra, and what we accept beyond llhttp's strict rules is exactly the
+list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
+
+* **Bare LF line ends** (section 2.2: a recipient MAY recognize a single LF as a
+  line terminator and ignore any preceding CR): lines are split at LF, one CR
+  before it is dropped, and the head is rewritten with CRLF.  Any other CR
+  stays where it was, so llhttp still refuses a bare CR inside a line.
+* **Whitespace-led lines right after the status line** (section 2.2: a
+  recipient MUST either reject the message or ignore each such line): ignored.
+* **Obsolete line folding** (section 5.2: a user agent MUST replace each obs-fold
+  with one or more SP before interpreting the value): each continuation line
+  is joined to the field before it with one space.
+* **A repeated Content-Length** (RFC 9110 section 8.6: a list of identical
+  values, ``42, 42``, or several identical fields, MAY be taken as one): merged
+  into one field; differing or non-numeric values are a :class:`ProtocolError`.
+* **A tab for a space in the status line**, or blanks around the reason phrase
+  (RFC 9112 section 4 names SP; curl takes any blank): rewritten with SP.  The
+  three-digit code must still follow the version after exactly one blank.
+
+Nothing here makes llhttp accept a NUL, a bare CR, a bad status line or an
+invalid field name: those stay in the rewritten head and llhttp refuses them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from swarmget.errors import ProtocolError
+
+_FOLD: Final = (b" ", b"\t")
+_CONTENT_LENGTH: Final = b"content-length"
+# RFC 9110 section 8.6 leaves the limit to us; past 2**63 - 1 no file is real.
+MAX_CONTENT_LENGTH: Final = (1 << 63) - 1
+
+
+def repair(block: bytes | bytearray) -> bytes:
+    """``block`` (a whole head, up to its blank line) rewritten for llhttp.
+
+    Raises :class:`ProtocolError` for Content-Length values that conflict.
+    """
+    lines = bytes(block).split(b"\n")[:-1]  # the last piece is after the blank line's LF
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    fields = _unfold(lines[1:-1])  # without the status line and the blank line
+    status = _status_line(lines[0])
+    return b"\r\n".join([status, *_merge_content_length(fields), b"", b""])
+
+
+def _status_line(line: bytes) -> bytes:
+    """``HTTP/1.x SP code [SP reason]`` from a line with a tab for either space.
+
+    curl takes any one blank (space or tab) after the version, and anything
+    after the three digits; we take a blank or nothing there (``200OK`` or
+    ``2000`` stay refused).  Anything else is left for llhttp to refuse.
+    """
+    version, code, rest = line[:8], line[9:12], line[12:]
+    if (
+        len(line) < 12
+        or version not in (b"HTTP/1.1", b"HTTP/1.0")
+        or line[8:9] not in _FOLD
+        or not code.isdigit()
+        or rest[:1] not in (b"", *_FOLD)
+    ):
+        return line
+    reason = rest.strip(b" \t")
+    return version + b" " + code + (b" " + reason if reason else b"")
+
+
+def _unfold(lines: list[bytes]) -> list[bytes]:
+    """Fields with obs-fold undone and whitespace-led lines before the first dropped."""
+    fields: list[bytes] = []
+    for line in lines:
+        if line[:1] not in _FOLD:
+            fields.append(line)
+        elif fields:
+            # RFC 9112 section 5.2: replace the obs-fold with SP.
+            fields[-1] = fields[-1].rstrip(b" \t") + b" " + line.strip(b" \t")
+        # else: whitespace before the first field, ignored (RFC 9112 section 2.2).
+    return fields
+
+
+def _merge_content_length(fields: list[bytes]) -> list[bytes]:
+    """``fields`` with every Content-Length folded into one, or unchanged if single."""
+    positions = [i for i, field in enumerate(fields) if _name(field) == _CONTENT_LENGTH]
+    if not positions:
+        return fields
+    values = [fields[i].partition(b":")[2] for i in positions]
+    if len(values) == 1 and b"," not in values[0]:
+        return fields  # llhttp judges a single value itself
+    length = content_length(values)
+    merged = [field for i, field in enumerate(fields) if i not in positions[1:]]
+    merged[positions[0]] = b"Content-Length: %d" % length
+    return merged
+
+
+def content_length(values: list[bytes]) -> int:
+    """The one length all ``values`` (each a comma list) agree on, else ProtocolError."""
+    lengths = set()
+    for value in values:
+        for item in value.split(b","):
+            item = item.strip(b" \t")
+            if not item:
+                continue  # RFC 9110 section 5.6.1: empty list elements do not count
+            if not item.isdigit():
+                raise ProtocolError(f"invalid Content-Length {value.strip()[:40]!r}")
+            lengths.add(int(item))
+    if len(lengths) != 1:
+        shown = b", ".join(v.strip() for v in values)[:80]
+        raise ProtocolError(f"conflicting Content-Length values {shown!r}")
+    length = lengths.pop()
+    if length > MAX_CONTENT_LENGTH:
+        raise ProtocolError(f"Content-Length {length} is too large")
+    return length
+
+
+def _name(field: bytes) -> bytes:
+    return field.partition(b":")[0].lower()
+
+
+def transfer_codings(block: bytes | bytearray) -> list[bytes]:
+    """Every Transfer-Encoding token of the head, in order, lower case, empty ones out."""
+    codings: list[bytes] = []
+    for line in bytes(block).split(b"\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.lower() == b"transfer-encoding":
+            codings += [token for token in value.lower().replace(b"\t", b" ").split(b",")]
+    return [token.strip(b" \r") for token in codings if token.strip(b" \r")]
