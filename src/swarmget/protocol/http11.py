@@ -314,8 +314,12 @@ class _LlhttpChunks(_ChunkedBody):
                 raise _Refused(bytes(self._backlog)) from None
             else:
                 raise ProtocolError(f"malformed chunked body: {exc}") from None
-        if self._backlog is not None:
-            self._backlog += view
+        backlog = self._backlog
+        if backlog is not None:
+            backlog += view
+            if len(backlog) > _MAX_CHUNK_LINE:
+                # Past any first size line we would take: llhttp read it.
+                self._backlog = None
         return self._complete
 
 
