@@ -140,7 +140,7 @@ def test_a_journal_on_a_full_disk_is_a_fatal_io_error(tmp_path: Path) -> None:
                 planner.finish(interrupted=True)
         assert info.value.code == ErrorCode.IO and info.value.fatal
     finally:
-        os.system(f"umount {mount}")
+        os.system(f"umount -l {mount}")
 
 
 # -- range planning ----------------------------------------------------------------------------

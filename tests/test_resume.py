@@ -280,4 +280,4 @@ def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> 
         assert len([r for r in records if r["status"] == "ok"]) < 40
         assert not parts(mount)
     finally:
-        os.system(f"umount {mount}")
+        os.system(f"umount -l {mount}")

@@ -176,7 +176,10 @@ class HTTPConnection(PooledConnection):
         owner = self.owner
         self.state = ACTIVE
         self.transfer = transfer
-        self.parser = ResponseParser(self._on_head, self._on_body)
+        # max_decoded: a gzip/deflate transfer coding cannot inflate past --max-size.
+        self.parser = ResponseParser(
+            self._on_head, self._on_body, max_decoded=owner.options.max_size
+        )
         self.verdict = None
         self.writer = None
         now = owner.loop.now

@@ -139,6 +139,14 @@ class Journal:
         except sqlite3.Error as exc:
             raise OutputError(f"cannot open the journal in {state}: {exc}", True) from None
         self.path = os.path.join(state, JOURNAL_NAME)
+        try:
+            self._open(state)
+        except BaseException:
+            self._db.close()  # a journal that could not open leaves nothing open
+            os.close(self._lock)
+            raise
+
+    def _open(self, state: str) -> None:
         with self._guard("open"):
             db = self._db
             db.execute("PRAGMA journal_mode=WAL")
