@@ -25,51 +25,16 @@ import argparse
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
+from swarmget.testing.dns import nxdomain_server
 from swarmget.testing.process import child_env
 
 SAMPLE = 0.05  # seconds between memory samples
-
-
-@contextlib.contextmanager
-def nxdomain_server() -> Iterator[tuple[str, list[float]]]:
-    """A name server answering NXDOMAIN; yields its address and the times of queries."""
-    from dnslib import RCODE, DNSRecord
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    seen: list[float] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                data, peer = sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            seen.append(time.monotonic())
-            with contextlib.suppress(Exception):
-                reply = DNSRecord.parse(data).reply()
-                reply.header.rcode = RCODE.NXDOMAIN
-                sock.sendto(reply.pack(), peer)
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{sock.getsockname()[1]}", seen
-    finally:
-        stop.set()
-        thread.join()
-        sock.close()
 
 
 def tree_rss_kb(pid: int) -> int:

@@ -193,34 +193,7 @@ def nxdomain_dns() -> Iterator[str]:
     Tests that need a name to fail use it (``dns_servers=(nxdomain_dns,)``)
     rather than the machine's resolver, so no test sends DNS off this host.
     """
-    import socket
-    import threading
+    from swarmget.testing.dns import nxdomain_server
 
-    from dnslib import RCODE, DNSRecord
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.settimeout(0.2)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                data, peer = sock.recvfrom(4096)
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            with contextlib.suppress(Exception):  # a malformed query gets no answer
-                reply = DNSRecord.parse(data).reply()
-                reply.header.rcode = RCODE.NXDOMAIN
-                sock.sendto(reply.pack(), peer)
-
-    thread = threading.Thread(target=serve, name="nxdomain-dns", daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        sock.close()
+    with nxdomain_server() as (address, _):
+        yield address

@@ -137,7 +137,7 @@ class HTTPConnection(PooledConnection):
         if self.state == CLOSED:
             raise exc  # not ours: it happened after we were done
         if self.transfer is not None:
-            self._fail(classify(exc, EXCHANGE, host=self.pool.host))
+            self._fail(self._classify(exc, EXCHANGE))
         else:
             self.close()
 
@@ -316,16 +316,18 @@ class HTTPConnection(PooledConnection):
         if isinstance(exc, _Abandon) and verdict is not None:
             self._end(verdict)
             return
+        self._fail(self._classify(exc, EXCHANGE))
+
+    def _classify(self, exc: BaseException, stage: int) -> TransferError:
+        """``exc`` as the error this transfer fails with (engine/classify.py)."""
         parser = self.parser
-        self._fail(
-            classify(
-                exc,
-                EXCHANGE,
-                host=self.pool.host,
-                started=parser is not None and parser.started,
-                received=parser.received if parser is not None else 0,
-                reused=self.served > 0,
-            )
+        return classify(
+            exc,
+            stage,
+            host=self.pool.host,
+            started=parser is not None and parser.started,
+            received=parser.received if parser is not None else 0,
+            reused=self.served > 0,
         )
 
     def _fail(self, error: TransferError) -> None:
@@ -353,17 +355,7 @@ class HTTPConnection(PooledConnection):
         self.close()
 
     def _transport_error(self, exc: OSError) -> None:
-        parser = self.parser
-        self._fail(
-            classify(
-                exc,
-                EXCHANGE,
-                host=self.pool.host,
-                started=parser is not None and parser.started,
-                received=parser.received if parser is not None else 0,
-                reused=self.served > 0,
-            )
-        )
+        self._fail(self._classify(exc, EXCHANGE))
 
     def check(self, now: float) -> None:
         """Called by the owner's sweep: enforce connect/idle timeouts, deadline, min speed."""

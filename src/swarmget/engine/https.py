@@ -234,15 +234,4 @@ class HTTPSConnection(HTTPConnection):
     # -- failures -------------------------------------------------------------------
 
     def _transport_error(self, exc: OSError) -> None:
-        parser = self.parser
-        stage = HANDSHAKE if self.state == HANDSHAKING else EXCHANGE
-        self._fail(
-            classify(
-                exc,
-                stage,
-                host=self.pool.host,
-                started=parser is not None and parser.started,
-                received=parser.received if parser is not None else 0,
-                reused=self.served > 0,
-            )
-        )
+        self._fail(self._classify(exc, HANDSHAKE if self.state == HANDSHAKING else EXCHANGE))
