@@ -17,6 +17,9 @@ downloader: the same concurrency as swarmget, keep-alive connections reused for
 the whole run, no per-request session or handle creation, every body written to
 its own file.  ``run()`` returns a list of error strings (empty when every
 transfer reported success); the parent then checks the files on disk anyway.
+The streaming peers (``STREAM_TOOLS``) write no files: each body goes to the
+caller's code, and the runner keeps one value per item, which ``measure``
+passes on (``values``) for the parent to check instead.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 Job = tuple[str, str]  # (url, output path relative to the output dir)
 Runner = Callable[[], list[str]]
@@ -312,26 +316,31 @@ def prepare_pycurl_epoll(jobs: list[Job], out: Path, concurrency: int, work: Pat
 # -- aiohttp ----------------------------------------------------------------------------
 
 
+def _aiohttp_session(concurrency: int) -> Any:
+    """One ClientSession on a TCPConnector(limit=concurrency), verifying against the
+    scenario's CA if it has one; create it inside the running event loop."""
+    import ssl
+
+    import aiohttp
+
+    ca = _ca_file()
+    tls = ssl.create_default_context(cafile=ca) if ca else True
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ssl=tls)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+
+
 def prepare_aiohttp(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
     """One ClientSession, TCPConnector(limit=concurrency), ``concurrency`` worker tasks
     pulling from one shared iterator (no task or semaphore per URL).  Each body is
     read whole (50 KB) and written with one ``os.write``: on tmpfs that is faster
     than any thread-offloaded file API and does not stall the loop."""
     import asyncio
-    import ssl
-
-    import aiohttp
 
     async def main() -> list[str]:
         errors: list[str] = []
         pending = iter(jobs)
-        ca = _ca_file()
-        tls = ssl.create_default_context(cafile=ca) if ca else True
-        connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=0, ssl=tls)
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=60)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=False
-        ) as session:
+        async with _aiohttp_session(concurrency) as session:
 
             async def worker() -> None:
                 for url, path in pending:
@@ -358,12 +367,9 @@ def prepare_aiohttp(jobs: list[Job], out: Path, concurrency: int, work: Path) ->
 # -- requests ---------------------------------------------------------------------------
 
 
-def prepare_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
-    """ThreadPoolExecutor(concurrency), one requests.Session per thread (thread-local,
-    created on first use, then kept with its one kept-alive connection)."""
-    import threading
-    from concurrent.futures import ThreadPoolExecutor
-
+def _thread_sessions() -> Callable[[], Any]:
+    """A function giving each thread its own requests.Session (made on first use,
+    then kept with its one kept-alive connection)."""
     import requests
     from requests.adapters import HTTPAdapter
 
@@ -378,6 +384,16 @@ def prepare_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -
             current.verify = _ca_file() or True
             local.session = current
         return current
+
+    return session
+
+
+def prepare_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """ThreadPoolExecutor(concurrency), one requests.Session per thread (thread-local,
+    created on first use, then kept with its one kept-alive connection)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    session = _thread_sessions()
 
     def fetch(job: Job) -> str | None:
         url, path = job
@@ -396,6 +412,264 @@ def prepare_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -
             return [error for error in pool.map(fetch, jobs) if error is not None]
 
     return run
+
+
+# -- streaming: every body comes back to the caller (stream-100ms, stream-nginx-50k) -----
+#
+# A streaming tool hands each body to the caller's code instead of writing it.
+# With BENCH_MAP=decode in its environment (run.py sets it for stream-100ms) the
+# tool applies workload.decode to every body, where that tool puts user code;
+# without it, the caller only takes each body (workload.body_check).  Either way
+# the runner keeps one value per item, by the item's index in the job list, and
+# run.py checks them all: an item missing or wrong fails the run.
+
+PREFETCH = 256  # items fetched ahead of the caller: swarmget.stream's default
+LOADER_WORKERS = 8  # the issue's DataLoader(num_workers=8)
+
+
+class _StreamRunner:
+    """A streaming tool's runner: ``body(values)`` fills ``values`` (index ->
+    value) and returns errors; measure() passes ``values`` on to run.py."""
+
+    def __init__(self, body: Callable[[dict[int, str]], list[str]]) -> None:
+        self._body = body
+        self.values: dict[int, str] = {}
+
+    def __call__(self) -> list[str]:
+        return self._body(self.values)
+
+
+def _mapped() -> bool:
+    return os.environ.get("BENCH_MAP") == "decode"
+
+
+def _consumer(count: int, mapped: bool) -> Callable[[int, bytes], str]:
+    """What the caller does with item ``index``'s body: decode it, or just take it."""
+    import workload
+
+    if mapped:
+        return lambda index, body: workload.decode(body)
+    sampled = workload.sample(count)
+    return lambda index, body: workload.body_check(index, body, sampled)
+
+
+def _decode_item(item: Any) -> str:
+    """swarmget.stream's ``map``: runs in the worker process that downloaded the item."""
+    import workload
+
+    return workload.decode(item.read())
+
+
+def _swarmget_stream(concurrency: int, mapped: bool) -> Callable[[list[str]], Any]:
+    """``urls -> swarmget.stream(urls, ...)``, after one empty stream (untimed: the
+    engine's imports and the option checks, as prepare_swarmget imports first)."""
+    import swarmget
+
+    stream = getattr(swarmget, "stream", None)
+    if stream is None:
+        raise RuntimeError("swarmget.stream not available")
+    ca = _ca_file()
+    options = {"concurrency": concurrency, "per_host": concurrency}
+    options |= {"cacert": ca} if ca else {}
+    options |= {"map": _decode_item} if mapped else {}
+    try:
+        with stream([], **options) as items:
+            for _ in items:
+                pass
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise RuntimeError(f"swarmget.stream not available ({exc!r})") from exc
+    return lambda urls: stream(urls, **options)
+
+
+def prepare_swarmget_stream(
+    jobs: list[Job], out: Path, concurrency: int, work: Path, mapped: bool | None = None
+) -> Runner:
+    """``with swarmget.stream(urls, map=decode, concurrency=N, per_host=N) as items``,
+    every item consumed; without ``map`` (no BENCH_MAP) each body comes back here."""
+    mapped = _mapped() if mapped is None else mapped
+    open_stream = _swarmget_stream(concurrency, mapped)
+    consume = _consumer(len(jobs), mapped)
+    urls = [url for url, _ in jobs]
+
+    def body(values: dict[int, str]) -> list[str]:
+        errors = []
+        with open_stream(urls) as items:
+            for item in items:
+                if not item.ok:
+                    errors.append(f"{item.url}: {item.error} (HTTP {item.http_status})")
+                elif mapped:
+                    values[item.index] = item.value
+                else:
+                    values[item.index] = consume(item.index, item.read())
+        return errors
+
+    return _StreamRunner(body)
+
+
+def prepare_swarmget_stream_nomap(
+    jobs: list[Job], out: Path, concurrency: int, work: Path
+) -> Runner:
+    """swarmget.stream without ``map`` even in stream-100ms: the download alone,
+    for that scenario's limit (see run.py)."""
+    return prepare_swarmget_stream(jobs, out, concurrency, work, mapped=False)
+
+
+def _fetch_requests(session: Any, index: int, url: str) -> tuple[int, bytes | None, str]:
+    """(index, body, "") or (index, None, error): one outcome per job, whatever happens."""
+    try:
+        response = session.get(url, timeout=(30, 60))
+        if response.status_code != 200:
+            return index, None, f"{url}: HTTP {response.status_code}"
+        return index, response.content, ""
+    except Exception as exc:
+        return index, None, f"{url}: {exc!r}"
+
+
+def prepare_threads_requests(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """ThreadPoolExecutor(N) threads, each with its own requests.Session, fetching
+    into a bounded queue (``PREFETCH``) that the main thread drains, decoding each
+    body itself: the prefetching loop people write around requests."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
+    session = _thread_sessions()
+    consume = _consumer(len(jobs), _mapped())
+
+    def body(values: dict[int, str]) -> list[str]:
+        ready: queue.Queue[tuple[int, bytes | None, str]] = queue.Queue(PREFETCH)
+        pending = enumerate(jobs)
+        lock = threading.Lock()
+
+        def fetcher() -> None:
+            while True:
+                with lock:
+                    index, (url, _) = next(pending, (-1, ("", "")))
+                if index < 0:
+                    return
+                ready.put(_fetch_requests(session(), index, url))
+
+        with ThreadPoolExecutor(concurrency) as pool:
+            for _ in range(concurrency):
+                pool.submit(fetcher)
+            return _drain(ready.get, len(jobs), consume, values)
+
+    return _StreamRunner(body)
+
+
+def _drain(
+    take: Callable[[], tuple[int, bytes | None, str]],
+    count: int,
+    consume: Callable[[int, bytes], str],
+    values: dict[int, str],
+) -> list[str]:
+    """The caller's loop: take ``count`` outcomes, consume each body, keep errors."""
+    errors = []
+    for _ in range(count):
+        index, data, error = take()
+        if data is None:
+            errors.append(error)
+        else:
+            values[index] = consume(index, data)
+    return errors
+
+
+def prepare_aiohttp_queue(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """One ClientSession, N fetcher tasks feeding a bounded asyncio.Queue
+    (``PREFETCH``), one consumer coroutine that decodes each body on the event
+    loop itself (blocking it meanwhile, as a plain ``for`` over a queue does)."""
+    import asyncio
+
+    consume = _consumer(len(jobs), _mapped())
+
+    async def fetch(session: Any, index: int, url: str) -> tuple[int, bytes | None, str]:
+        try:
+            async with session.get(url) as response:
+                if response.status != 200:
+                    return index, None, f"{url}: HTTP {response.status}"
+                return index, await response.read(), ""
+        except Exception as exc:
+            return index, None, f"{url}: {exc!r}"
+
+    async def main(values: dict[int, str]) -> list[str]:
+        ready: asyncio.Queue[tuple[int, bytes | None, str]] = asyncio.Queue(PREFETCH)
+        pending = enumerate(jobs)
+        async with _aiohttp_session(concurrency) as session:
+
+            async def fetcher() -> None:
+                for index, (url, _) in pending:
+                    await ready.put(await fetch(session, index, url))
+
+            tasks = [asyncio.create_task(fetcher()) for _ in range(concurrency)]
+            errors = []
+            for _ in range(len(jobs)):
+                index, data, error = await ready.get()
+                if data is None:
+                    errors.append(error)
+                else:
+                    values[index] = consume(index, data)
+            await asyncio.gather(*tasks)
+        return errors
+
+    return _StreamRunner(lambda values: asyncio.run(main(values)))
+
+
+class _UrlDataset:
+    """A map-style dataset whose ``__getitem__`` fetches its URL with requests and
+    decodes the body: ``fn`` runs in the DataLoader's worker processes.  Each
+    worker makes its own requests.Session on first use (a kept-alive connection;
+    a bare ``requests.get`` would open one per item and only be slower).  A
+    module-level class so it pickles under any start method; DataLoader needs
+    nothing of torch.utils.data.Dataset but ``__getitem__`` and ``__len__``."""
+
+    def __init__(self, jobs: list[Job], mapped: bool) -> None:
+        self.urls = [url for url, _ in jobs]
+        self.mapped = mapped
+        self._session: Any = None  # made in each worker, never pickled across
+        self._consume: Callable[[int, bytes], str] | None = None
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    def __getitem__(self, index: int) -> tuple[int, str | None, str]:
+        if self._session is None or self._consume is None:
+            import requests
+
+            self._session = requests.Session()
+            self._session.verify = _ca_file() or True
+            self._consume = _consumer(len(self.urls), self.mapped)
+        index, data, error = _fetch_requests(self._session, index, self.urls[index])
+        if data is None:
+            return index, None, error
+        return index, self._consume(index, data), ""
+
+
+def _as_is(sample: Any) -> Any:
+    """DataLoader's collate for batch_size=None: the item as __getitem__ returned it."""
+    return sample
+
+
+def prepare_torch_dataloader(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """``torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=8)`` over
+    :class:`_UrlDataset`, iterated to the end.  Its concurrency is the 8 workers
+    (the issue's setting), whatever the scenario's."""
+    from torch.utils.data import DataLoader
+
+    dataset = _UrlDataset(jobs, _mapped())
+
+    def body(values: dict[int, str]) -> list[str]:
+        loader = DataLoader(
+            dataset, batch_size=None, shuffle=False, num_workers=LOADER_WORKERS,
+            collate_fn=_as_is,
+        )  # fmt: skip
+        errors = []
+        for index, value, error in loader:
+            if value is None:
+                errors.append(error)
+            else:
+                values[index] = value
+        return errors
+
+    return _StreamRunner(body)
 
 
 # -- external programs ------------------------------------------------------------------
@@ -569,7 +843,18 @@ TOOLS: dict[str, tuple[Callable[[list[Job], Path, int, Path], Runner], bool]] = 
     "requests": (prepare_requests, False),
     "aria2c": (prepare_aria2, True),
     "curl": (prepare_curl, True),
+    "swarmget-stream": (prepare_swarmget_stream, False),
+    "swarmget-stream-nomap": (prepare_swarmget_stream_nomap, False),
+    "threads-requests": (prepare_threads_requests, False),
+    "aiohttp-queue": (prepare_aiohttp_queue, False),
+    "torch-dataloader": (prepare_torch_dataloader, False),
 }
+# Tools that hand bodies to the caller and write no file: run.py checks the values
+# they return (``values`` in the result), not the output directory.
+STREAM_TOOLS = frozenset(
+    ["swarmget-stream", "swarmget-stream-nomap", "threads-requests", "aiohttp-queue",
+     "torch-dataloader"]
+)  # fmt: skip
 
 
 # -- the child process ------------------------------------------------------------------
@@ -620,6 +905,7 @@ def measure(tool: str, jobs_file: Path, out: Path, concurrency: int) -> dict[str
         "cpu_s": after - before,
         "errors": errors[:5],
         "error_count": len(errors),
+        **({"values": run.values} if isinstance(run, _StreamRunner) else {}),
     }
 
 

@@ -3,7 +3,7 @@
 Usage (from the repository root, with the venv's python)::
 
     .venv/bin/python bench/run.py [--scenario nginx-50k|nginx-https-50k|latency-100ms|
-        latency-100ms-nginx|scale-10k|all]
+        latency-100ms-nginx|scale-10k|stream-100ms|stream-nginx-50k|all]
         [--rounds 5] [--tools swarmget,pycurl,...] [--files N] [--timeout S]
 
 Method (``bench/README.md`` says why): every run of every tool is a fresh process
@@ -11,7 +11,8 @@ Method (``bench/README.md`` says why): every run of every tool is a fresh proces
 ``/dev/shm`` and is deleted between runs; tools are interleaved round-robin within
 each round so machine noise hits all of them alike; the table reports medians over
 rounds.  Every run is verified on disk (file count, total bytes, spot-checked
-content): a tool that did not fetch everything is marked failed, not fast.
+content), or for a streaming tool by the value it returned for every item: a
+tool that did not fetch (or process) everything is marked failed, not fast.
 Raw results go to ``bench/results/<time>-<scenario>.json``.
 """
 
@@ -36,6 +37,8 @@ from typing import Any
 
 import servers
 import swarmget
+import workload
+from peers import STREAM_TOOLS
 from swarmget.testing.process import child_env
 
 BENCH = Path(__file__).resolve().parent
@@ -44,6 +47,8 @@ RESULTS = BENCH / "results"
 TMPFS = Path("/dev/shm")
 SIZE = 51200
 BASELINE = "pycurl"
+STREAM = "stream-100ms"  # W6: the scenario whose table shows the limit
+NOMAP = "swarmget-stream-nomap"  # W6's download-only run, the limit's first term
 
 Job = tuple[str, str]
 
@@ -59,6 +64,10 @@ class Case:
     expected: Callable[[str], bytes]  # content of the file at a job's output path
     jobs_file: Path = Path()
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # for the tool's process
+    # stream-100ms: what workload.decode returns for each job (by index), and the
+    # CPU it took over all the bodies in one process (the limit's "CPU of fn").
+    decoded: dict[int, str] = dataclasses.field(default_factory=dict)
+    decode_cpu_s: float | None = None
 
 
 Setup = tuple[servers.BenchServer, list[Case]]
@@ -72,6 +81,7 @@ class Scenario:
     default_files: int
     timeout: float  # per tool run, seconds
     setup: Callable[[Path, int], contextlib.AbstractContextManager[Setup]]
+    baseline: str = BASELINE  # the "vs" column's reference, and the warm-up run's tool
 
 
 # -- scenarios --------------------------------------------------------------------------
@@ -160,6 +170,32 @@ def setup_scale(work: Path, files: int) -> Iterator[Setup]:
         )  # fmt: skip
 
 
+@contextlib.contextmanager
+def setup_stream_latency(work: Path, files: int) -> Iterator[Setup]:
+    # W6: latency-100ms's server and files, each body decoded where the tool runs
+    # user code (BENCH_MAP tells the peers; swarmget-stream-nomap ignores it).
+    with servers.scripted_server() as server:
+        jobs = _latency_jobs(server, files, 0.1)
+        case = Case("", 200, jobs, SIZE, _latency_body, env={"BENCH_MAP": "decode"})
+        case.decoded, case.decode_cpu_s = decode_all(case)
+        yield server, [case]
+
+
+def decode_all(case: Case) -> tuple[dict[int, str], float]:
+    """workload.decode over every expected body, here, in one process: the values
+    each tool must return, and the CPU seconds decoding costs on this machine."""
+    bodies = [case.expected(rel) for _, rel in case.jobs]
+    start = time.process_time()
+    decoded = {index: workload.decode(body) for index, body in enumerate(bodies)}
+    cpu = time.process_time() - start
+    print(
+        f"  decode: {cpu:.2f} s of CPU for {len(bodies):,} bodies "
+        f"({cpu / max(1, len(bodies)) * 1e3:.2f} ms each)",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    return decoded, cpu
+
+
 SCENARIOS = {
     "nginx-50k": Scenario(
         "nginx-50k",
@@ -212,6 +248,26 @@ SCENARIOS = {
         300.0,
         setup_scale,
     ),
+    STREAM: Scenario(
+        STREAM,
+        "{files:,} x 50 KB, every response delayed 100 ms, each body decoded "
+        "(~2 ms of CPU holding the GIL), concurrency 200",
+        ["swarmget-stream", NOMAP, "threads-requests", "aiohttp-queue", "torch-dataloader"],
+        2_000,
+        180.0,
+        setup_stream_latency,
+        baseline="swarmget-stream",
+    ),
+    "stream-nginx-50k": Scenario(
+        "stream-nginx-50k",
+        "{files:,} x 50 KB from nginx (1 worker) on loopback, every body into the caller "
+        "(swarmget.stream without map) vs the CLI writing files, concurrency 100",
+        ["swarmget-stream", "swarmget-cli"],
+        10_000,
+        180.0,
+        setup_nginx,  # W1's server and files; the stream tools hand bodies to the caller
+        baseline="swarmget-cli",
+    ),
 }
 
 NOTES = {
@@ -225,6 +281,20 @@ NOTES = {
     "curl": "curl: `--parallel --parallel-immediate --parallel-max N` with a config file of "
     "url/output pairs (curl caps --parallel-max at 300).",
     "requests": "requests: ThreadPoolExecutor(N), one Session per thread.",
+    "swarmget-stream": "swarmget-stream: `with swarmget.stream(urls, concurrency=N, "
+    "per_host=N) as items`, every item consumed; in stream-100ms with `map=decode` "
+    "(decode runs in the worker process that downloaded the item), elsewhere without "
+    "map (each body comes back to the caller, `item.read()`).",
+    NOMAP: f"{NOMAP}: swarmget.stream without map, bodies into the caller and not decoded: "
+    "the download alone, the limit's first term.",
+    "threads-requests": "threads-requests: ThreadPoolExecutor(N), a requests.Session per "
+    "thread, bodies into a queue.Queue(256) drained by the main thread, which decodes them.",
+    "aiohttp-queue": "aiohttp-queue: one ClientSession, N fetcher tasks into an "
+    "asyncio.Queue(256), one consumer coroutine decoding on the event loop.",
+    "torch-dataloader": "torch-dataloader: DataLoader(num_workers=8, batch_size=None) over "
+    "a map-style dataset whose __getitem__ fetches with requests (a Session per worker) "
+    "and decodes; 8 workers whatever the concurrency. Its peak RSS sums 9 processes "
+    "that each map torch (shared pages count in every one of them).",
 }
 
 
@@ -290,12 +360,48 @@ def run_once(
         run.cpu_s = result["cpu_s"]
         if result["error_count"]:
             run.problem = f"{result['error_count']} errors, e.g. {result['errors'][0]}"
-    run.files, run.bytes, disk_problem = verify(out, case)
-    if disk_problem and not run.problem:
-        run.problem = disk_problem
+    run.files, run.bytes, check_problem = check_output(tool, case, out, result)
+    if check_problem and not run.problem:
+        run.problem = check_problem
     run.ok = not run.problem
     _clear(out)
     return run
+
+
+def check_output(
+    tool: str, case: Case, out: Path, result: dict[str, Any] | None
+) -> tuple[int, int, str]:
+    """(files, bytes, problem or ""): on disk, or a streaming tool's returned values."""
+    if tool not in STREAM_TOOLS:
+        return verify(out, case)
+    got = {int(index): value for index, value in (result or {}).get("values", {}).items()}
+    return verify_values(got, expected_values(tool, case), case.size)
+
+
+def expected_values(tool: str, case: Case) -> dict[int, str]:
+    """What ``tool`` must return per item: decode's value where the case decodes,
+    else workload.body_check (length, and a digest for a spread sample)."""
+    if case.decoded and tool != NOMAP:
+        return case.decoded
+    sampled = workload.sample(len(case.jobs))
+    size = str(case.size)
+    return {
+        index: workload.body_check(index, case.expected(rel), sampled) if index in sampled
+        else size
+        for index, (_, rel) in enumerate(case.jobs)
+    }  # fmt: skip
+
+
+def verify_values(got: dict[int, str], want: dict[int, str], size: int) -> tuple[int, int, str]:
+    """A streaming tool fetched everything if it returned the right value for every
+    item; a skipped or wrong item fails the run.  Bytes are nominal (count x size)."""
+    count = len(got.keys() & want.keys())
+    if count != len(want) or len(got) != len(want):
+        return count, count * size, f"returned {len(got):,} items for {len(want):,} jobs"
+    wrong = [index for index in want if got[index] != want[index]]
+    if wrong:
+        return count, count * size, f"{len(wrong):,} wrong values, e.g. item {wrong[0]}"
+    return count, count * size, ""
 
 
 def verify(out: Path, case: Case) -> tuple[int, int, str]:
@@ -373,7 +479,7 @@ def run_scenario(
                 case.jobs_file.write_text("".join(f"{u}\t{p}\n" for u, p in case.jobs))
             units = [(tool, case) for tool in tools for case in cases]
             # One untimed pass first, so no tool pays for cold server caches.
-            warm = BASELINE if BASELINE in tools else tools[0]
+            warm = scenario.baseline if scenario.baseline in tools else tools[0]
             for case in cases:
                 run = run_once(warm, case, -1, work, server, timeout or scenario.timeout)
                 _progress(run)
@@ -391,7 +497,15 @@ def run_scenario(
         "files": files,
         "rounds": rounds,
         "tools": tools,
-        "cases": [{"label": c.label, "concurrency": c.concurrency, "size": c.size} for c in cases],
+        "cases": [
+            {
+                "label": c.label,
+                "concurrency": c.concurrency,
+                "size": c.size,
+                "decode_cpu_s": c.decode_cpu_s,
+            }
+            for c in cases
+        ],
         "runs": [dataclasses.asdict(r) for r in runs],
     }
 
@@ -421,6 +535,7 @@ class Summary:
     elapsed_max: float | None
     maxrss_mib: float | None
     cpu_s: float | None
+    cpu_ms_per_file: float | None  # the client's CPU (all its processes) per file
     conns_opened: int | None
     conns_peak: int | None
     files_per_s: float | None
@@ -438,10 +553,11 @@ def summarize(data: dict[str, Any]) -> list[Summary]:
             good = [r for r in mine if r.ok]
             problem = next((r.problem for r in mine if not r.ok), "")
             if not good:
-                summaries.append(Summary(tool, case, 0, len(mine), *([None] * 9), problem=problem))
+                summaries.append(Summary(tool, case, 0, len(mine), *([None] * 10), problem=problem))
                 continue
             wall = statistics.median(r.elapsed for r in good if r.elapsed is not None)
             count = data["files"]
+            cpu = statistics.median(r.cpu_s for r in good if r.cpu_s is not None)
             summaries.append(
                 Summary(
                     tool,
@@ -452,7 +568,8 @@ def summarize(data: dict[str, Any]) -> list[Summary]:
                     min(r.elapsed for r in good if r.elapsed is not None),
                     max(r.elapsed for r in good if r.elapsed is not None),
                     statistics.median(r.maxrss_kb / 1024 for r in good if r.maxrss_kb),
-                    statistics.median(r.cpu_s for r in good if r.cpu_s is not None),
+                    cpu,
+                    cpu / count * 1e3,
                     _median_int([r.conns_opened for r in good]),
                     _median_int([r.conns_peak for r in good]),
                     count / wall,
@@ -476,10 +593,14 @@ def markdown(data: dict[str, Any]) -> str:
         f"output on tmpfs; {data['date']}."
     )
     lines.append("")
+    baseline = SCENARIOS[data["scenario"]].baseline if data["scenario"] in SCENARIOS else BASELINE
     if data["scenario"] == "scale-10k":
         lines += _scale_table(summaries)
+    elif data["scenario"] == STREAM:
+        lines += _stream_table(summaries, stream_limit(data, summaries))
     else:
-        lines += _speed_table(summaries)
+        lines += _speed_table(summaries, baseline)
+        lines += _stream_nginx_goal(summaries) if data["scenario"] == "stream-nginx-50k" else []
     notes = [NOTES[t] for t in data["tools"] if t in NOTES]
     if notes:
         lines.append("")
@@ -487,26 +608,126 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _speed_table(summaries: list[Summary]) -> list[str]:
-    base = next((s for s in summaries if s.tool == BASELINE and s.files_per_s), None)
+def _speed_table(summaries: list[Summary], baseline: str) -> list[str]:
+    base = next((s for s in summaries if s.tool == baseline and s.files_per_s), None)
     peak = any(s.conns_peak is not None for s in summaries)
-    head = "| tool | wall s (min-max) | files/s | MB/s | vs pycurl | peak RSS MiB | CPU s | conns"
-    head += " (peak open) |" if peak else " |"
-    lines = [head + " result |", "|---|--:|--:|--:|--:|--:|--:|--:|---|"]
+    head = "| tool | wall s (min-max) | client CPU ms/file | files/s | MB/s | vs " + baseline
+    head += " | peak RSS MiB | CPU s | conns" + (" (peak open) |" if peak else " |")
+    lines = [head + " result |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    for s in summaries:
+        if s.elapsed is None:
+            lines.append(f"| {s.tool} |{' - |' * 8} FAILED: {_cell(s.problem)} |")
+            continue
+        assert s.files_per_s is not None and s.mb_per_s is not None
+        ratio = f"{s.files_per_s / base.files_per_s:.2f}x" if base and base.files_per_s else "-"
+        lines.append(
+            f"| {s.tool} | {_wall(s)} | {s.cpu_ms_per_file:.3f} | {s.files_per_s:,.0f} "
+            f"| {s.mb_per_s:,.1f} | {ratio} | {s.maxrss_mib:,.1f} | {s.cpu_s:.2f} "
+            f"| {_conns(s, peak)} | {_result(s)} |"
+        )
+    return lines
+
+
+def _wall(s: Summary) -> str:
+    return f"{s.elapsed:.3f} ({s.elapsed_min:.3f}-{s.elapsed_max:.3f})"
+
+
+def _conns(s: Summary, peak: bool) -> str:
+    conns = "-" if s.conns_opened is None else f"{s.conns_opened:,}"
+    if peak and s.conns_peak is not None:
+        conns += f" ({s.conns_peak:,})"
+    return conns
+
+
+def _result(s: Summary) -> str:
+    return "ok" if s.ok_runs == s.runs else f"{s.ok_runs}/{s.runs} ok: {_cell(s.problem)}"
+
+
+def _stream_nginx_goal(summaries: list[Summary]) -> list[str]:
+    """Issue 14's goal for W1 without map, when both rows have a figure."""
+    speed = {s.tool: s.files_per_s for s in summaries if s.files_per_s}
+    if "swarmget-stream" not in speed or "swarmget-cli" not in speed:
+        return []
+    ratio = speed["swarmget-stream"] / speed["swarmget-cli"]
+    return [
+        "",
+        f"- Goal (issue 14, W1 without map): swarmget-stream at >= 0.8x the files/s of "
+        f"swarmget-cli writing files: **{ratio:.2f}x** ({'met' if ratio >= 0.8 else 'not met'}).",
+    ]
+
+
+# -- W6: the limit and the stream table ---------------------------------------------------
+
+PEERS_TODAY = ["threads-requests", "aiohttp-queue", "torch-dataloader"]
+
+
+def stream_limit(data: dict[str, Any], summaries: list[Summary]) -> dict[str, float] | None:
+    """Issue 14's limit for W6: max(download-only wall, (CPU of decode over every
+    body + the download-only run's CPU) / usable cores); None without a good
+    swarmget-stream-nomap row."""
+    nomap = next((s for s in summaries if s.tool == NOMAP and s.elapsed), None)
+    decode_cpu = data["cases"][0].get("decode_cpu_s")
+    if nomap is None or nomap.cpu_s is None or nomap.elapsed is None or decode_cpu is None:
+        return None
+    cores = data["machine"].get("usable_cores") or data["machine"]["cpus"]
+    cpu_bound = (decode_cpu + nomap.cpu_s) / cores
+    return {
+        "download_wall_s": nomap.elapsed,
+        "download_cpu_s": nomap.cpu_s,
+        "decode_cpu_s": decode_cpu,
+        "cores": cores,
+        "cpu_bound_s": cpu_bound,
+        "limit_s": max(nomap.elapsed, cpu_bound),
+    }
+
+
+def _stream_table(summaries: list[Summary], limit: dict[str, float] | None) -> list[str]:
+    ours = next((s for s in summaries if s.tool == "swarmget-stream" and s.elapsed), None)
+    lines = [
+        "| tool | wall s (min-max) | files/s | wall / limit | wall / swarmget-stream "
+        "| peak RSS MiB | CPU s | conns (peak open) | result |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|---|",
+    ]
     for s in summaries:
         if s.elapsed is None:
             lines.append(f"| {s.tool} | - | - | - | - | - | - | - | FAILED: {_cell(s.problem)} |")
             continue
-        assert s.files_per_s is not None and s.mb_per_s is not None
-        ratio = f"{s.files_per_s / base.files_per_s:.2f}x" if base and base.files_per_s else "-"
-        conns = "-" if s.conns_opened is None else f"{s.conns_opened:,}"
-        if peak and s.conns_peak is not None:
-            conns += f" ({s.conns_peak:,})"
-        result = "ok" if s.ok_runs == s.runs else f"{s.ok_runs}/{s.runs} ok: {_cell(s.problem)}"
+        to_limit = f"{s.elapsed / limit['limit_s']:.2f}x" if limit else "-"
+        to_ours = f"{s.elapsed / ours.elapsed:.2f}x" if ours and ours.elapsed else "-"
         lines.append(
-            f"| {s.tool} | {s.elapsed:.3f} ({s.elapsed_min:.3f}-{s.elapsed_max:.3f}) "
-            f"| {s.files_per_s:,.0f} | {s.mb_per_s:,.1f} | {ratio} | {s.maxrss_mib:,.1f} "
-            f"| {s.cpu_s:.2f} | {conns} | {result} |"
+            f"| {s.tool} | {_wall(s)} | {s.files_per_s:,.0f} | {to_limit} | {to_ours} "
+            f"| {s.maxrss_mib:,.1f} | {s.cpu_s:.2f} | {_conns(s, True)} | {_result(s)} |"
+        )
+    return [*lines, "", *_stream_goals(summaries, limit, ours)]
+
+
+def _stream_goals(
+    summaries: list[Summary], limit: dict[str, float] | None, ours: Summary | None
+) -> list[str]:
+    if limit is None:
+        return [f"- Limit: - (needs a good {NOMAP} row)"]
+    lines = [
+        f"- Limit = max(download only: {NOMAP}'s wall {limit['download_wall_s']:.3f} s, "
+        f"(decode's CPU {limit['decode_cpu_s']:.2f} s + the download's CPU "
+        f"{limit['download_cpu_s']:.2f} s) / {limit['cores']:g} cores = "
+        f"{limit['cpu_bound_s']:.3f} s) = **{limit['limit_s']:.3f} s**"
+    ]
+    if ours is None or ours.elapsed is None:
+        return lines
+    ratio = ours.elapsed / limit["limit_s"]
+    lines.append(
+        f"- Goal (issue 14, W6): swarmget-stream within 1.2x the limit: **{ratio:.2f}x** "
+        f"({'met' if ratio <= 1.2 else 'not met'})"
+    )
+    today = [s for s in summaries if s.tool in PEERS_TODAY and s.elapsed]
+    if today:
+        best = min(today, key=lambda s: s.elapsed or 0.0)
+        assert best.elapsed is not None
+        times = best.elapsed / ours.elapsed
+        lines.append(
+            f"- Goal (issue 14, W6): at least 2x faster than the best of today's ways "
+            f"({best.tool}, {best.elapsed:.3f} s): **{times:.2f}x** "
+            f"({'met' if times >= 2 else 'not met'}; rows that failed are not counted)"
         )
     return lines
 
@@ -561,6 +782,7 @@ def machine_info() -> dict[str, Any]:
                 break
     return {
         "cpus": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
         "cpu": cpu,
         "kernel": platform.release(),
         "python": platform.python_version(),
@@ -583,7 +805,7 @@ def _versions() -> dict[str, str]:
             versions[name] = text[0] if text else ""
     probe = (
         "import importlib.metadata as m\n"
-        "for p in ('pycurl', 'aiohttp', 'requests'):\n"
+        "for p in ('pycurl', 'aiohttp', 'requests', 'torch'):\n"
         "    try: print(p, m.version(p))\n"
         "    except Exception: pass\n"
         "try:\n"
@@ -632,6 +854,8 @@ def main(argv: list[str] | None = None) -> int:
         data["date"] = datetime.date.today().isoformat()
         data["bench_seconds"] = round(time.time() - started, 1)
         data["summary"] = [dataclasses.asdict(s) for s in summarize(data)]
+        if scenario.name == STREAM:
+            data["limit"] = stream_limit(data, summarize(data))
         path = RESULTS / f"{stamp}-{scenario.name}.json"
         path.write_text(json.dumps(data, indent=1))
         print("\n" + markdown(data))
