@@ -202,7 +202,7 @@ def test_dealing_levels_the_backlogs() -> None:
     batch = _rows(range(256))
     sup._send(batch)
     assert [w.backlog for w in sup._workers] == [1116, 1116, 0]
-    sent = sorted(row[0] for rows in backend.sent for row in rows)
+    sent = sorted(row.index for rows in backend.sent for row in rows)
     assert sent == list(range(256))  # each row once
     sup._send(_rows(range(256, 259)))
     assert [w.backlog for w in sup._workers] == [1117, 1118, 0]  # the odd row goes round-robin

@@ -5,27 +5,70 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+_FIELDS = (
+    "url", "path", "status", "http_status", "bytes", "error", "attempts", "elapsed_ms",
+    "message", "digests", "final_url", "index", "key", "payload",
+)  # fmt: skip
 
-@dataclasses.dataclass(slots=True)
+
 class FileResult:
-    """One manifest record (``<out>/.swarmget/manifest.jsonl`` holds one per row)."""
+    """One manifest record (``<out>/.swarmget/manifest.jsonl`` holds one per row).
 
-    url: str
-    path: str | None  # relative to the output dir; None when the row failed
-    status: str  # "ok" | "failed"
-    http_status: int | None = None
-    bytes: int = 0
-    error: str | None = None  # a stable code from swarmget.errors.ErrorCode or http_<n>
-    attempts: int = 0
-    elapsed_ms: int = 0
-    message: str | None = None  # human-readable detail for a failure
-    digests: dict[str, str] | None = None  # e.g. {"sha256": "..."} with --hash
-    final_url: str | None = None  # where redirects led, when not ``url``
-    index: int = -1  # the row's position in the input
-    # The row's identity across runs (sinks/plan.py); not part of the record.
-    key: int = dataclasses.field(default=-1, repr=False, compare=False)
-    # What a sink hands on with the row (the streaming iterator's body); not recorded.
-    payload: Any = dataclasses.field(default=None, repr=False, compare=False)
+    A plain class rather than a dataclass: one is made per row, and under
+    mypyc a hand-written ``__init__`` is native code where a dataclass's is
+    generated Python.  It compares, prints and pickles like the dataclass it was.
+    """
+
+    __slots__ = _FIELDS
+
+    def __init__(
+        self,
+        url: str,
+        path: str | None,  # relative to the output dir; None when the row failed
+        status: str,  # "ok" | "failed"
+        http_status: int | None = None,
+        bytes: int = 0,
+        error: str | None = None,  # a stable code from ErrorCode or http_<n>
+        attempts: int = 0,
+        elapsed_ms: int = 0,
+        message: str | None = None,  # human-readable detail for a failure
+        digests: dict[str, str] | None = None,  # e.g. {"sha256": "..."} with --hash
+        final_url: str | None = None,  # where redirects led, when not ``url``
+        index: int = -1,  # the row's position in the input
+        key: int = -1,  # the row's identity across runs (sinks/plan.py); not recorded
+        payload: Any = None,  # what a sink hands on (a stream's body); not recorded
+    ) -> None:
+        self.url = url
+        self.path = path
+        self.status = status
+        self.http_status = http_status
+        self.bytes = bytes
+        self.error = error
+        self.attempts = attempts
+        self.elapsed_ms = elapsed_ms
+        self.message = message
+        self.digests = digests
+        self.final_url = final_url
+        self.index = index
+        self.key = key
+        self.payload = payload
+
+    def __reduce__(self) -> tuple[type[FileResult], tuple[Any, ...]]:
+        return (FileResult, tuple(getattr(self, name) for name in _FIELDS))
+
+    def _compared(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in _FIELDS[:12])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, FileResult):
+            return NotImplemented
+        return self._compared() == other._compared()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like the dataclass was
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS[:12])
+        return f"FileResult({fields})"
 
     @property
     def ok(self) -> bool:

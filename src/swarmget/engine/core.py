@@ -98,12 +98,12 @@ class Engine(ConnectionOwner):
     ) -> None:
         self.options = options
         self.sink = sink
-        self.events = events
+        self.loop = loop or EventLoop()
+        self.events = sink.events_for(events, self.loop)
         self.policy = RetryPolicy(retries=options.retries)
         self.tls = ClientTLS(options.cacert, options.insecure, warn_to=warn_to)
         # None unless some origin may go through a proxy (net/proxy.py).
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
-        self.loop = loop or EventLoop()
         self._own_loop = loop is None
         servers = options.dns_servers
         self.resolver = LazyResolver(
@@ -153,7 +153,7 @@ class Engine(ConnectionOwner):
     def finished(self) -> bool:
         if self.fatal is not None:
             return True
-        return self._input_done and self.in_memory == 0 and not self._rows
+        return self._input_done and self.in_memory == 0 and not self._rows and not self.sink.busy
 
     def step(self, max_wait: float = 1.0) -> None:
         """One loop turn: wait for events (at most ``max_wait``), handle them."""

@@ -20,8 +20,9 @@ the driver's own process; :class:`~swarmget.parallel.fork.ForkBackend` runs
 one engine per worker process, fed over pipes.  A cluster backend (Ray) is the
 same four verbs over actors.
 
-Rows and results cross as tuples inside the dataclasses: a batch of 256 rows
-is one message, and a tuple pickles several times faster than an object.
+Rows cross as tuples inside the dataclasses (a batch of 256 rows is one
+message, and a tuple pickles several times faster than an object); results
+are FileResults, which pickle as tuples too (``FileResult.__reduce__``).
 """
 
 from __future__ import annotations
@@ -31,30 +32,7 @@ from typing import Protocol
 
 from swarmget.errors import SwarmgetError
 from swarmget.report import FileResult
-from swarmget.sinks.base import AssignmentTuple
-
-# FileResult's fields as they cross a pipe (see result_to_tuple).
-ResultTuple = tuple[
-    int, int, str, str | None, str, int | None, int, str | None, int, int,
-    str | None, dict[str, str] | None, str | None, object,
-]  # fmt: skip
-
-
-def result_to_tuple(r: FileResult) -> ResultTuple:
-    return (
-        r.key, r.index, r.url, r.path, r.status, r.http_status, r.bytes, r.error, r.attempts,
-        r.elapsed_ms, r.message, r.digests, r.final_url, r.payload,
-    )  # fmt: skip
-
-
-def result_from_tuple(t: ResultTuple) -> FileResult:
-    key, index, url, path, status, http_status, size, error, attempts = t[:9]
-    elapsed_ms, message, digests, final_url, payload = t[9:]
-    return FileResult(
-        url, path, status, http_status, size, error, attempts, elapsed_ms, message,
-        digests, final_url, index, key, payload,
-    )  # fmt: skip
-
+from swarmget.sinks.base import Assignment, AssignmentTuple
 
 # -- driver -> worker ---------------------------------------------------------------
 
@@ -82,7 +60,7 @@ class Release:
 @dataclasses.dataclass(slots=True)
 class Progress:
     worker: int
-    results: list[ResultTuple]  # rows finished since the last message
+    results: list[FileResult]  # rows finished since the last message (they pickle as tuples)
     partials: list[tuple[int, str]]  # (key, validator) of large bodies that began
     active: int  # transfers receiving now
     in_flight: int  # body bytes they have received so far
@@ -117,7 +95,7 @@ class Backend(Protocol):
 
     def start(self) -> None: ...
 
-    def send(self, worker: int, rows: list[AssignmentTuple]) -> bool:
+    def send(self, worker: int, rows: list[Assignment]) -> bool:
         """Give ``worker`` more rows; False when it has gone (a Died event says why)."""
         ...
 

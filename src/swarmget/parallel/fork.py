@@ -32,7 +32,7 @@ from swarmget.parallel.backend import (
     Stopped,
 )
 from swarmget.parallel.worker import worker_main
-from swarmget.sinks.base import AssignmentTuple, Sink
+from swarmget.sinks.base import Assignment, Sink
 
 STOP_WAIT: Final = 10.0  # seconds a stopped worker gets to clean up before SIGKILL
 
@@ -88,8 +88,8 @@ class ForkBackend:
             old.conn.close()
         self._slots[worker] = _Slot(process, parent_end)
 
-    def send(self, worker: int, rows: list[AssignmentTuple]) -> bool:
-        return self._send(worker, Rows(rows))
+    def send(self, worker: int, rows: list[Assignment]) -> bool:
+        return self._send(worker, Rows([row.as_tuple() for row in rows]))
 
     def end(self, worker: int) -> None:
         self._send(worker, NoMoreRows())

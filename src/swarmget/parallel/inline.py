@@ -18,21 +18,19 @@ from swarmget.parallel.backend import (
     Event,
     Finished,
     Progress,
-    ResultTuple,
     Stopped,
-    result_to_tuple,
 )
 from swarmget.report import FileResult
-from swarmget.sinks.base import Assignment, AssignmentTuple, Sink
+from swarmget.sinks.base import Assignment, Sink
 
 
 class _Collected:
     def __init__(self) -> None:
-        self.results: list[ResultTuple] = []
+        self.results: list[FileResult] = []
         self.partials: list[tuple[int, str]] = []
 
     def finished(self, result: FileResult) -> None:
-        self.results.append(result_to_tuple(result))
+        self.results.append(result)
 
     def partial(self, row: Assignment, validator: str) -> None:
         self.partials.append((row.key, validator))
@@ -52,8 +50,8 @@ class InlineBackend:
     def start(self) -> None:
         pass
 
-    def send(self, worker: int, rows: list[AssignmentTuple]) -> bool:
-        self.engine.add([Assignment.from_tuple(fields) for fields in rows])
+    def send(self, worker: int, rows: list[Assignment]) -> bool:
+        self.engine.add(rows)
         return True
 
     def end(self, worker: int) -> None:

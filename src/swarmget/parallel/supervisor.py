@@ -35,7 +35,6 @@ from swarmget.parallel.backend import (
     Finished,
     Progress,
     Stopped,
-    result_from_tuple,
 )
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
 from swarmget.sinks.base import Assignment
@@ -276,7 +275,7 @@ class Supervisor:
             for assignment in chunk:
                 worker.outstanding[assignment.key] = assignment
             worker.sent += count
-            if not self._backend.send(index, [a.as_tuple() for a in chunk]):
+            if not self._backend.send(index, chunk):
                 worker.gone = True  # poll() will say how it ended
 
     # -- events in ---------------------------------------------------------------------
@@ -288,7 +287,7 @@ class Supervisor:
             # Parts first: a large file can begin and end between two messages.
             for key, validator in event.partials:
                 self._planner.partial(key, validator)
-            results = [result_from_tuple(t) for t in event.results]
+            results = event.results
             for result in results:
                 worker.outstanding.pop(result.key, None)
             worker.done += len(results)

@@ -33,10 +33,8 @@ from swarmget.parallel.backend import (
     NoMoreRows,
     Progress,
     Release,
-    ResultTuple,
     Rows,
     Stopped,
-    result_to_tuple,
 )
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Sink
@@ -52,12 +50,12 @@ class PipeEvents:
     def __init__(self, conn: Connection, worker: int) -> None:
         self._conn = conn
         self._worker = worker
-        self._results: list[ResultTuple] = []
+        self._results: list[FileResult] = []
         self._partials: list[tuple[int, str]] = []
         self.engine: Engine | None = None
 
     def finished(self, result: FileResult) -> None:
-        self._results.append(result_to_tuple(result))
+        self._results.append(result)
         if len(self._results) >= REPORT_BATCH:
             self.flush()
 

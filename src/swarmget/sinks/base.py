@@ -23,7 +23,7 @@ per-read ``write`` is one vtable call, as cheap as the direct call it replaced.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from swarmget.errors import ErrorCode, TransferError
 
@@ -151,6 +151,15 @@ class Sink:
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
         """Make finished rows visible; one entry per row: None, or why it failed."""
         raise NotImplementedError
+
+    @property
+    def busy(self) -> bool:
+        """Work the sink still has after its rows were reported (map, sinks/memory.py)."""
+        return False
+
+    def events_for(self, events: Any, loop: Any) -> Any:
+        """The events the engine should report to (a sink may stand in between)."""
+        return events
 
     def release(self, token: int) -> None:
         """The driver is done with a payload this sink handed on (see sinks/memory.py)."""

@@ -388,15 +388,18 @@ class Journal:
         """Every finished row's manifest line (without its newline): this run's rows
         in input order, then rows only earlier runs had."""
         with self._guard("read"):
+            # SQLite puts most lines together itself (one string per row, no
+            # Python work); only a row with a kept part needs its validator added.
             cursor = self._db.execute(
-                "SELECT idx, status, validator, record FROM rows "
+                "SELECT CASE WHEN validator IS NULL OR status = 1 "
+                "THEN '{\"index\":' || idx || ',' || substr(record, 2) END, "
+                "idx, validator, record FROM rows "
                 f"WHERE status != {PLANNED} AND record IS NOT NULL ORDER BY run DESC, idx"
             )
-            for index, status, validator, record in cursor:
-                line = f'{{"index":{index},{record[1:]}'
-                if validator is not None and status != OK:
+            for line, index, validator, record in cursor:
+                if line is None:
                     # A part is kept (partial, or failed part way): say what resumes it.
-                    line = f'{line[:-1]},"validator":{_DUMPS(validator)}}}'
+                    line = f'{{"index":{index},{record[1:-1]},"validator":{_DUMPS(validator)}}}'
                 yield line
 
     def close(self) -> None:

@@ -36,10 +36,13 @@ import contextlib
 import mmap
 import os
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
 from swarmget.errors import ErrorCode, TransferError
+from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
 from swarmget.sinks.files import io_error
 
@@ -285,6 +288,57 @@ class SpillWriter(Writer):
             os.unlink(self.path)
 
 
+class MapSlices:
+    """Runs ``map`` on finished items a slice of time at a time, between loop turns.
+
+    The function holds the process (the GIL) while it runs, so running it on a
+    whole batch of finished items at once would leave every connection of this
+    event loop unserved meanwhile: the next requests would go out late, and
+    downloading would stop overlapping with mapping.  Instead finished items
+    wait here, and each loop turn maps for at most ``SLICE`` seconds after
+    handling the sockets; their results are reported as they are mapped.
+    """
+
+    SLICE: Final = 0.005
+
+    def __init__(self, sink: MemorySink, events: Any, loop: Any) -> None:
+        self._sink = sink
+        self._events = events
+        self._loop = loop
+        self._queue: deque[FileResult] = deque()
+        self._scheduled = False
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue)
+
+    def finished(self, result: FileResult) -> None:
+        if not result.ok:
+            self._events.finished(result)
+            return
+        self._queue.append(result)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+    def partial(self, row: Assignment, validator: str) -> None:
+        self._events.partial(row, validator)
+
+    def _run(self) -> None:
+        self._scheduled = False
+        queue, sink, events = self._queue, self._sink, self._events
+        deadline = time.monotonic() + self.SLICE
+        while queue:
+            result = queue.popleft()
+            sink.run_map(result)
+            events.finished(result)
+            if time.monotonic() >= deadline:
+                break
+        if queue:
+            self._scheduled = True
+            self._loop.call_soon(self._run)
+
+
 class MemorySink(Sink):
     """Bodies for the streaming iterator (see the module docstring)."""
 
@@ -303,7 +357,8 @@ class MemorySink(Sink):
         self.arena = arena
         self.budget = budget if budget is not None else Budget(1 << 62)
         self.map_fn = map_fn
-        self.make_item = make_item  # builds the Item map_fn gets (stream/items.py)
+        self.make_item = make_item  # builds the Item map_fn gets (streaming/items.py)
+        self._mapper: MapSlices | None = None
         self._spilled = 0
 
     def open(
@@ -325,26 +380,35 @@ class MemorySink(Sink):
         return os.path.join(self.spill_dir, f"{job.index:012d}-{os.getpid()}-{self._spilled}")
 
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
-        errors: list[TransferError | None] = []
-        for row, writer in done:
-            errors.append(self._map(row, writer) if self.map_fn is not None else None)
-        return errors
+        return [None] * len(done)  # the payload goes on with the result; map comes later
 
-    def _map(self, row: Assignment, writer: Writer) -> TransferError | None:
-        """Run the caller's function on the item, here; only its value goes on."""
+    def events_for(self, events: Any, loop: Any) -> Any:
+        if self.map_fn is None:
+            return events
+        self._mapper = MapSlices(self, events, loop)
+        return self._mapper
+
+    @property
+    def busy(self) -> bool:
+        return self._mapper is not None and self._mapper.busy
+
+    def run_map(self, result: FileResult) -> None:
+        """Run the caller's function on ``result``'s body, here; only its value goes on."""
         fn, make_item = self.map_fn, self.make_item
         assert fn is not None and make_item is not None
-        payload = writer.payload
-        item = make_item(row, payload, self.arena)
+        payload = result.payload
+        item = make_item(result.index, result.url, payload, self.arena)
         try:
-            value = fn(item)
+            result.payload = (VALUE, fn(item))
         except Exception as exc:
-            return TransferError(MAP_ERROR, f"{type(exc).__name__}: {exc}")
+            result.status = "failed"
+            result.path = None
+            result.error = MAP_ERROR
+            result.message = f"{type(exc).__name__}: {exc}"
+            result.payload = None
         finally:
             item.close()
             self._drop(payload)
-        writer.payload = (VALUE, value)
-        return None
 
     def _drop(self, payload: object) -> None:
         """The body is no longer needed (map has run): free its slot, file or budget."""

@@ -42,9 +42,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import os
 import shutil
+from hashlib import blake2b
 
 from swarmget.engine.urls import UrlSplitter, redact
 from swarmget.errors import ErrorCode, TransferError
@@ -52,6 +52,7 @@ from swarmget.manifest import manifest_path, write_manifest
 from swarmget.options import Options
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment
+from swarmget.sinks.bloom import Bloom
 from swarmget.sinks.files import STATE_DIR, OutputDir, OutputError, part_path
 from swarmget.sinks.journal import (
     FAILED,
@@ -77,9 +78,12 @@ def row_key(url: str, path: str | None, occurrence: int) -> int:
     63 bits of a hash, so that it is SQLite's own row id (one B-tree, not two):
     two rows of a ten-million-row list share one with odds of about 1 in 10^5.
     """
-    path = path or ""
-    text = f"{len(url)}:{url}{len(path)}:{path}{occurrence}"
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+    if path is None and occurrence == 0:
+        text = url  # most rows: nothing else makes them what they are
+    else:
+        path = path or ""
+        text = f"{url}\x00{len(path)}:{path}\x00{occurrence}"
+    digest = blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1
 
 
@@ -108,9 +112,19 @@ class JournalNames(NameStore):
         self._held_dirs: dict[str, int] = {}  # directories they imply, with counts
         self._known: dict[str, bool] = {}  # prefetched: taken or not
         self._suffixes: dict[str, int] = {}
+        self._filter: Bloom | None = None
+
+    def use_filter(self, names: Bloom) -> None:
+        """The journal started empty: names not in ``names`` were never claimed."""
+        self._filter = names
 
     def prefetch(self, names: list[str]) -> None:
-        taken = self._journal.taken(names)
+        filter_ = self._filter
+        if filter_ is not None:
+            maybe = [name for name in names if hash(name) in filter_]
+            taken = self._journal.taken(maybe) if maybe else set()
+        else:
+            taken = self._journal.taken(names)
         self._known = {name: name in taken for name in names}
 
     def release(self, name: str) -> None:
@@ -130,6 +144,8 @@ class JournalNames(NameStore):
         known = self._known.get(name)
         if known is not None:
             return known
+        if self._filter is not None and hash(name) not in self._filter:
+            return False
         return bool(self._journal.taken([name]))
 
     def is_dir(self, name: str) -> bool:
@@ -137,6 +153,8 @@ class JournalNames(NameStore):
 
     def claim(self, name: str, parents: list[str]) -> None:
         self._held[name] = None
+        if self._filter is not None:
+            self._filter.add(hash(name))
         if parents:
             for parent in parents:
                 self._held_dirs[parent] = self._held_dirs.get(parent, 0) + 1
@@ -170,6 +188,11 @@ class FilePlanner:
         self._occurrences: dict[tuple[str, str | None], int] = {}
         # Rows planned and dealt out whose outcome is not in the table yet.
         self._in_flight: dict[int, PlanEntry] = {}
+        # A journal that started empty knows only this run's rows: filters of
+        # their keys and names answer most questions without a query (bloom.py).
+        self._seen_keys = Bloom() if self.journal.empty_at_start else None
+        if self.journal.empty_at_start:
+            self._names_store.use_filter(Bloom())
         self._foreign: dict[int, str] = {}  # this batch's `exists` rows: their claimed path
 
     # -- planning --------------------------------------------------------------------
@@ -343,7 +366,7 @@ class FilePlanner:
                 start[ident] = self._occurrences.get(ident, 0)
         first_keys = {ident: row_key(ident[0], ident[1], n) for ident, n in start.items()}
         guesses = {key: ident for ident, key in first_keys.items()}
-        found = journal.lookup(list(guesses))
+        found = journal.lookup(self._maybe_known(list(guesses)))
         for key, ident in guesses.items():
             seen = found.get(key)
             if key in self._in_flight or (seen is not None and seen.run == journal.run):
@@ -364,12 +387,24 @@ class FilePlanner:
             if after > 1 or ident in self._occurrences:
                 self._remember(ident, after)
         previous = {k: v for k, v in found.items() if v.run != journal.run}
-        unknown = [key for key in keys if key not in guesses]
+        unknown = self._maybe_known([key for key in keys if key not in guesses])
         if unknown:
             previous.update(
                 (k, v) for k, v in journal.lookup(unknown).items() if v.run != journal.run
             )
+        seen_keys = self._seen_keys
+        if seen_keys is not None:
+            for key in keys:
+                seen_keys.add(key)
         return keys, previous
+
+    def _maybe_known(self, keys: list[int]) -> list[int]:
+        """The keys the journal may know: all of them, unless it started empty and
+        the filter of this run's keys says a key is new."""
+        seen = self._seen_keys
+        if seen is None:
+            return keys
+        return [key for key in keys if key in seen]
 
     def _first_free(self, ident: tuple[str, str | None], taken: int) -> int:
         """The first occurrence of ``ident`` after ``taken`` that this run has not planned.
@@ -394,6 +429,8 @@ class FilePlanner:
         key = row_key(url, path, occurrence)
         if key in self._in_flight:
             return True
+        if self._seen_keys is not None and key not in self._seen_keys:
+            return False
         found = self.journal.lookup([key]).get(key)
         return found is not None and found.run == self.journal.run
 

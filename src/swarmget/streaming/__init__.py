@@ -90,10 +90,8 @@ class AsyncStream(AsyncIterator[Item]):
     async def __anext__(self) -> Item:
         item = self._stream.ready()
         if item is NOT_YET:
-            try:
-                return await asyncio.to_thread(self._stream.__next__)
-            except StopIteration:
-                raise StopAsyncIteration from None
+            # StopIteration cannot cross a Future: the thread says None instead.
+            item = await asyncio.to_thread(next, self._stream, None)
         if item is None:
             raise StopAsyncIteration
         assert isinstance(item, Item)

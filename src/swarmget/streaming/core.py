@@ -121,8 +121,8 @@ def worker_sink(
     return MemorySink(spill_dir, worker=worker, arena=arena, map_fn=map_fn, make_item=_make_item)
 
 
-def _make_item(row: Assignment, payload: object, arena: Arena | None) -> Item:
-    return body_item(row.index, row.url, payload, arena)
+def _make_item(index: int, url: str, payload: object, arena: Arena | None) -> Item:
+    return body_item(index, url, payload, arena)
 
 
 class Stream(Iterator[Item]):

@@ -16,7 +16,7 @@ drip           the whole normal response, one byte per drip_interval seconds
 huge_headers   72 extra ``X-Pad-NN`` fields of 1000 bytes each: a head > 64 KiB
 many_headers   a head of exactly 150 header fields (valid otherwise)
 two_cl         ``Content-Length: L`` and ``Content-Length: L+1``, L bytes, FIN
-cl_and_chunked Content-Length: L and Transfer-Encoding: chunked, a chunked body, FIN (read as chunked)
+cl_and_chunked Content-Length: L and Transfer-Encoding: chunked, a chunked body, FIN (read: chunked)
 bad_status     status line ``HTTP/1.1 2x0 \\xffgarbage``, then a normal head and body, FIN
 neg_cl         ``Content-Length: -1``, L bytes, FIN
 nul_header     ``X-Bad: a\\x00b`` in an otherwise normal response, FIN
