@@ -52,6 +52,7 @@ def test_a_batch_is_claimed_in_the_plan_log_before_it_is_dealt(tmp_path: Path) -
         # Nothing is in the table yet: the outcome puts it there.
         assert len(planner.journal) == 0
         planner.record([ok(batch.assignments[0])])
+        planner.commit()  # outcomes are written in batches, at the latest on commit
         assert len(planner.journal) == 1
     finally:
         planner.finish(interrupted=True)

@@ -43,7 +43,10 @@ from swarmget.sinks.plan import PlanBatch
 from swarmget.sources.rows import Row
 
 BATCH: Final = 256  # rows per message: big enough to amortise pickling, small for balance
-TICK: Final = 0.1  # seconds between progress updates (and journal commits)
+TICK: Final = 0.1  # seconds between progress updates
+# Seconds between journal commits: a kill costs at most this many seconds of
+# outcomes (those rows are downloaded again; their paths are safe in the plan log).
+COMMIT_INTERVAL: Final = 1.0
 MAX_REPLACEMENTS: Final = 16  # workers started in place of dead ones, per run
 
 
@@ -175,7 +178,7 @@ class Supervisor:
         return self.report
 
     def _loop(self) -> None:
-        next_tick = 0.0
+        next_tick = next_commit = 0.0
         delivery = self._delivery
         while not self._done():
             if delivery.stopping():
@@ -192,7 +195,9 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_tick:
                 next_tick = now + TICK
-                self._planner.commit()
+                if now >= next_commit:
+                    next_commit = now + COMMIT_INTERVAL
+                    self._planner.commit()
                 self._tick(now)
 
     def _done(self) -> bool:

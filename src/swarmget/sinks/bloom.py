@@ -14,34 +14,43 @@ from __future__ import annotations
 from typing import Final
 
 BITS_LOG2: Final = 26  # 2**26 bits = 8 MiB
-_MIX: Final = 0x9E3779B97F4A7C15  # spreads a hash's bits for the second and third probe
-_MASK64: Final = (1 << 64) - 1
+HASH_BITS: Final = 62  # items are hashes of this many bits (mypyc's fast integers)
+_LOW: Final = (1 << HASH_BITS) - 1
 
 
 class Bloom:
-    __slots__ = ("_bits", "_mask", "count")
+    """Three probes per item, taken from different bits of its (already random) hash:
+    shifts and masks only, no multiplication, so that under mypyc it all stays in
+    machine integers."""
+
+    __slots__ = ("_bits", "_mask", "_shift", "count")
 
     def __init__(self, bits_log2: int = BITS_LOG2) -> None:
         self._bits = bytearray(1 << (bits_log2 - 3))
         self._mask = (1 << bits_log2) - 1
+        self._shift = (HASH_BITS - bits_log2) // 2  # the three windows overlap by little
         self.count = 0
 
     def add(self, item: int) -> None:
-        """Add a 64-bit hash (a row key, or ``hash()`` of a name)."""
-        bits, mask = self._bits, self._mask
-        h = item & _MASK64
-        for _ in range(3):
-            p = h & mask
-            bits[p >> 3] |= 1 << (p & 7)
-            h = ((h * _MIX) & _MASK64) >> 7
+        """Add a hash (a row key, or ``hash()`` of a name)."""
+        bits, mask, shift = self._bits, self._mask, self._shift
+        h = item & _LOW
+        p = h & mask
+        bits[p >> 3] |= 1 << (p & 7)
+        p = (h >> shift) & mask
+        bits[p >> 3] |= 1 << (p & 7)
+        p = (h >> (2 * shift)) & mask
+        bits[p >> 3] |= 1 << (p & 7)
         self.count += 1
 
     def __contains__(self, item: int) -> bool:
-        bits, mask = self._bits, self._mask
-        h = item & _MASK64
-        for _ in range(3):
-            p = h & mask
-            if not bits[p >> 3] & (1 << (p & 7)):
-                return False
-            h = ((h * _MIX) & _MASK64) >> 7
-        return True
+        bits, mask, shift = self._bits, self._mask, self._shift
+        h = item & _LOW
+        p = h & mask
+        if not bits[p >> 3] & (1 << (p & 7)):
+            return False
+        p = (h >> shift) & mask
+        if not bits[p >> 3] & (1 << (p & 7)):
+            return False
+        p = (h >> (2 * shift)) & mask
+        return bool(bits[p >> 3] & (1 << (p & 7)))
