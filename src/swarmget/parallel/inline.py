@@ -24,7 +24,9 @@ from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Sink
 
 
-class _Collected:
+class Collected:
+    """Keeps what an engine reports until the backend hands it on (tests use it too)."""
+
     def __init__(self) -> None:
         self.results: list[FileResult] = []
         self.partials: list[tuple[int, str]] = []
@@ -42,7 +44,7 @@ class InlineBackend:
     def __init__(
         self, make_sink: Callable[[int], Sink], options: Options, *, warn_to: TextIO | None = None
     ) -> None:
-        self._events = _Collected()
+        self._events = Collected()
         self.engine = Engine(make_sink(0), options, self._events, warn_to=warn_to)
         self._done = False  # Finished or Stopped was reported
         self._stopped = False

@@ -6,8 +6,7 @@ See :mod:`swarmget.streaming.core` for how it works.
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from types import TracebackType
 from typing import Any
 
@@ -19,46 +18,9 @@ from swarmget.streaming.items import Item
 __all__ = ["AsyncStream", "Item", "Stream", "astream", "stream"]
 
 
-def stream(
-    urls: Iterable[str | Row],
-    *,
-    map: Callable[[Item], Any] | None = None,
-    ordered: bool = False,
-    prefetch: int = 256,
-    max_buffer_bytes: int = 256 << 20,
-    spill_dir: str | os.PathLike[str] | None = None,
-    on_error: str = "yield",
-    workers: int | None = None,
-    progress: bool = False,
-    **download_options: Any,
-) -> Stream:
-    """Every URL's bytes, as :class:`Item`\\ s, while the next ones download.
-
-    ``urls`` is any iterable of URL strings or :class:`~swarmget.sources.Row`
-    (read lazily).  ``map=fn`` runs ``fn(item)`` in the worker process that
-    downloaded the item, and only its value comes back (``item.value``); an
-    exception in ``fn`` fails the item with ``map_error``.  ``ordered`` yields
-    in input order (else in completion order).  ``prefetch`` bounds the items
-    downloading or waiting ahead of the caller, ``max_buffer_bytes`` the bytes
-    they hold in memory, all processes together; bodies beyond it go to files
-    under ``spill_dir`` (a temporary directory by default), removed when the
-    item is dropped or the stream closed.  ``on_error``: ``"yield"`` failed
-    items (``item.ok`` False), ``"skip"`` them, or ``"raise"``
-    :class:`~swarmget.TransferError` when the loop reaches one.  ``workers``:
-    processes, one per CPU by default.  Every option of
-    :func:`swarmget.download` applies (concurrency, per_host, retries,
-    timeouts, checksums, TLS, proxies).  Use it in a ``with`` block (or call
-    ``close()``) so an early exit stops the downloads at once::
-
-        with swarmget.stream(urls, map=decode) as items:
-            for item in items:
-                train_on(item.value)
-    """
-    return Stream(
-        urls, map=map, ordered=ordered, prefetch=prefetch, max_buffer_bytes=max_buffer_bytes,
-        spill_dir=spill_dir, on_error=on_error, workers=workers, progress=progress,
-        **download_options,
-    )  # fmt: skip
+# The function users call is the class itself: one signature, documented once
+# (Stream's docstring).
+stream = Stream
 
 
 class AsyncStream(AsyncIterator[Item]):

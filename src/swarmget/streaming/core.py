@@ -126,7 +126,30 @@ def _make_item(index: int, url: str, payload: object, arena: Arena | None) -> It
 
 
 class Stream(Iterator[Item]):
-    """What :func:`swarmget.stream` returns: a context manager and an iterator of items."""
+    """Every URL's bytes, as :class:`Item`\\ s, while the next ones download
+    (``swarmget.stream(...)``): a context manager and an iterator of items.
+
+    ``urls`` is any iterable of URL strings or :class:`~swarmget.sources.Row`
+    (read lazily).  ``map=fn`` runs ``fn(item)`` in the worker process that
+    downloaded the item, and only its value comes back (``item.value``); an
+    exception in ``fn`` fails the item with ``map_error``.  ``ordered`` yields
+    in input order (else in completion order).  ``prefetch`` bounds the items
+    downloading or waiting ahead of the caller, ``max_buffer_bytes`` the bytes
+    they hold in memory, all processes together; bodies beyond it go to files
+    under ``spill_dir`` (a temporary directory by default), removed when the
+    item is dropped or the stream closed.  ``on_error``: ``"yield"`` failed
+    items (``item.ok`` False), ``"skip"`` them, or ``"raise"``
+    :class:`~swarmget.TransferError` when the loop reaches one.  ``workers``:
+    processes, one per CPU by default.  Every option of
+    :func:`swarmget.download` applies (concurrency, per_host, retries,
+    timeouts, checksums, TLS, proxies); ``progress=True`` shows the live
+    display.  Use it in a ``with`` block (or call ``close()``) so an early
+    exit stops the downloads at once::
+
+        with swarmget.stream(urls, map=decode) as items:
+            for item in items:
+                train_on(item.value)
+    """
 
     def __init__(
         self,
