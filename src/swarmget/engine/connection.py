@@ -306,6 +306,9 @@ class HTTPConnection(PooledConnection):
         assert transfer is not None and verdict is not None
         self.transfer = self.parser = self.verdict = self.writer = None
         self.served += 1
+        # Idle until the owner gives it the next transfer (start) or closes it:
+        # an event now is the server's, not part of a response (see _on_io).
+        self.state = IDLE
         owner = self.owner
         owner.ended(self, transfer, verdict)
         owner.released(self, reusable)
