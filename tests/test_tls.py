@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -452,3 +453,158 @@ def test_a_silent_handshake_times_out(out_dir: Path) -> None:
     (failure,) = report.failures
     assert failure.error == "timeout"
     assert failure.message is not None and "TLS handshake" in failure.message
+
+
+# -- the TLS layer over the socket (issue 15) ------------------------------------------
+
+
+def run_engine(
+    options: Options,
+    out: Path,
+    urls: list[str],
+    *,
+    public_api: bool = False,
+) -> RecordedEvents:
+    """Download ``urls`` with an Engine of our own (so tests can reach its ``tls``)."""
+    events = RecordedEvents()
+    engine = Engine(FileSink(out), options, events)
+    engine.tls.public_api = public_api
+    engine.add([Assignment(i, i, url, f"f{i}.bin") for i, url in enumerate(urls)])
+    engine.close_input()
+    try:
+        engine.run()
+    finally:
+        engine.close()
+    return events
+
+
+@pytest.mark.parametrize("public_api", [False, True], ids=["_ssl", "ssl.SSLSocket"])
+def test_either_way_of_wrapping_downloads_and_sees_truncation(
+    certs: Certs, tmp_path: Path, public_api: bool
+) -> None:
+    # The C _SSLSocket is the fast way; SSLContext.wrap_socket the public fallback
+    # (it takes over the descriptor).  Both must give whole files, and a ragged EOF.
+    options = Options(concurrency=2, cacert=str(certs.ca_pem), retries=0)
+    with TLSServer(certs.contexts["good"], serve_keep_alive) as server:
+        urls = [server.url(f"f{i}.bin") for i in range(6)]
+        events = run_engine(options, tmp_path / "ok", urls, public_api=public_api)
+    assert [r.status for r in events.results] == ["ok"] * 6
+    assert all((tmp_path / "ok" / f"f{i}.bin").read_bytes() == BODY for i in range(6))
+    with TLSServer(certs.contexts["good"], _cut_body("length", False)) as server:
+        events = run_engine(options, tmp_path / "cut", [server.url("cut")], public_api=public_api)
+    assert [r.error for r in events.results] == ["truncated"]
+    with TLSServer(certs.contexts["unknown_ca"], serve_keep_alive) as server:
+        events = run_engine(options, tmp_path / "ca", [server.url("x")], public_api=public_api)
+    assert [r.error for r in events.results] == ["tls_verify"]
+
+
+def test_a_request_the_socket_cannot_take_at_once_goes_out_whole(
+    certs: Certs, out_dir: Path
+) -> None:
+    # An 8 MB header to a server that reads nothing for a while: the TLS write
+    # cannot finish at once (SSLWantWriteError) and must be repeated, with the
+    # same bytes, as the socket drains.
+    big = "x" * (8 << 20)
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        time.sleep(0.5)
+        data = b""
+        while not data.endswith(b"\r\n\r\n"):
+            chunk = tls.recv(1 << 20)
+            if not chunk:
+                return
+            data += chunk
+        ok = f"X-Big: {big}\r\n".encode() in data
+        status = b"200 OK" if ok else b"400 Bad Request"
+        tls.sendall(b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n" % (status, len(BODY)) + BODY)
+        read_request(tls)
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("big.bin")],
+            out_dir,
+            cacert=str(certs.ca_pem),
+            headers={"X-Big": big},
+            retries=0,
+        )
+    assert (report.ok, report.failed) == (1, 0), report.error_counts()
+    assert (out_dir / "big.bin").read_bytes() == BODY
+
+
+def _server_ssl_pointer(tls: ssl.SSLSocket) -> tuple[Any, int]:
+    """libssl through ctypes, and the server connection's ``SSL *`` (CPython's
+    ``PySSLSocket``: the object header, a weak reference to the socket, then the
+    ``SSL *``), checked against its context's ``SSL_CTX *``."""
+    import _ssl
+    import ctypes
+
+    if sys.implementation.name != "cpython":
+        pytest.skip("reads CPython's _ssl objects")
+    try:
+        lib = ctypes.CDLL(_ssl.__file__)
+        lib.SSL_key_update.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.SSL_new_session_ticket.argtypes = [ctypes.c_void_p]
+        lib.SSL_get_SSL_CTX.argtypes = [ctypes.c_void_p]
+        lib.SSL_get_SSL_CTX.restype = ctypes.c_void_p
+    except (OSError, AttributeError):
+        pytest.skip("libssl's SSL_key_update / SSL_new_session_ticket are not reachable")
+    head = object.__basicsize__
+    ssl_ptr = ctypes.c_void_p.from_address(id(tls._sslobj) + head + ctypes.sizeof(ctypes.c_void_p))
+    ctx_ptr = ctypes.c_void_p.from_address(id(tls.context) + head)
+    assert ssl_ptr.value and lib.SSL_get_SSL_CTX(ssl_ptr.value) == ctx_ptr.value
+    return lib, ssl_ptr.value
+
+
+def test_an_idle_connection_outlives_a_key_update_and_a_new_ticket(
+    certs: Certs, out_dir: Path
+) -> None:
+    # TLS 1.3 records without data -- a KeyUpdate that asks for ours in return,
+    # a NewSessionTicket -- reach a connection idle in the pool: it must stay
+    # (and answer the key update), not be taken for a server hanging up.
+    sent = threading.Event()
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        assert tls.version() == "TLSv1.3"
+        lib, ssl_ptr = _server_ssl_pointer(tls)
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+        time.sleep(0.2)  # the client's connection is idle in its pool by now
+        assert lib.SSL_new_session_ticket(ssl_ptr) == 1
+        tls.do_handshake()  # sends it
+        assert lib.SSL_key_update(ssl_ptr, 1) == 1  # SSL_KEY_UPDATE_REQUESTED
+        tls.do_handshake()
+        sent.set()
+        serve_keep_alive(tls)
+
+    options = Options(concurrency=1, cacert=str(certs.ca_pem), retries=0)
+    events = RecordedEvents()
+    engine = Engine(FileSink(out_dir), options, events)
+    with TLSServer(certs.contexts["good"], handler) as server:
+        try:
+            engine.add([Assignment(0, 0, server.url("a"), "a")])
+            while not events.results:
+                engine.step(0.05)
+            deadline = time.monotonic() + 5
+            while not sent.is_set() and time.monotonic() < deadline:
+                engine.step(0.05)
+            for _ in range(10):  # let the loop see the records while the connection idles
+                engine.step(0.02)
+            assert sent.is_set()
+            engine.add([Assignment(1, 1, server.url("b"), "b")])
+            engine.close_input()
+            engine.run()
+        finally:
+            engine.close()
+        accepted = server.accepted
+    assert [r.status for r in events.results] == ["ok", "ok"]
+    assert (out_dir / "b").read_bytes() == BODY
+    assert accepted == 1  # the second file came over the same connection
+
+
+def test_kernel_tls_is_asked_for_where_python_offers_it() -> None:
+    context = tls_module.client_context()
+    ktls = getattr(ssl, "OP_ENABLE_KTLS", None)
+    if ktls is None:  # Python 3.11: nothing to ask with, user space it is
+        assert context.options & 8 == 0  # OpenSSL's SSL_OP_ENABLE_KTLS bit untouched
+    else:
+        assert context.options & ktls

@@ -2,26 +2,34 @@
 
 Theory of operation
 -------------------
-The TCP connect is the plain one.  When it completes, the connection creates an
-``ssl.SSLObject`` over two memory BIOs (``net/tls.py``, the run's one context,
-the origin's last TLS session) and enters ``HANDSHAKING``.  The socket stays a
-plain non-blocking socket, and this class moves the ciphertext:
+The TCP connect is the plain one.  When it completes, the connection wraps its
+socket (``net/tls.py``: the run's one context, the origin's last TLS session)
+and enters ``HANDSHAKING``; OpenSSL then reads and writes the non-blocking
+socket itself, and this class only says when:
 
-* **Out.**  Whatever OpenSSL writes (handshake messages, encrypted requests)
-  lands in the outgoing BIO and goes to the socket with the shared ``_send``;
-  a short write waits for writability like any plain send.
-* **In.**  One ``recv_into`` takes everything the kernel has into the engine's
-  receive buffer, which is copied into the incoming BIO; then ``read`` decrypts
-  the complete records side by side into the same buffer (free again: the BIO
-  holds its own copy), and the parser gets them in one go, so a 50 KB body is
-  one parser call and one ``os.write``.  A partial record stays in the BIO for
-  the next event.
-* **The end of the stream.**  A TCP close becomes ``write_eof()``; close_notify
-  reads as 0 bytes (a clean EOF that may complete a close-delimited body), and
-  a TCP close without it raises ``SSLEOFError``, which is ``truncated`` once
-  the response has begun.
+* **Handshake.**  ``do_handshake()`` on each event until it stops raising
+  ``SSLWantReadError`` (wait for readability) or ``SSLWantWriteError`` (wait
+  for writability too); then the request goes out through the shared ``start``.
+* **In.**  On a readable event, ``read`` decrypts record after record straight
+  into the engine's receive buffer, side by side, and the parser gets them in
+  one go, so a 50 KB body is one parser call and one ``os.write``.  OpenSSL
+  reads the socket for us (a record's header, then its body: no read-ahead,
+  so it never holds bytes the kernel no longer reports as readable), and the
+  only copy of the plaintext is the one into our buffer.  Reading stops when
+  OpenSSL needs more from the kernel (``SSLWantReadError``), or before that
+  when the response is all in (the head said its length) or a short record
+  follows full ones (most likely the end of what the server sent in one go,
+  as with the last record of any body): the read that would only find the
+  socket empty costs a syscall and an exception, about as much as the rest of
+  the event.  Stopping early is always safe: epoll is level-triggered, so the
+  loop calls again at once if more is there.
+* **Out.**  A request is one ``write``; should the socket not take it
+  (``SSLWantWriteError``), the same bytes are written again once it is
+  writable, as OpenSSL requires.
+* **The end of the stream.**  close_notify reads as 0 bytes (a clean EOF that
+  may complete a close-delimited body), and a TCP close without it raises
+  ``SSLEOFError``, which is ``truncated`` once the response has begun.
 
-The request goes out only after the handshake, through the shared ``start``.
 While idle in the pool, a readable event is not necessarily the server going
 away: TLS 1.3 session tickets and key updates are records without data, so the
 connection stays unless the read yields data or an end.  The origin's TLS
@@ -35,12 +43,13 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from swarmget.engine.classify import EXCHANGE, HANDSHAKE, classify
+from swarmget.engine.classify import EXCHANGE, HANDSHAKE
 from swarmget.engine.connection import ACTIVE, CONNECTING, HANDSHAKING, IDLE, HTTPConnection
 from swarmget.engine.job import Transfer
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.tls import record_reader
+from swarmget.protocol import ResponseParser
 
 # The largest TLS record's plaintext: keep this much room to read a whole one.
 _MAX_RECORD = 16 * 1024
@@ -48,101 +57,86 @@ _SAVED = object()  # HTTPSConnection._offered once its session has been saved
 
 
 class HTTPSConnection(HTTPConnection):
-    __slots__ = ("_incoming", "_offered", "_outgoing", "_read", "_tls")
+    __slots__ = ("_offered", "_read", "_tls", "_watching", "_write")
 
     # -- handshake ------------------------------------------------------------------
 
     def _established(self, transfer: Transfer) -> None:
         pool = self.pool
         host = pool.host
-        self._incoming = ssl.MemoryBIO()
-        self._outgoing = ssl.MemoryBIO()
         try:
-            self._tls = self.owner.tls.wrap(self._incoming, self._outgoing, host, pool.tls_session)
-            self._offered: object = pool.tls_session  # or _SAVED
+            self._tls, self.sock = self.owner.tls.wrap(self.sock, host, pool.tls_session)
         except (OSError, ValueError) as exc:  # ValueError: a host name ssl will not send
             self._fail(TransferError(ErrorCode.TLS, f"cannot start TLS with {host}: {exc}"))
             return
+        self._offered: object = pool.tls_session  # or _SAVED
         self._read = record_reader(self._tls)
+        self._write: Callable[[bytes | memoryview], int] = self._tls.write
+        self._watching = EVENT_WRITE  # as the connect left it
         self.state = HANDSHAKING
         self._handshake()
 
     def _handshake(self) -> None:
         try:
             self._tls.do_handshake()
-            done = True
         except ssl.SSLWantReadError:
-            done = False
-        except ssl.SSLError as exc:
-            self._fail(classify(exc, HANDSHAKE, host=self.pool.host))
+            self._watch(EVENT_READ)
             return
-        if not self._send_tls_output(self._transport_error):
+        except ssl.SSLWantWriteError:
+            self._watch(EVENT_READ | EVENT_WRITE)
             return
-        self.owner.loop.modify(
-            self.fd, EVENT_READ | (EVENT_WRITE if self._pending_out is not None else 0), self
-        )
-        if done:
-            transfer = self.transfer
-            assert transfer is not None
-            self.start(transfer)
+        except OSError as exc:  # ssl.SSLError, or the socket's own (a reset)
+            self._fail(self._classify(exc, HANDSHAKE))
+            return
+        self._watch(EVENT_READ)
+        transfer = self.transfer
+        assert transfer is not None
+        self.start(transfer)
 
-    def _handshake_readable(self) -> None:
-        if self._receive() is not None:
-            self._handshake()
+    def _watch(self, events: int) -> None:
+        if events != self._watching:
+            self._watching = events
+            self.owner.loop.modify(self.fd, events, self)
 
-    # -- moving ciphertext ------------------------------------------------------------
+    # -- sending --------------------------------------------------------------------
 
     def _send(self, data: bytes, on_error: Callable[[OSError], None]) -> bool:
-        """Encrypt ``data`` and send it (what is left waits in ``_pending_out``)."""
+        """Encrypt and send ``data``; if the socket cannot take it now, the same bytes
+        wait in ``_pending_out`` for writability.  False if the connection failed."""
         try:
-            self._tls.write(data)
-        except ssl.SSLError as exc:
+            self._write(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            self._pending_out = memoryview(data)
+        except OSError as exc:
             on_error(exc)
             return False
-        return self._send_tls_output(on_error)
+        return True
 
-    def _send_tls_output(self, on_error: Callable[[OSError], None]) -> bool:
-        """Send what OpenSSL wrote to the outgoing BIO; False if the connection failed."""
-        outgoing = self._outgoing
-        if not outgoing.pending:
-            return True
-        data = outgoing.read()
-        pending = self._pending_out
-        if pending is not None:  # still sending earlier bytes: these go after them
-            self._pending_out = memoryview(bytes(pending) + data)
-            return True
-        return HTTPConnection._send(self, data, on_error)
-
-    def _receive(self) -> int | None:
-        """Move what the socket has into the incoming BIO: the byte count (0 at the end
-        of the stream), or None when there was nothing or the connection failed."""
-        buffer = self.owner.recv_view
+    def _flush_tls(self) -> None:
+        """Writable: write the request OpenSSL could not send before (again, all of it)."""
+        out = self._pending_out
+        assert out is not None
         try:
-            n = self.sock.recv_into(buffer)
-        except BlockingIOError:
-            return None
+            self._write(out)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            return
         except OSError as exc:
             self._transport_error(exc)
-            return None
-        if n:
-            self._incoming.write(buffer[:n])
-        else:
-            self._incoming.write_eof()
-        return n
+            return
+        self._pending_out = None
+        self.owner.loop.modify(self.fd, EVENT_READ, self)
 
     # -- events ---------------------------------------------------------------------
 
     def _on_io(self, mask: int) -> None:
         state = self.state
-        if mask & EVENT_WRITE and self._pending_out is not None and state in (ACTIVE, HANDSHAKING):
-            self._flush_out(self._transport_error)  # back to read-only once all is out
-            state = self.state
-        if not mask & EVENT_READ and state != CONNECTING:
-            return
         if state == ACTIVE:
-            self._readable()
+            if mask & EVENT_WRITE and self._pending_out is not None:
+                self._flush_tls()
+            if mask & EVENT_READ and self.state == ACTIVE:
+                self._readable()
         elif state == HANDSHAKING:
-            self._handshake_readable()
+            self._handshake()
         elif state == IDLE:
             self._idle_event()
         elif state == CONNECTING:
@@ -153,31 +147,31 @@ class HTTPSConnection(HTTPConnection):
         buffer = owner.recv_view
         parser = self.parser
         assert parser is not None
-        received = self._receive()
-        if received is None:
-            return
         read = self._read
-        incoming = self._incoming
         size = len(buffer)
         room = size - _MAX_RECORD
         while True:
-            # Decrypt the records the BIO holds side by side into the buffer (until
-            # it is nearly full), then parse and write them in one go.
-            filled = 0
+            # Decrypt records side by side into the buffer, then parse and write
+            # them in one go (see the module docstring for when reading stops).
+            expected = _still_expected(parser)
+            filled = last = 0
             eof = False
-            error: ssl.SSLError | None = None
-            while filled < room and (incoming.pending or incoming.eof or not received):
+            error: OSError | None = None
+            while filled < room:
                 try:
                     n = read(size - filled, buffer[filled:] if filled else buffer)
                 except ssl.SSLWantReadError:
-                    break  # the rest of a record is still on its way
-                except ssl.SSLError as exc:
+                    break  # the kernel has no more for now
+                except OSError as exc:  # SSLEOFError: a TCP close without close_notify
                     error = exc
                     break
                 if not n:
                     eof = True  # close_notify: a clean end of the stream
                     break
                 filled += n
+                if filled == expected or (n < _MAX_RECORD and last == _MAX_RECORD):
+                    break  # the response is all in, or most likely the server's burst is
+                last = n
             try:
                 if filled:
                     self.last_activity = owner.loop.now
@@ -191,17 +185,13 @@ class HTTPSConnection(HTTPConnection):
                 return
             if done:
                 self._save_session()
-                self._complete(
-                    reusable=parser.reusable and not eof and error is None and received > 0
-                )
+                self._complete(reusable=parser.reusable and not eof and error is None)
                 return
             if error is not None:
                 self._transport_error(error)
                 return
-            if self._outgoing.pending and not self._send_tls_output(self._transport_error):
-                return  # OpenSSL answered something (a key update) and the send failed
             if filled < room:
-                return  # drained for now
+                return  # drained, or stopped early: epoll says so if more is there
 
     def _save_session(self) -> None:
         # Once per connection, and only while the pool still holds the session
@@ -218,20 +208,27 @@ class HTTPSConnection(HTTPConnection):
             pool.tls_session = session
 
     def _idle_event(self) -> None:
-        received = self._receive()
-        if received is None:
-            return
-        if received:
-            buffer = self.owner.recv_view
-            try:
-                self._read(len(buffer), buffer)
-            except ssl.SSLWantReadError:
-                return  # a record without data (session ticket, key update): still usable
-            except OSError:
-                pass
+        buffer = self.owner.recv_view
+        try:
+            self._read(len(buffer), buffer)
+        except ssl.SSLWantReadError:
+            return  # a record without data (session ticket, key update): still usable
+        except OSError:
+            pass
         self.close()  # data while idle, close_notify, or the TCP connection ended
 
     # -- failures -------------------------------------------------------------------
 
     def _transport_error(self, exc: OSError) -> None:
         self._fail(self._classify(exc, HANDSHAKE if self.state == HANDSHAKING else EXCHANGE))
+
+
+def _still_expected(parser: ResponseParser) -> int:
+    """The bytes of the response still to come, when its head has said (else -1)."""
+    head = parser.head
+    if head is None or head.chunked:
+        return -1
+    length = head.content_length
+    if length is None:
+        return -1
+    return length - parser.received

@@ -2,19 +2,27 @@
 
 Theory of operation
 -------------------
-An HTTPS connection is an ``ssl.SSLObject`` over two ``MemoryBIO``s: the
-connection itself moves ciphertext between its plain non-blocking socket and
-the BIOs (``engine/https.py``).  We first used a non-blocking ``SSLSocket``,
-where OpenSSL reads from the kernel itself, but it reads each record in two
-``read`` calls (5-byte header, then body) and one more to learn that nothing
-is left: ten syscalls per 50 KB response, where libcurl makes about two.  With
-BIOs one ``recv_into`` takes everything the kernel has, and OpenSSL decrypts
-it from memory; the price is one memcpy into the BIO.
+An HTTPS connection's TLS layer reads from and writes to its non-blocking
+socket itself: the connection wraps the connected socket (:meth:`ClientTLS.wrap`)
+and decrypts straight into the loop's receive buffer with ``read(n, buffer)``
+(``engine/https.py``).  Per 50 KB response that is OpenSSL's own reads from the
+kernel into its record buffer, in-place decryption and one copy of the
+plaintext into our buffer.  We used to do it the other way round -- an
+``SSLObject`` over two ``MemoryBIO``s, one ``recv_into`` and a copy into the
+BIO -- which saved OpenSSL's two small ``read()`` calls per record but cost two
+more copies of every byte and a ``memset`` (``MemoryBIO.write`` zeroes the room
+it grows into): 29% of the client's user-space instructions per file on the
+HTTPS benchmark went to moving ciphertext between buffers, and the handshakes
+were 12% dearer (``bench/profile_https.py`` measures both; README "Speed" has
+the figures).
 
-* **When to wrap.**  After the TCP connect has completed; the loop then drives
-  ``do_handshake()`` on each readable event until it stops raising
-  ``SSLWantReadError`` (with memory BIOs OpenSSL never waits to write: what it
-  writes lands in the outgoing BIO, which the connection sends).
+* **When to wrap.**  After the TCP connect (or the proxy's tunnel) is up; the
+  loop then drives ``do_handshake()`` until it stops raising
+  ``SSLWantReadError``/``SSLWantWriteError``.  The wrapping object is the C
+  ``_ssl._SSLSocket`` that ``ssl.SSLSocket`` itself wraps (no Python frame per
+  call, and the descriptor stays with our socket object); should that private
+  constructor ever be missing, the public ``SSLContext.wrap_socket`` gives the
+  same object behind an ``SSLSocket``, which then owns the descriptor.
 * **One context per run.**  Loading the system trust store costs ~30 ms and
   a context owns the session machinery, so :class:`ClientTLS` builds one, on
   first use (an http-only run never pays for it) or at once when the options
@@ -23,19 +31,26 @@ it from memory; the price is one memcpy into the BIO.
   and OpenSSL reads ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` for those: setting the
   variables *replaces* the system store, as with curl and every OpenSSL tool.
   ``cacert`` adds one more CA on top.  ``insecure`` turns verification off and
-  says so once on stderr.
-* **Truncation.**  The end of the TCP stream is passed on with
-  ``MemoryBIO.write_eof()`` and the context never sets
-  ``OP_IGNORE_UNEXPECTED_EOF``, so a TCP close without TLS close_notify
-  surfaces as ``ssl.SSLEOFError``.  Once a response has
-  started, that is ``truncated`` even for a body framed only by the close:
+  says so once on stderr.  Certificate and host name are checked by OpenSSL
+  during the handshake, whichever way the socket was wrapped.
+* **Truncation.**  The context never sets ``OP_IGNORE_UNEXPECTED_EOF``, so a
+  TCP close without TLS close_notify surfaces from ``read`` as
+  ``ssl.SSLEOFError`` (close_notify itself reads as 0 bytes).  Once a response
+  has started, that is ``truncated`` even for a body framed only by the close:
   without close_notify nothing proves the server meant to stop there.
   (Before a response starts it is an ordinary close: servers such as nginx
   drop idle keep-alive connections without close_notify.)
-* **Resumption.**  The caller keeps the last ``SSLObject.session`` per origin
-  and passes it to the next :meth:`ClientTLS.wrap` for that origin.  TLS 1.3
-  tickets arrive *after* the handshake, so the session is taken once the first
+* **Resumption.**  The caller keeps the last ``session`` per origin and passes
+  it to the next :meth:`ClientTLS.wrap` for that origin.  TLS 1.3 tickets
+  arrive *after* the handshake, so the session is taken once the first
   response on a connection is complete, when OpenSSL has surely read them.
+* **Kernel TLS** is asked for where Python offers ``ssl.OP_ENABLE_KTLS``
+  (3.12 and later; 3.11 has no such option and stays in user space).  OpenSSL
+  then hands the record layer to the kernel when it can -- only for a socket it
+  reads itself, which is one more reason not to use memory BIOs; receiving
+  only for TLS 1.2 before OpenSSL 3.2 -- and silently stays in user space when
+  it cannot, e.g. on kernels built without ``CONFIG_TLS``, which refuse the
+  ``tls`` socket option (``ENOENT``).
 * **Errors.**  :func:`tls_error` turns ``ssl`` exceptions into the two stable
   codes, ``tls_verify`` (the certificate was refused) and ``tls`` (anything
   else the TLS layer rejected).
@@ -44,10 +59,11 @@ it from memory; the price is one memcpy into the BIO.
 from __future__ import annotations
 
 import re
+import socket
 import ssl
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import Protocol, TextIO, cast
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 
@@ -79,13 +95,41 @@ def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.
     # We never present a client certificate, so a renegotiation could only fail
     # later; refusing it up front also means a read never has to wait to write.
     context.options |= ssl.OP_NO_RENEGOTIATION
+    # Kernel TLS where Python can ask for it (3.12+): OpenSSL falls back by itself.
+    context.options |= getattr(ssl, "OP_ENABLE_KTLS", 0)
     return context
+
+
+class TLSChannel(Protocol):
+    """The TLS object over a connection's socket, as the connection uses it.
+
+    ``_ssl._SSLSocket`` (what :meth:`ClientTLS.wrap` makes) and ``ssl.SSLSocket``
+    (its public fallback) both have these.  Non-blocking: each call raises
+    ``SSLWantReadError`` / ``SSLWantWriteError`` when the socket has to be
+    readable / writable first.
+    """
+
+    def do_handshake(self) -> None: ...
+
+    def read(self, size: int, buffer: memoryview, /) -> int:
+        """Decrypt up to ``size`` bytes into ``buffer``: the count, 0 at close_notify."""
+        ...
+
+    def write(self, data: bytes | memoryview, /) -> int:
+        """Encrypt and send all of ``data`` (after ``SSLWant*Error``: the same bytes again)."""
+        ...
+
+    @property
+    def session(self) -> ssl.SSLSession | None: ...
+
+    @property
+    def session_reused(self) -> bool: ...
 
 
 class ClientTLS:
     """The run's TLS settings and its one ``SSLContext``, built when first needed."""
 
-    __slots__ = ("_context", "_warn_to", "cacert", "insecure")
+    __slots__ = ("_context", "_warn_to", "cacert", "insecure", "public_api")
 
     def __init__(
         self, cacert: str | None = None, insecure: bool = False, *, warn_to: TextIO | None = None
@@ -94,6 +138,9 @@ class ClientTLS:
         self.insecure = insecure
         self._warn_to = warn_to
         self._context: ssl.SSLContext | None = None
+        # Wrap with the public SSLContext.wrap_socket even where the C
+        # constructor is there (the fallback's own tests set this).
+        self.public_api = False
         if cacert is not None or insecure:
             self._build()  # the user asked for TLS settings: check them before the run
 
@@ -110,40 +157,54 @@ class ClientTLS:
         return self._context
 
     def wrap(
-        self,
-        incoming: ssl.MemoryBIO,
-        outgoing: ssl.MemoryBIO,
-        host: str,
-        session: ssl.SSLSession | None,
-    ) -> ssl.SSLObject:
-        """A client ``SSLObject`` over two memory BIOs; the caller moves the bytes.
+        self, sock: socket.socket, host: str, session: ssl.SSLSession | None
+    ) -> tuple[TLSChannel, socket.socket]:
+        """A client TLS channel over the connected non-blocking ``sock``, not yet
+        handshaken, and the socket object that now holds the descriptor (``sock``
+        itself, or the public fallback's ``SSLSocket``).
 
         ``host`` is sent as SNI (Python leaves SNI out for IP literals but still
-        checks the certificate against the address).
+        checks the certificate against the address).  Raises ``ValueError`` for a
+        host name that cannot be sent, ``ssl.SSLError`` for a session that does
+        not fit.
         """
-        return self.context.wrap_bio(incoming, outgoing, server_hostname=host, session=session)
+        context = self.context
+        construct = None if self.public_api else getattr(context, "_wrap_socket", None)
+        if construct is not None:
+            # What SSLContext.wrap_socket passes on to it: an IDNA host name,
+            # client side, the socket object we keep for close() and fileno().
+            name = host.encode("idna").decode("ascii")
+            channel: TLSChannel = construct(sock, False, name, owner=None, session=session)
+            return channel, sock
+        tls_sock = context.wrap_socket(
+            sock,
+            server_hostname=host,
+            session=session,
+            do_handshake_on_connect=False,
+            suppress_ragged_eofs=False,  # a ragged EOF must raise: it is how truncation shows
+        )
+        return cast(TLSChannel, tls_sock), tls_sock
 
 
-def record_reader(tls: ssl.SSLObject) -> Callable[[int, memoryview], int]:
+def record_reader(tls: TLSChannel) -> Callable[[int, memoryview], int]:
     """``read(size, buffer) -> n``: decrypt the next record's bytes into ``buffer``.
 
-    ``SSLObject.read`` is a Python frame around the C ``read`` of its private
-    ``_sslobj``; at four records per 50 KB file we call the C method directly.
-    Same arguments, same result, same exceptions; the public method is the
-    fallback should ``_sslobj`` ever go away.
+    For the C ``_ssl._SSLSocket`` that is its own ``read``; behind the public
+    ``SSLSocket`` (or ``SSLObject``) the C ``read`` of its private ``_sslobj``,
+    skipping a Python frame per record.  Same arguments, same result, same
+    exceptions; the public method is the fallback should ``_sslobj`` ever go.
     """
-    sslobj = getattr(tls, "_sslobj", None)
-    read = getattr(sslobj, "read", None)
+    inner = getattr(tls, "_sslobj", tls)
+    read = getattr(inner, "read", None)
     if callable(read):
         fast: Callable[[int, memoryview], int] = read
         return fast
     return public_record_reader(tls)
 
 
-def public_record_reader(tls: ssl.SSLObject) -> Callable[[int, memoryview], int]:
-    """The same as :func:`record_reader` through the public (slower) ``read``."""
-    # With a buffer, read() returns the byte count (typeshed says bytes).
-    return lambda size, buffer: tls.read(size, buffer)  # type: ignore[return-value]
+def public_record_reader(tls: TLSChannel) -> Callable[[int, memoryview], int]:
+    """The same as :func:`record_reader` through the channel's public ``read``."""
+    return lambda size, buffer: tls.read(size, buffer)
 
 
 def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError:
