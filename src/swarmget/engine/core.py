@@ -98,17 +98,24 @@ class Engine(ConnectionOwner):
     ) -> None:
         self.options = options
         self.sink = sink
-        self.loop = loop or EventLoop()
-        self.events = sink.events_for(events, self.loop)
+        # Everything that can fail on bad options comes first, before any
+        # descriptor is opened, so a failing constructor leaks nothing.
         self.policy = RetryPolicy(retries=options.retries)
         self.tls = ClientTLS(options.cacert, options.insecure, warn_to=warn_to)
         # None unless some origin may go through a proxy (net/proxy.py).
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
+        self.loop = loop or EventLoop()
         self._own_loop = loop is None
         servers = options.dns_servers
-        self.resolver = LazyResolver(
-            self.loop, lambda: make_resolver(self.loop, servers=servers), eager=bool(servers)
-        )
+        try:
+            self.resolver = LazyResolver(
+                self.loop, lambda: make_resolver(self.loop, servers=servers), eager=bool(servers)
+            )
+        except BaseException:
+            if self._own_loop:
+                self.loop.close()  # a bad --dns-server: leave no socket behind
+            raise
+        self.events = sink.events_for(events, self.loop)
         self.scheduler = Scheduler(options.concurrency, options.per_host, options.host_failures)
         self.pools: dict[Origin, HostPool] = {}
         self.connections: set[HTTPConnection] = set()
