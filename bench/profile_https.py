@@ -150,8 +150,10 @@ def cmd_cpu(args: argparse.Namespace) -> None:
                 cpu_s, elapsed = float(data["cpu_s"]), float(data["elapsed"])  # type: ignore[arg-type]
                 cpu[tool].append(cpu_s)
                 wall[tool].append(elapsed)
+                rss = int(data["maxrss_kb"]) / 1024  # type: ignore[call-overload]
                 print(
-                    f"round {r + 1} {tool:<12} wall {elapsed:6.3f} s  cpu {cpu_s:6.3f} s "
+                    f"round {r + 1} {tool:<12} wall {elapsed:6.3f} s  rss {rss:5.1f} MiB  "
+                    f"cpu {cpu_s:6.3f} s "
                     f"= {cpu_s / args.files * 1e6:6.1f} us/file  "
                     f"(server {server_s / args.files * 1e6:5.1f} us/file)  load {loadavg()}",
                     file=sys.stderr,
