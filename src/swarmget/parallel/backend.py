@@ -115,8 +115,12 @@ class Backend(Protocol):
         """Start a new worker in the place of ``worker`` (which died); False if it cannot."""
         ...
 
-    def stop(self) -> None:
-        """Interrupt every worker and wait for it to stop (its last events stay pollable)."""
+    def stop(self, keep_parts: bool = True) -> None:
+        """Interrupt every worker and wait for it to stop (its last events stay pollable).
+
+        ``keep_parts``: interrupted (Ctrl-C), every part stays for the rerun;
+        False after a run-stopping error (a full disk), only the parts worth
+        resuming stay, as in the worker that hit it (``Engine.abort``)."""
         ...
 
     def close(self) -> None: ...

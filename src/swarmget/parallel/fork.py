@@ -14,7 +14,10 @@ to keep its parts and send its last results, which a following poll returns.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
+import signal
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
@@ -150,15 +153,20 @@ class ForkBackend:
             return False
         return True
 
-    def stop(self) -> None:
-        """Interrupt every worker (SIGTERM: it stops as on Ctrl-C), then wait for it.
+    def stop(self, keep_parts: bool = True) -> None:
+        """Interrupt every worker (SIGTERM: it stops as on Ctrl-C, keeping its parts;
+        SIGUSR1: as after a fatal error, keeping only those worth resuming), then
+        wait for it.
 
         Its last messages are read while we wait (a worker blocked on a full
         pipe would otherwise never exit), and kept for the next poll().
         """
+        signum = signal.SIGTERM if keep_parts else signal.SIGUSR1
         for _, slot in self._live():
-            if slot.process.is_alive():
-                slot.process.terminate()
+            pid = slot.process.pid
+            if slot.process.is_alive() and pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
         deadline = time.monotonic() + STOP_WAIT
         events: list[Event] = []
         while True:

@@ -85,9 +85,9 @@ class InlineBackend:
     def replace(self, worker: int) -> bool:
         return False  # the driver's own process: nothing to replace it with
 
-    def stop(self) -> None:
+    def stop(self, keep_parts: bool = True) -> None:
         """Interrupted: the engine stops at once; poll() still hands over what it reported."""
-        self.engine.abort()
+        self.engine.abort(keep_parts=keep_parts)
         self._stopped = self._done = True
 
     def close(self) -> None:

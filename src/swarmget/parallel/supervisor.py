@@ -213,8 +213,9 @@ class Supervisor:
             self._backend.close()
 
     def _stop(self) -> None:
-        """Interrupted, or a fatal error: stop every worker, keep what they finished."""
-        self._backend.stop()
+        """Interrupted, or a fatal error: stop every worker, keep what they finished
+        (and, after a fatal error, only the parts worth resuming: the disk may be full)."""
+        self._backend.stop(keep_parts=self._fatal is None)
         for event in self._backend.poll(0.0):
             if isinstance(event, Progress):
                 self._handle(event)

@@ -109,6 +109,7 @@ def worker_main(
     # with SIGTERM, so a worker never dies halfway through its own cleanup.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGUSR1, _stop_dropping_parts)
     events = PipeEvents(conn, worker)
     engine: Engine | None = None
     message: Finished | Stopped
@@ -127,12 +128,17 @@ def worker_main(
             message = Stopped(worker, engine.fatal)
         else:
             message = Finished(worker)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         if engine is not None:
-            engine.abort()
+            engine.abort(keep_parts=not isinstance(exc, _DropParts))
         message = Stopped(worker)
     except SwarmgetError as exc:
         message = Stopped(worker, exc)
+    # Stopping already: a SIGTERM now (the driver stopping everyone after a
+    # fatal error) must not cut the last report short with a traceback.  A
+    # worker stuck here is still killed by the driver after its grace period.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _send_last(conn, events, message)
     if engine is not None:
         engine.close()
@@ -158,6 +164,15 @@ def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped
 
 def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+class _DropParts(KeyboardInterrupt):
+    """Stopped because the run hit a fatal error elsewhere (a full disk): give the
+    space of parts not worth resuming back, as the worker that hit it does."""
+
+
+def _stop_dropping_parts(signum: int, frame: FrameType | None) -> None:
+    raise _DropParts
 
 
 def _terminate_with_parent() -> None:
