@@ -219,9 +219,9 @@ class FileSink(Sink):
         if path is None:
             raise TransferError(ErrorCode.BAD_PATH, f"no output path was planned for {job.url}")
         final = self.output.final_path(path)
-        return PartFile(
-            os.path.join(self.parts, part_name(job.key)), final, resume_from=start, hashers=hashers
-        )
+        # Not os.path.join: it is interpreted Python, and this runs once per file.
+        part = f"{self.parts}/{part_name(job.key)}"
+        return PartFile(part, final, resume_from=start, hashers=hashers)
 
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
         errors: list[TransferError | None] = []

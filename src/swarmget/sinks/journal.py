@@ -390,11 +390,13 @@ class Journal:
         with self._guard("read"):
             # SQLite puts most lines together itself (one string per row, no
             # Python work); only a row with a kept part needs its validator added.
+            # The other columns are NULL for the common rows: no objects to make.
+            kept = "validator IS NOT NULL AND status != 1"
             cursor = self._db.execute(
-                "SELECT CASE WHEN validator IS NULL OR status = 1 "
+                f"SELECT CASE WHEN NOT ({kept}) "
                 "THEN '{\"index\":' || idx || ',' || substr(record, 2) END, "
-                "idx, validator, record FROM rows "
-                f"WHERE status != {PLANNED} AND record IS NOT NULL ORDER BY run DESC, idx"
+                f"CASE WHEN {kept} THEN idx END, validator, CASE WHEN {kept} THEN record END "
+                f"FROM rows WHERE status != {PLANNED} AND record IS NOT NULL ORDER BY run DESC, idx"
             )
             for line, index, validator, record in cursor:
                 if line is None:

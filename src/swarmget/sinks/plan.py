@@ -335,10 +335,10 @@ class FilePlanner:
         """Was the row finished by an earlier run, and is its file still whole?"""
         if previous.status != OK or previous.path is None:
             return False
-        return _size(os.path.join(self.root, previous.path), missing=-1) == previous.bytes
+        return _size(f"{self.root}/{previous.path}", missing=-1) == previous.bytes
 
     def _occupied(self, path: str) -> bool:
-        return os.path.lexists(os.path.join(self.root, path))
+        return os.path.lexists(f"{self.root}/{path}")  # per row: not os.path.join
 
     def _prefetch_names(
         self, rows: list[Row], previous: dict[int, Previous], keys: list[int]
@@ -350,8 +350,12 @@ class FilePlanner:
             known = previous.get(key)
             name = None
             if known is None or known.path is None:
-                with contextlib.suppress(TransferError):
+                # Not contextlib.suppress: this runs once per row, and a plain
+                # try is free under mypyc.  A bad name fails the row in _plan_row.
+                try:  # noqa: SIM105
                     name = self.names.candidate(row)
+                except TransferError:
+                    pass
             candidates.append(name)
         self._names_store.prefetch([name for name in candidates if name is not None])
         return candidates
