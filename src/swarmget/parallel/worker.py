@@ -128,9 +128,9 @@ def worker_main(
             message = Stopped(worker, engine.fatal)
         else:
             message = Finished(worker)
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt:
         if engine is not None:
-            engine.abort(keep_parts=not isinstance(exc, _DropParts))
+            engine.abort(keep_parts=not _drop_parts)
         message = Stopped(worker)
     except SwarmgetError as exc:
         message = Stopped(worker, exc)
@@ -166,13 +166,16 @@ def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-class _DropParts(KeyboardInterrupt):
-    """Stopped because the run hit a fatal error elsewhere (a full disk): give the
-    space of parts not worth resuming back, as the worker that hit it does."""
+# Set by SIGUSR1: the run hit a fatal error elsewhere (a full disk), so give the
+# space of parts not worth resuming back, as the worker that hit it does.  (A
+# flag, not a KeyboardInterrupt subclass: mypyc cannot compile one.)
+_drop_parts = False
 
 
 def _stop_dropping_parts(signum: int, frame: FrameType | None) -> None:
-    raise _DropParts
+    global _drop_parts
+    _drop_parts = True
+    raise KeyboardInterrupt
 
 
 def _terminate_with_parent() -> None:
