@@ -10,6 +10,8 @@ A worker that dies without a word (a crash, the OOM killer) shows up as a
 fails the rows it had not reported and may :meth:`ForkBackend.replace` it.
 Ctrl-C: :meth:`ForkBackend.stop` sends every worker SIGTERM and waits for it
 to keep its parts and send its last results, which a following poll returns.
+After a run-stopping error it sends SIGUSR1 instead: the same, but only the
+parts worth resuming stay (the disk may be full).
 """
 
 from __future__ import annotations

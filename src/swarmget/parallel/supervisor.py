@@ -18,7 +18,9 @@ It knows which rows each worker holds, so a worker that dies without a word
 costs exactly its unreported rows: they fail with ``crashed`` (a rerun
 retries them) and a new worker takes its place.  Ctrl-C: the backend stops
 every worker (each keeps its parts and reports what it finished), the
-supervisor records what came in and writes the manifest, then re-raises.
+supervisor records what came in and writes the manifest, then re-raises.  A
+run-stopping error in one worker (a full disk) stops the others the same way,
+except that they keep only the parts worth resuming, as that worker did.
 """
 
 from __future__ import annotations
