@@ -4,7 +4,8 @@ The pipe is registered with the engine's own event loop, so waiting for rows
 never blocks transfers in flight: a batch that arrives wakes the loop and
 goes straight into the engine.  What the engine reports (finished rows,
 resumable parts) is batched and sent to the driver ten times a second, with
-what is in flight, or sooner when a batch grows large.
+what is in flight, or sooner when a batch grows large or holds a quarter of
+the rows the worker has (see :meth:`PipeEvents.finished`).
 
 If the driver goes away (the pipe reaches EOF, or Linux's parent-death signal
 arrives) or tells us to stop (SIGTERM), the worker stops as on Ctrl-C: files
@@ -55,8 +56,18 @@ class PipeEvents:
         self.engine: Engine | None = None
 
     def finished(self, result: FileResult) -> None:
-        self._results.append(result)
-        if len(self._results) >= REPORT_BATCH:
+        results = self._results
+        results.append(result)
+        pending = len(results)
+        if pending >= REPORT_BATCH:
+            self.flush()
+            return
+        # Send sooner when a quarter of the rows this worker holds are done: the
+        # driver deals more only as it hears of these, so a small window (a
+        # stream's prefetch, the end of a list) must not wait a whole interval
+        # per round trip.  Large file runs still send every 512 results or 0.1 s.
+        engine = self.engine
+        if engine is not None and pending * 4 >= engine.backlog() + pending:
             self.flush()
 
     def partial(self, row: Assignment, validator: str) -> None:
