@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from swarmget.sinks.files import FileSink, part_path
 from swarmget.sinks.journal import Journal
 from swarmget.sinks.plan import FilePlanner, row_key
 from swarmget.sources.rows import Row
+from swarmget.testing.outputs import small_tmpfs
 from swarmget.testing.process import child_env
 
 
@@ -121,11 +121,7 @@ def test_names_taken_in_an_earlier_run_stay_taken(tmp_path: Path) -> None:
 
 
 def test_a_journal_on_a_full_disk_is_a_fatal_io_error(tmp_path: Path) -> None:
-    mount = tmp_path / "tiny"
-    mount.mkdir()
-    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=64k tmpfs {mount} 2>/dev/null"):
-        pytest.skip("needs root to mount a 64 KiB tmpfs")
-    try:
+    with small_tmpfs(tmp_path / "tiny", "64k") as mount:
         from swarmget.sinks.files import OutputError
 
         with pytest.raises(OutputError) as info:
@@ -140,8 +136,6 @@ def test_a_journal_on_a_full_disk_is_a_fatal_io_error(tmp_path: Path) -> None:
             finally:
                 planner.finish(interrupted=True)
         assert info.value.code == ErrorCode.IO and info.value.fatal
-    finally:
-        os.system(f"umount -l {mount}")
 
 
 # -- range planning ----------------------------------------------------------------------------

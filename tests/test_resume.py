@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 import swarmget
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
-from swarmget.testing.outputs import part_for, parts
+from swarmget.testing.outputs import part_for, parts, small_tmpfs
 
 MiB = 1 << 20
 
@@ -263,11 +262,7 @@ def test_max_size_refuses_before_and_during_transfer(server: TestServer, out_dir
 
 
 def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> None:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=1m tmpfs {mount} 2>/dev/null"):
-        pytest.skip("needs root to mount a 1 MiB tmpfs")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as mount:
         urls = [server.file_url(f"d{i}.bin", size=200_000) for i in range(40)]
         with pytest.raises(swarmget.TransferError) as info:
             run(urls, mount, concurrency=4)
@@ -279,5 +274,3 @@ def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> 
                 assert (mount / record["path"]).stat().st_size == 200_000
         assert len([r for r in records if r["status"] == "ok"]) < 40
         assert not parts(mount)
-    finally:
-        os.system(f"umount -l {mount}")

@@ -13,6 +13,7 @@ import pytest
 import swarmget
 from swarmget.engine.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
 from swarmget.testing import TestServer, expected_body
+from swarmget.testing.outputs import small_tmpfs
 
 
 def test_backoff_is_full_jitter_and_capped() -> None:
@@ -98,11 +99,7 @@ def test_unwritable_output_dir_is_a_clear_error(tmp_path: Path) -> None:
 def test_read_only_output_stops_the_run(server: TestServer, tmp_path: Path) -> None:
     import os
 
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    if os.geteuid() != 0 or os.system(f"mount -t tmpfs tmpfs {mount} 2>/dev/null"):
-        pytest.skip("needs root to mount a tmpfs")
-    try:
+    with small_tmpfs(tmp_path / "ro") as mount:
         (mount / ".swarmget").mkdir()
         os.system(f"mount -o remount,ro {mount}")
         urls = [server.file_url(f"r{i}.bin", size=100) for i in range(10)]
@@ -110,5 +107,3 @@ def test_read_only_output_stops_the_run(server: TestServer, tmp_path: Path) -> N
             swarmget.download(urls, mount, retries=0)
         assert info.value.code == "io"
         assert "Read-only" in info.value.message
-    finally:
-        os.system(f"umount {mount}")

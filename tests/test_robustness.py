@@ -21,7 +21,7 @@ import pytest
 import swarmget
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
-from swarmget.testing.outputs import parts
+from swarmget.testing.outputs import parts, small_tmpfs
 from swarmget.testing.process import child_env
 
 
@@ -291,11 +291,7 @@ def test_a_low_descriptor_limit_lowers_the_concurrency_and_says_so_once(
 def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
     server: TestServer, tmp_path: Path
 ) -> None:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=2m tmpfs {mount} 2>/dev/null"):
-        pytest.skip("needs root to mount a 2 MiB tmpfs")
-    try:
+    with small_tmpfs(tmp_path / "small", "2m") as mount:
         out = mount / "out"
         filler = mount / "filler"
         urls = tmp_path / "urls.txt"
@@ -317,8 +313,6 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
         for i in range(20):
             assert (out / f"f{i}.bin").read_bytes() == expected_body(f"f{i}.bin", 50_000)
         assert len(records(out)) == 20
-    finally:
-        os.system(f"umount -l {mount}")
 
 
 def test_a_full_disk_in_one_worker_gives_back_the_other_workers_parts(
@@ -328,11 +322,7 @@ def test_a_full_disk_in_one_worker_gives_back_the_other_workers_parts(
     # disk), the other fills the disk.  The worker that hit the full disk
     # drops its part; the other, stopped by the driver, must give its part's
     # space back too (it is too small to resume), not keep it as on Ctrl-C.
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0 or os.system(f"mount -t tmpfs -o size=1m tmpfs {mount} 2>/dev/null"):
-        pytest.skip("needs root to mount a 1 MiB tmpfs")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as mount:
         out = mount / "out"
         urls = [
             server.file_url("stalls.bin", size=40_000, fault="stall", times=1),
@@ -342,8 +332,6 @@ def test_a_full_disk_in_one_worker_gives_back_the_other_workers_parts(
             swarmget.download(urls, out, workers=2, concurrency=2)
         assert info.value.code == "io" and "No space left" in info.value.message
         assert not parts(out)
-    finally:
-        os.system(f"umount -l {mount}")
 
 
 def test_rows_keep_flowing_when_the_journal_is_big(tmp_path: Path) -> None:
