@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,9 +22,7 @@ def server() -> Iterator[TestServer]:
         yield srv
 
 
-def records(out: Path) -> list[dict[str, Any]]:
-    text = (out / ".swarmget" / "manifest.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
+records = swarmget.read_manifest  # one dict per manifest line
 
 
 def requests_for(server: TestServer, name: str, since: int) -> int:

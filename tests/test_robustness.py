@@ -31,9 +31,7 @@ def server() -> Iterator[TestServer]:
         yield srv
 
 
-def records(out: Path) -> list[dict[str, Any]]:
-    text = (out / ".swarmget" / "manifest.jsonl").read_text()
-    return [json.loads(line) for line in text.splitlines()]
+records = swarmget.read_manifest  # one dict per manifest line
 
 
 # -- no reply kills a process --------------------------------------------------------------

@@ -89,10 +89,7 @@ def iter_manifest(out_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 def manifest_table(out_dir: str | os.PathLike[str]) -> Any:
     """The manifest as a ``pyarrow.Table`` (``pip install swarmget[datasets]``)."""
-    try:
-        pyarrow = importlib.import_module("pyarrow")
-    except ImportError:
-        raise UsageError("manifest_table needs pyarrow: pip install 'swarmget[datasets]'") from None
+    pyarrow = _optional("pyarrow", "manifest_table", "pip install 'swarmget[datasets]'")
     records = read_manifest(out_dir)
     names = list(COLUMNS) + sorted({k for r in records for k in r} - set(COLUMNS))
     return pyarrow.table({name: [record.get(name) for record in records] for name in names})
@@ -100,10 +97,15 @@ def manifest_table(out_dir: str | os.PathLike[str]) -> Any:
 
 def manifest_frame(out_dir: str | os.PathLike[str]) -> Any:
     """The manifest as a ``pandas.DataFrame`` (needs pandas)."""
-    try:
-        pandas = importlib.import_module("pandas")
-    except ImportError:
-        raise UsageError("manifest_frame needs pandas: pip install pandas") from None
+    pandas = _optional("pandas", "manifest_frame", "pip install pandas")
     records = read_manifest(out_dir)
     frame = pandas.DataFrame.from_records(records)
     return frame.reindex(columns=list(COLUMNS) + [c for c in frame.columns if c not in COLUMNS])
+
+
+def _optional(module: str, needed_by: str, install: str) -> Any:
+    """An optional dependency, or a usage error that says how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(f"{needed_by} needs {module}: {install}") from None
