@@ -10,7 +10,9 @@ the rows the worker has (see :meth:`PipeEvents.finished`).
 If the driver goes away (the pipe reaches EOF, or Linux's parent-death signal
 arrives) or tells us to stop (SIGTERM), the worker stops as on Ctrl-C: files
 already complete are published and reported, parts in flight are kept for
-resuming, and nothing is left half-written at a final name.
+resuming, and nothing is left half-written at a final name.  SIGUSR1 stops it
+the same way after a run-stopping error elsewhere (a full disk), keeping only
+the parts worth resuming.
 """
 
 from __future__ import annotations
