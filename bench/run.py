@@ -52,6 +52,7 @@ STREAM = "stream-100ms"  # W6: the scenarios whose tables show the limit
 STREAM_NGINX = "stream-100ms-nginx"
 STREAMS = (STREAM, STREAM_NGINX)
 NOMAP = "swarmget-stream-nomap"  # W6's download-only run, the limit's first term
+W6_TOOLS = ["swarmget-stream", NOMAP, "threads-requests", "aiohttp-queue", "torch-dataloader"]
 
 Job = tuple[str, str]
 
@@ -173,27 +174,28 @@ def setup_scale(work: Path, files: int) -> Iterator[Setup]:
         )  # fmt: skip
 
 
-@contextlib.contextmanager
-def setup_stream_latency(work: Path, files: int) -> Iterator[Setup]:
-    # W6: latency-100ms's server and files, each body decoded where the tool runs
-    # user code (BENCH_MAP tells the peers; swarmget-stream-nomap ignores it).
-    with servers.scripted_server() as server:
-        jobs = _latency_jobs(server, files, 0.1)
-        case = Case("", 200, jobs, SIZE, _latency_body, env={"BENCH_MAP": "decode"})
-        case.decoded, case.decode_cpu_s = decode_all(case)
-        yield server, [case]
+def _decoding(
+    setup: Callable[[Path, int], contextlib.AbstractContextManager[Setup]],
+) -> Callable[[Path, int], contextlib.AbstractContextManager[Setup]]:
+    """W6 on ``setup``'s server and files: each body decoded where the tool runs
+    user code (BENCH_MAP tells the peers; swarmget-stream-nomap ignores it)."""
+
+    @contextlib.contextmanager
+    def decoding(work: Path, files: int) -> Iterator[Setup]:
+        with setup(work, files) as (server, cases):
+            for case in cases:
+                case.env = {**case.env, "BENCH_MAP": "decode"}
+                case.decoded, case.decode_cpu_s = decode_all(case)
+            yield server, cases
+
+    return decoding
 
 
-@contextlib.contextmanager
-def setup_stream_latency_nginx(work: Path, files: int) -> Iterator[Setup]:
-    # W6 from nginx: the 100 ms is a timer in nginx, so the server costs the two
-    # cores next to nothing, as a remote server would.  The scripted server's
-    # Python (stream-100ms) takes a share of them that every tool pays for.
-    with setup_latency_nginx(work, files) as (server, cases):
-        case = cases[0]
-        case.env = {"BENCH_MAP": "decode"}
-        case.decoded, case.decode_cpu_s = decode_all(case)
-        yield server, [case]
+setup_stream_latency = _decoding(setup_latency)
+# W6 from nginx: the 100 ms is a timer in nginx, so the server costs the two
+# cores next to nothing, as a remote server would.  The scripted server's
+# Python (stream-100ms) takes a share of them that every tool pays for.
+setup_stream_latency_nginx = _decoding(setup_latency_nginx)
 
 
 def decode_all(case: Case) -> tuple[dict[int, str], float]:
@@ -267,7 +269,7 @@ SCENARIOS = {
         STREAM,
         "{files:,} x 50 KB, every response delayed 100 ms, each body decoded "
         "(~2 ms of CPU holding the GIL), concurrency 200",
-        ["swarmget-stream", NOMAP, "threads-requests", "aiohttp-queue", "torch-dataloader"],
+        W6_TOOLS,
         2_000,
         180.0,
         setup_stream_latency,
@@ -277,7 +279,7 @@ SCENARIOS = {
         STREAM_NGINX,
         "{files:,} x 50 KB from nginx (1 worker), every response delayed 100 ms by nginx, "
         "each body decoded (~2 ms of CPU holding the GIL), concurrency 200",
-        ["swarmget-stream", NOMAP, "threads-requests", "aiohttp-queue", "torch-dataloader"],
+        W6_TOOLS,
         2_000,
         180.0,
         setup_stream_latency_nginx,
