@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,6 +77,24 @@ def test_the_file_sink_renames_only_a_finished_part(tmp_path: Path) -> None:
     writer.finish()
     assert sink.publish([(row, writer)]) == [None]
     assert (tmp_path / "sub" / "a.bin").read_bytes() == b"hello" and not part.exists()
+
+
+def test_a_short_write_still_hashes_the_whole_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A regular file may take less than asked; what is left is written again,
+    # and the checksum must still cover every byte, not only the remainder.
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, memoryview(data)[:1000]))
+    body = bytes(range(256)) * 20
+    writer = FileSink(tmp_path).open(
+        Assignment(0, 7, "http://h/a", "a.bin"), 0, len(body), {"sha256": hashlib.sha256()}
+    )
+    writer.write(memoryview(body))
+    writer.finish()
+    assert writer.written == len(body)
+    assert writer.hashers is not None
+    assert writer.hashers["sha256"].hexdigest() == hashlib.sha256(body).hexdigest()
 
 
 KILLED_CHILD = """

@@ -108,6 +108,13 @@ class Writer:
     def write(self, data: memoryview | bytes) -> None:
         raise NotImplementedError
 
+    def _hash(self, data: memoryview | bytes) -> None:
+        """Feed ``data`` to every hasher (each writer calls this with what it wrote)."""
+        hashers = self.hashers
+        if hashers is not None:
+            for hasher in hashers.values():
+                hasher.update(data)
+
     def finish(self) -> None:
         """The whole body is in: release what writing needed (not yet visible)."""
         raise NotImplementedError

@@ -117,25 +117,21 @@ class PartFile(Writer):
             raise
 
     def _hash_existing(self) -> None:
-        hashers = self.hashers
-        assert hashers
         with open(self.part, "rb") as existing:
             while chunk := existing.read(1 << 20):
-                for hasher in hashers.values():
-                    hasher.update(chunk)
+                self._hash(chunk)
 
     def write(self, data: memoryview | bytes) -> None:
         size = len(data)
         try:
             n = os.write(self.fd, data)
-            while n < len(data):  # rare: a short write on a regular file
-                data = memoryview(data)[n:]
-                n = os.write(self.fd, data)
+            rest = data
+            while n < len(rest):  # rare: a short write on a regular file
+                rest = memoryview(rest)[n:]
+                n = os.write(self.fd, rest)
         except OSError as exc:
             raise io_error("write", self.part, exc) from None
-        if self.hashers is not None:
-            for hasher in self.hashers.values():
-                hasher.update(data)
+        self._hash(data)  # all of it, not only what a short write left
         self.written += size
 
     def finish(self) -> None:

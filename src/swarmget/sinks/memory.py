@@ -161,9 +161,7 @@ class ArenaWriter(Writer):
         if end > self.length:
             raise TransferError(ErrorCode.PROTOCOL, "the body is longer than announced")
         self._view[self.written : end] = data
-        if self.hashers is not None:
-            for hasher in self.hashers.values():
-                hasher.update(data)
+        self._hash(data)
         self.written = end
 
     def finish(self) -> None:
@@ -207,17 +205,13 @@ class BufferWriter(Writer):
                 if need > 0:
                     self._reserved += max(need, 1 << 16)
                 self._buffer += data
-                if self.hashers is not None:
-                    for hasher in self.hashers.values():
-                        hasher.update(data)
+                self._hash(data)
                 self.written += n
                 return
         before = spill.written
         spill.write(data)
         self.written += spill.written - before
-        if self.hashers is not None:
-            for hasher in self.hashers.values():
-                hasher.update(data)
+        self._hash(data)
 
     def _move_to_file(self) -> SpillWriter:
         spill = SpillWriter(self._spill_path, None)
@@ -269,9 +263,7 @@ class SpillWriter(Writer):
                 view = view[written:]
         except OSError as exc:
             raise io_error("write", self.path, exc) from None
-        if self.hashers is not None:
-            for hasher in self.hashers.values():
-                hasher.update(data)
+        self._hash(data)
         self.written += len(data)
 
     def finish(self) -> None:
