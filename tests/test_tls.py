@@ -245,19 +245,9 @@ def test_reconnects_resume_the_tls_session(
         options = Options(
             concurrency=1, cacert=str(tls_files.ca_pem), headers={"Connection": "close"}
         )
-        planned = [Assignment(i, i, u, f"s{i}") for i, u in enumerate(urls)]
-        events = RecordedEvents()
-        engine = Engine(FileSink(out_dir), options, events)
-        tls_version = ssl.TLSVersion[version]
-        engine.tls.context.minimum_version = engine.tls.context.maximum_version = tls_version
-        engine.add(planned)
-        engine.close_input()
-        try:
-            engine.run()
-        finally:
-            engine.close()
+        events = run_engine(options, out_dir, urls, tls_version=ssl.TLSVersion[version])
     assert [r.status for r in events.results] == ["ok"] * 4
-    assert [(out_dir / f"s{i}").read_bytes() for i in range(4)] == [b".", b"r", b"r", b"r"]
+    assert [(out_dir / f"f{i}.bin").read_bytes() for i in range(4)] == [b".", b"r", b"r", b"r"]
 
 
 def test_ssl_cert_file_replaces_the_system_store(
@@ -464,11 +454,16 @@ def run_engine(
     urls: list[str],
     *,
     public_api: bool = False,
+    tls_version: ssl.TLSVersion | None = None,
 ) -> RecordedEvents:
-    """Download ``urls`` with an Engine of our own (so tests can reach its ``tls``)."""
+    """Download ``urls`` with an Engine of our own (so tests can reach its ``tls``),
+    optionally held to one TLS version."""
     events = RecordedEvents()
     engine = Engine(FileSink(out), options, events)
     engine.tls.public_api = public_api
+    if tls_version is not None:
+        context = engine.tls.context
+        context.minimum_version = context.maximum_version = tls_version
     engine.add([Assignment(i, i, url, f"f{i}.bin") for i, url in enumerate(urls)])
     engine.close_input()
     try:
