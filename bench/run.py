@@ -352,6 +352,7 @@ def run_once(
     stderr_file = work / f"stderr-{tool}.txt"
     _clear(out)
     result_file.unlink(missing_ok=True)
+    _settle()
     _counters(server, reset=True)
     argv = [sys.executable, str(BENCH / "peers.py"), tool, str(case.jobs_file), str(out)]
     argv += ["--concurrency", str(case.concurrency), "--result", str(result_file)]
@@ -465,6 +466,34 @@ def _counters(server: servers.BenchServer, reset: bool = False) -> dict[str, int
         return server.counters()
     except Exception:
         return None
+
+
+def _settle(quiet: float = 0.9, window: float = 0.1, longest: float = 3.0) -> None:
+    """Wait until the machine is quiet: the CPUs at least ``quiet`` idle over one
+    ``window`` (at most ``longest`` seconds).  The tool run before may leave work
+    behind -- the server closing its connections, the kernel freeing its pages --
+    and without this the next tool would pay for it: on 2 cores, a tool that
+    keeps both busy lost ~6% after a peer that left the server busy."""
+    deadline = time.monotonic() + longest
+    while time.monotonic() < deadline:
+        before = _cpu_times()
+        time.sleep(window)
+        after = _cpu_times()
+        if before is None or after is None:
+            return  # no /proc/stat: nothing to wait on
+        total = after[0] - before[0]
+        if total <= 0 or (after[1] - before[1]) / total >= quiet:
+            return
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    """(all, idle) jiffies of every CPU together, from /proc/stat."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return sum(fields), fields[3] + fields[4]  # idle + iowait
 
 
 def _clear(path: Path) -> None:
