@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,6 +114,31 @@ def test_an_exception_in_map_fails_that_item_with_map_error(server: TestServer) 
             assert item.message == f"ValueError: odd row {item.index}"
         else:
             assert item.ok and item.value == 300
+
+
+def _unpicklable_on_threes(item: Item) -> object:
+    if item.index % 3 == 0:
+        return threading.Lock()  # fine in this process, cannot go through a pipe
+    return len(item.read())
+
+
+def test_a_map_value_that_cannot_travel_fails_only_its_item(
+    server: TestServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # It used to take its whole worker down: every row that worker held failed
+    # as `crashed`, with a traceback on stderr.
+    urls = [server.file_url(f"lock{i}.bin", size=200) for i in range(30)]
+    with swarmget.stream(urls, map=_unpicklable_on_threes, workers=2, ordered=True) as items:
+        got = list(items)
+    assert [item.index for item in got] == list(range(30))
+    for item in got:
+        if item.index % 3 == 0:
+            assert (item.ok, item.error) == (False, "map_error")
+            assert "cannot be sent back from the worker process" in (item.message or "")
+            assert "_thread.lock" in (item.message or "")
+        else:
+            assert item.ok and item.value == 200
+    assert "Traceback" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("workers", [1, 2])

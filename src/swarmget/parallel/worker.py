@@ -24,6 +24,7 @@ import os
 import signal
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from types import FrameType
 from typing import Final
 
@@ -41,6 +42,7 @@ from swarmget.parallel.backend import (
 )
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Sink
+from swarmget.sinks.memory import map_failed
 
 REPORT_INTERVAL: Final = 0.1  # seconds between Progress messages
 REPORT_BATCH: Final = 512  # results that make a Progress message go at once
@@ -79,7 +81,15 @@ class PipeEvents:
         active, in_flight = self.engine.active() if self.engine is not None else (0, 0)
         message = Progress(self._worker, self._results, self._partials, active, in_flight)
         self._results, self._partials = [], []
-        self._conn.send(message)
+        try:
+            data = ForkingPickler.dumps(message)
+        except Exception:
+            # Something ``map`` returned does not pickle: those items fail, the
+            # rest go (checking every value up front would pickle each twice).
+            for result in message.results:
+                _sendable(result)
+            data = ForkingPickler.dumps(message)
+        self._conn.send_bytes(data)  # what Connection.send does, after the pickling
 
 
 class PipeFeed:
@@ -163,6 +173,18 @@ def _report_periodically(engine: Engine, events: PipeEvents) -> None:
         engine.loop.call_later(REPORT_INTERVAL, tick)
 
     engine.loop.call_later(REPORT_INTERVAL, tick)
+
+
+def _sendable(result: FileResult) -> None:
+    """Fail ``result`` with ``map_error`` if it cannot be pickled (its map value)."""
+    try:
+        ForkingPickler.dumps(result)
+    except Exception as exc:
+        map_failed(
+            result,
+            "map returned a value that cannot be sent back from the worker process "
+            f"(it must pickle): {type(exc).__name__}: {exc}",
+        )
 
 
 def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped) -> None:

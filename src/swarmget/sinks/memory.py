@@ -331,6 +331,16 @@ class MapSlices:
             self._loop.call_soon(self._run)
 
 
+def map_failed(result: FileResult, message: str) -> None:
+    """``result`` fails with ``map_error``: the caller's function raised, or what it
+    returned cannot reach the caller."""
+    result.status = "failed"
+    result.path = None
+    result.error = MAP_ERROR
+    result.message = message
+    result.payload = None
+
+
 class MemorySink(Sink):
     """Bodies for the streaming iterator (see the module docstring)."""
 
@@ -393,11 +403,7 @@ class MemorySink(Sink):
         try:
             result.payload = (VALUE, fn(item))
         except Exception as exc:
-            result.status = "failed"
-            result.path = None
-            result.error = MAP_ERROR
-            result.message = f"{type(exc).__name__}: {exc}"
-            result.payload = None
+            map_failed(result, f"{type(exc).__name__}: {exc}")
         finally:
             item.close()
             self._drop(payload)

@@ -131,8 +131,9 @@ class Stream(Iterator[Item]):
 
     ``urls`` is any iterable of URL strings or :class:`~swarmget.sources.Row`
     (read lazily).  ``map=fn`` runs ``fn(item)`` in the worker process that
-    downloaded the item, and only its value comes back (``item.value``); an
-    exception in ``fn`` fails the item with ``map_error``.  ``ordered`` yields
+    downloaded the item, and only its value comes back (``item.value``, so it
+    must pickle); an exception in ``fn``, or a value that does not pickle, fails
+    the item with ``map_error``.  ``ordered`` yields
     in input order (else in completion order).  ``prefetch`` bounds the items
     downloading or waiting ahead of the caller, ``max_buffer_bytes`` the bytes
     they hold in memory, all processes together; bodies beyond it go to files
