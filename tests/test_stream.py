@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -36,6 +37,8 @@ def _pid_of(item: Item) -> int:
 
 def _fails_on_odd(item: Item) -> int:
     if item.index % 2:
+        if item.index == 5:
+            sys.exit(f"odd row {item.index}")  # fails its item, not the worker
         raise ValueError(f"odd row {item.index}")
     return len(item.read())
 
@@ -111,7 +114,8 @@ def test_an_exception_in_map_fails_that_item_with_map_error(server: TestServer) 
     for item in got:
         if item.index % 2:
             assert (item.ok, item.error) == (False, "map_error")
-            assert item.message == f"ValueError: odd row {item.index}"
+            kind = "SystemExit" if item.index == 5 else "ValueError"
+            assert item.message == f"{kind}: odd row {item.index}"
         else:
             assert item.ok and item.value == 300
 
@@ -242,6 +246,51 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:
         return stat.read().split()[2] != "Z"
+
+
+@pytest.mark.parametrize("bad_at", [30, 700])  # in the first batch read, or later
+def test_an_input_that_raises_ends_the_stream_with_its_error_and_no_workers_left(
+    server: TestServer, bad_at: int
+) -> None:
+    def urls() -> Iterator[str]:
+        for i in range(bad_at + 100):
+            if i == bad_at:
+                raise LookupError(f"the caller's input broke at {i}")
+            yield server.file_url(f"in{i}.bin", size=500)
+
+    got: list[int] = []
+    workers: list[int] = []
+    started = time.monotonic()
+    with (
+        pytest.raises(LookupError, match=f"broke at {bad_at}"),
+        swarmget.stream(urls(), workers=2) as items,
+    ):
+        for item in items:
+            assert item.ok
+            got.append(item.index)
+            workers = workers or [p.pid for p in multiprocessing.active_children()]
+    assert time.monotonic() - started < 5
+    # What was read before the error came out first, as from the iterable itself.
+    assert sorted(got) == list(range(bad_at))
+    time.sleep(0.2)
+    assert not [p.pid for p in multiprocessing.active_children()]
+    assert not [pid for pid in workers if _alive(pid)]
+
+
+def test_download_of_an_input_that_raises_records_what_it_read(
+    server: TestServer, tmp_path: Path
+) -> None:
+    def urls() -> Iterator[str]:
+        yield from (server.file_url(f"dl{i}.bin", size=500) for i in range(300))
+        raise LookupError("the caller's input broke")
+
+    with pytest.raises(LookupError):
+        swarmget.download(urls(), tmp_path, workers=2)
+    assert len(swarmget.read_manifest(tmp_path)) == 300
+    # The journal was let go of: the same directory takes the next run at once.
+    report = swarmget.download([server.file_url("after.bin", size=10)], tmp_path, workers=2)
+    assert report.ok == 1
+    assert not multiprocessing.active_children()
 
 
 CTRL_C_CHILD = """

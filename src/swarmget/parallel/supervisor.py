@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator
 from typing import Final, Protocol
 
-from swarmget.errors import ErrorCode, SwarmgetError, UsageError
+from swarmget.errors import ErrorCode, SwarmgetError
 from swarmget.parallel.backend import (
     Backend,
     Died,
@@ -137,7 +137,7 @@ class Supervisor:
         self.report = Report()
         self._seen = 0
         self._input_done = False
-        self._input_error: UsageError | None = None
+        self._input_error: Exception | None = None
         self._fatal: SwarmgetError | None = None
         self._turn = 0  # deals so far (ties in level_shares go round-robin)
         self._replacements = 0
@@ -148,11 +148,15 @@ class Supervisor:
 
     def run(self) -> Report:
         self._started = time.monotonic()
-        # Bad input fails here, before any process starts.
-        self._first = self._take(min(BATCH, self._delivery.room(0)))
+        # Bad input fails here, before any process starts (a stream's workers
+        # may be running already: they are stopped).
+        try:
+            self._first = self._take(min(BATCH, self._delivery.room(0)))
+        except BaseException:  # Ctrl-C while the input was read
+            self._abandon()
+            raise
         if self._input_error is not None and not self._first:
-            self._planner.finish(interrupted=True)
-            self._backend.close()
+            self._abandon()
             raise self._input_error
         if self._progress is not None:
             self._progress.start()
@@ -214,6 +218,16 @@ class Supervisor:
         finally:
             self._backend.close()
 
+    def _abandon(self) -> None:
+        """The run ends before it began: let go of the journal and of any worker."""
+        try:
+            self._planner.finish(interrupted=True)
+        finally:
+            try:
+                self._backend.stop()
+            finally:
+                self._backend.close()
+
     def _stop(self) -> None:
         """Interrupted, or a fatal error: stop every worker, keep what they finished
         (and, after a fatal error, only the parts worth resuming: the disk may be full)."""
@@ -259,8 +273,10 @@ class Supervisor:
             except StopIteration:
                 self._input_done = True
                 break
-            except UsageError as exc:
-                # Bad input mid-stream: finish what is in flight, then report it.
+            except Exception as exc:
+                # Bad input mid-stream (ours: a UsageError naming the line; or
+                # whatever the caller's iterable raised): finish what is in
+                # flight, then raise it, as the iterable itself would have.
                 self._input_error = exc
                 self._input_done = True
                 break

@@ -402,7 +402,7 @@ class MemorySink(Sink):
         item = make_item(result.index, result.url, payload, self.arena)
         try:
             result.payload = (VALUE, fn(item))
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # sys.exit() in fn must not end a worker
             map_failed(result, f"{type(exc).__name__}: {exc}")
         finally:
             item.close()
