@@ -381,8 +381,15 @@ def test_nginx_items_byte_for_byte(nginx_server: ServedTree) -> None:
 def test_bad_arguments_are_usage_errors() -> None:
     with pytest.raises(swarmget.UsageError, match="on_error"):
         swarmget.stream([], on_error="ignore")
-    with pytest.raises(swarmget.UsageError, match="prefetch"):
-        swarmget.stream([], prefetch=0)
+    for prefetch in (0, 1.5, True, "8"):
+        with pytest.raises(swarmget.UsageError, match="prefetch must be a whole number"):
+            swarmget.stream([], prefetch=prefetch)  # type: ignore[arg-type]
+    for budget in (-1, 1e6):
+        with pytest.raises(swarmget.UsageError, match="max_buffer_bytes"):
+            swarmget.stream([], max_buffer_bytes=budget)  # type: ignore[arg-type]
+    # Not a map_error on every item, after the downloads: at once.
+    with pytest.raises(swarmget.UsageError, match="map must be a function"):
+        swarmget.stream([], map=5)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         swarmget.stream("http://h/a")
     with swarmget.stream([]) as items:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import numbers
 import os
 import shutil
 import sys
@@ -170,18 +171,23 @@ class Stream(Iterator[Item]):
 
         if on_error not in ON_ERROR:
             raise UsageError(f"on_error must be one of {', '.join(ON_ERROR)}, not {on_error!r}")
-        if prefetch < 1:
-            raise UsageError("prefetch must be at least 1")
-        if max_buffer_bytes < 0:
-            raise UsageError("max_buffer_bytes must be >= 0")
+        if not _whole(prefetch) or prefetch < 1:
+            raise UsageError(f"prefetch must be a whole number, at least 1, not {prefetch!r}")
+        if not _whole(max_buffer_bytes) or max_buffer_bytes < 0:
+            raise UsageError(
+                f"max_buffer_bytes must be a whole number of bytes >= 0, not {max_buffer_bytes!r}"
+            )
+        if map is not None and not callable(map):
+            # Caught here, not as a map_error on every item.
+            raise UsageError(f"map must be a function of one item, not {map!r}")
         if workers is not None:
             options["workers"] = workers
         self._options = Options.from_kwargs(options)
         self._rows = input_rows(urls, None)
         self._map = map
         self._ordered = ordered
-        self._prefetch = prefetch
-        self._limit = max_buffer_bytes
+        self._prefetch = int(prefetch)
+        self._limit = int(max_buffer_bytes)
         self._spill_parent = os.fspath(spill_dir) if spill_dir is not None else None
         self._on_error = on_error
         self._progress = progress
@@ -328,6 +334,11 @@ class Stream(Iterator[Item]):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+
+def _whole(value: object) -> bool:
+    """An integer (numpy's too), not a bool or a float."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _make_spill_dir(parent: str | None) -> str:
