@@ -18,8 +18,13 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             ErrorCode.TOO_MANY_REDIRECTS,
             f"more than {options.max_redirects} redirects (last to {location!r})",
         )
-    target = urljoin(job.url, location.decode("latin-1").strip())
-    scheme = urlsplit(target).scheme.lower()
+    try:
+        target = urljoin(job.url, location.decode("latin-1").strip())
+        scheme = urlsplit(target).scheme.lower()
+    except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
+        raise TransferError(
+            ErrorCode.BAD_REDIRECT, f"redirect to an invalid URL ({location!r}): {exc}"
+        ) from None
     if scheme not in ("http", "https"):
         # file:, ftp:, data:... are never followed, and nothing local is read.
         raise TransferError(ErrorCode.BAD_REDIRECT, f"redirect to a {scheme or 'relative'} URL")

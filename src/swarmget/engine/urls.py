@@ -13,6 +13,8 @@ a message or a log.
 from __future__ import annotations
 
 import base64
+import ipaddress
+import re
 from urllib.parse import quote, unquote, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
@@ -23,6 +25,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Characters allowed unescaped in a request target; anything else (spaces,
 # controls, non-ASCII) is percent-encoded so a URL can never inject a header.
 _SAFE_TARGET = "/?#[]@!$&'()*+,;=:%-._~"
+# What a host name may not hold: controls, space, DEL, and the characters curl's
+# URL parser refuses in one (lib/urlapi.c, hostname_check).
+_BAD_HOST = re.compile(r"[\x00-\x20\x7f/:#?!@{}\[\]\\$'\"^`*<>=;,+&()%|]")
+_ZONE = re.compile(r"[A-Za-z0-9._~-]+")  # an IPv6 zone id (fe80::1%eth0)
 
 
 class Location:
@@ -85,6 +91,7 @@ def split_url(url: str) -> Location:
     host = parts.hostname
     if not host:
         raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {redact(url)!r}")
+    host = wire_host(host, url)
     default = _DEFAULT_PORTS[scheme]
     port = port or default
     target = parts.path or "/"
@@ -102,6 +109,39 @@ def split_url(url: str) -> Location:
         token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
         authorization = f"Basic {token}"
     return Location((scheme, host, port), target, host_header, authorization)
+
+
+def wire_host(host: str, url: str) -> str:
+    """``host`` as DNS, TLS and the ``Host`` header take it: ASCII, an international
+    name in its IDNA form (``xn--...``, as curl sends it), and nothing a host name
+    cannot hold (curl's list: controls, spaces, ``/ # ? @ % ...``), which would
+    otherwise reach the wire or the resolver.  ``url`` is for the message."""
+    if ":" in host:  # an IPv6 literal: urlsplit has checked its brackets
+        address, _, zone = host.partition("%")
+        try:
+            ipaddress.IPv6Address(address)
+        except ValueError:
+            raise TransferError(
+                ErrorCode.BAD_URL, f"invalid IPv6 address {host!r} in {redact(url)!r}"
+            ) from None
+        if zone and not _ZONE.fullmatch(zone):
+            raise TransferError(ErrorCode.BAD_URL, f"invalid IPv6 zone in {redact(url)!r}")
+        return host
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise TransferError(
+                ErrorCode.BAD_URL,
+                f"host {host!r} is not a valid international domain name ({exc}): {redact(url)!r}",
+            ) from None
+    bad = _BAD_HOST.search(host)
+    if bad is not None:
+        raise TransferError(
+            ErrorCode.BAD_URL,
+            f"host {host!r} holds {bad.group()!r}, which no host name can: {redact(url)!r}",
+        )
+    return host
 
 
 def redact(url: str) -> str:
