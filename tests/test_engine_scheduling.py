@@ -42,3 +42,27 @@ def test_new_connections_start_in_slices_per_loop_turn(out_dir: Path) -> None:
             assert sent, "no connection had sent its request"
         finally:
             engine.close()
+
+
+def test_a_stopped_engine_starts_nothing_for_its_queued_transfers(out_dir: Path) -> None:
+    # Closing a connection frees its slot, and the scheduler gives freed slots to
+    # the transfers queued for the host.  After abort() that dialed new
+    # connections from close(), on a loop about to close: the stopped worker died
+    # with a traceback.
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        port = listener.getsockname()[1]
+        rows = [Assignment(i, i, f"http://127.0.0.1:{port}/f{i}", f"f{i}") for i in range(20)]
+        options = Options(concurrency=20, per_host=2, timeout=5)
+        engine = Engine(FileSink(out_dir), options, RecordedEvents())
+        try:
+            engine.add(rows)
+            for _ in range(20):
+                if len(engine.connections) == 2:
+                    break
+                engine.loop.run_once(max_wait=0.05)
+            assert len(engine.connections) == 2  # and 18 transfers queued behind them
+            engine.abort()
+            assert not engine.connections and not engine.dialing
+        finally:
+            engine.close()
+        assert not engine.connections and not engine.dialing

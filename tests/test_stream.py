@@ -221,7 +221,7 @@ def test_a_small_prefetch_does_not_wait_a_report_interval_per_round_trip(
 
 
 def test_breaking_out_stops_everything_and_leaves_nothing(
-    server: TestServer, tmp_path: Path
+    server: TestServer, tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     urls = [server.file_url(f"b{i}.bin", size=100_000, latency=0.05) for i in range(2000)]
     spill = tmp_path / "spill"
@@ -237,6 +237,23 @@ def test_breaking_out_stops_everything_and_leaves_nothing(
     for pid in children:
         assert not _alive(pid), pid
     assert list(spill.iterdir()) == []
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_workers_stop_quietly_with_transfers_queued_for_a_host(
+    server: TestServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Closing a stopped worker's connections used to free their slots to the
+    # transfers queued behind them: new connections were dialed on a loop being
+    # closed, and each worker died with a traceback on the way out.
+    urls = [server.file_url(f"q{i}.bin", size=5000, latency=0.3) for i in range(400)]
+    with swarmget.stream(urls, workers=2, per_host=4) as items:
+        for i, _ in enumerate(items):
+            if i == 3:
+                break
+    time.sleep(0.3)
+    assert not multiprocessing.active_children()
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def _alive(pid: int) -> bool:
