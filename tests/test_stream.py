@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import swarmget
+from swarmget.sinks.memory import Arena
 from swarmget.sources.rows import Row
 from swarmget.streaming import Item
 from swarmget.testing import TestServer, expected_body
@@ -168,6 +169,36 @@ def test_bodies_beyond_the_budget_spill_and_their_files_go(
         spilled[0].close()  # dropping an item (or close) removes its file
         assert not first.exists()
     assert list(spill.iterdir()) == []  # and closing the stream removes the rest
+
+
+@pytest.mark.parametrize("framing", [{"chunked": 1, "chunk": 3000}, {"close": 1}])
+def test_bodies_of_unknown_length_stay_in_memory_unless_they_outgrow_their_share(
+    server: TestServer, tmp_path: Path, framing: dict[str, int]
+) -> None:
+    # Chunked or close-delimited: no length to reserve at the start.  They used to
+    # go to a spill file every time in a worker process (a file per item).
+    sizes = [0, 1, 40_000, 200_000, 3_000_000]  # the last outgrows a 1 MiB slot
+    urls = [server.file_url(f"u{i}.bin", size=n, **framing) for i, n in enumerate(sizes)]
+    urls *= 8
+    with swarmget.stream(urls, workers=2, ordered=True, spill_dir=tmp_path) as items:
+        got = list(items)
+        for item in got:
+            size = sizes[item.index % len(sizes)]
+            assert item.ok and item.read() == expected_body(f"u{item.index % 5}.bin", size)
+            assert (item.path is not None) == (size == 3_000_000), item.index
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_the_arena_frees_what_a_shrunk_slot_no_longer_needs() -> None:
+    arena = Arena(1000)
+    first = arena.allocate(400)
+    second = arena.allocate(300)
+    assert (first, second, arena.free) == (0, 400, 300)
+    arena.shrink(first, 100)  # a provisional slot ends short: its tail is free
+    assert arena.free == 600 and arena.allocate(300) == 100
+    arena.shrink(second, 0)  # an empty body keeps one byte, and joins the space after
+    assert arena.free == 599 and arena.allocate(599) == 401
+    assert arena.free == 0
 
 
 def test_a_body_larger_than_the_whole_budget_always_spills(server: TestServer) -> None:

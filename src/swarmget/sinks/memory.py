@@ -17,9 +17,13 @@ says how long the body will be:
 * **In the driver's own process** (``workers=1``, the engine on a thread) the
   body goes into a ``bytearray`` of its announced length, and becomes the
   item's ``bytes`` when complete.
+* **A body of unknown length** (chunked, or ended by the close) starts in a
+  provisional share: in a worker, an arena slot of up to :data:`PROVISIONAL`
+  bytes that shrinks to the body when it ends (:class:`GrowingArenaWriter`);
+  in the driver's process, a ``bytearray`` charged to the budget as it grows.
 * **Anything that does not fit** -- larger than the arena's free space, or
   than what the byte budget has left, or of unknown length and growing past
-  it -- goes to a file under the stream's spill directory
+  its share -- goes to a file under the stream's spill directory
   (:class:`SpillWriter`).  The loop cannot stop reading a socket mid-body, so
   the budget is enforced where a body starts: what cannot fit is spilled, and
   a body of unknown length that outgrows its share is moved to a file.
@@ -47,6 +51,11 @@ from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
 from swarmget.sinks.files import io_error
 
 MAP_ERROR: Final = "map_error"
+# A body of unknown length starts in a slot this big (at most a quarter of the
+# arena's free space; none below the minimum): most such bodies are dataset
+# files of tens or hundreds of KB, and a larger one moves to a spill file.
+PROVISIONAL: Final = 1 << 20
+MIN_PROVISIONAL: Final = 1 << 16
 _SPILL_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 
 # Payloads, as results carry them to the driver (FileResult.payload):
@@ -104,6 +113,16 @@ class Arena:
         else:
             starts.insert(i, offset)
             ends.insert(i, end)
+
+    def shrink(self, offset: int, length: int) -> None:
+        """Keep only the first ``length`` bytes of the slot at ``offset``; free the rest."""
+        old = self._sizes.get(offset, 0)
+        length = max(length, 1)
+        if length >= old:
+            return
+        self._sizes[offset] = length
+        self._sizes[offset + length] = old - length  # the tail, as a slot of its own...
+        self.release(offset + length)  # ...freed, and joined to its neighbours
 
     @property
     def free(self) -> int:
@@ -173,6 +192,64 @@ class ArenaWriter(Writer):
 
     def data(self) -> bytes:
         return bytes(self._view[: self.written])
+
+
+class GrowingArenaWriter(ArenaWriter):
+    """A body of unknown length (chunked, or ended by the close) in a provisional
+    arena slot: the slot shrinks to the body when it ends, and a body that
+    outgrows it moves to a spill file (the loop cannot stop reading mid-body)."""
+
+    __slots__ = ("_spill", "_spill_path")
+
+    def __init__(
+        self,
+        arena: Arena,
+        worker: int,
+        offset: int,
+        length: int,
+        spill_path: str,
+        hashers: dict[str, Hasher] | None,
+    ) -> None:
+        super().__init__(arena, worker, offset, length, hashers)
+        self._spill: SpillWriter | None = None
+        self._spill_path = spill_path
+
+    def write(self, data: memoryview | bytes) -> None:
+        spill = self._spill
+        if spill is None:
+            end = self.written + len(data)
+            if end <= self.length:
+                self._view[self.written : end] = data
+                self._hash(data)
+                self.written = end
+                return
+            spill = self._move_to_file()
+        spill.write(data)
+        self.written += len(data)
+        self._hash(data)
+
+    def _move_to_file(self) -> SpillWriter:
+        spill = SpillWriter(self._spill_path, None)
+        spill.write(self._view[: self.written])
+        self._view.release()
+        self._arena.release(self.offset)
+        self._spill = spill
+        return spill
+
+    def finish(self) -> None:
+        if self._spill is not None:
+            self._spill.finish()
+            self.payload = self._spill.payload
+            return
+        self._arena.shrink(self.offset, self.written)
+        self.length = self.written
+        super().finish()
+
+    def abort(self, keep: bool = False) -> None:
+        if self._spill is not None:
+            self._spill.abort()
+        else:
+            super().abort()
 
 
 class BufferWriter(Writer):
@@ -371,7 +448,14 @@ class MemorySink(Sink):
             offset = arena.allocate(length)
             if offset is not None:
                 return ArenaWriter(arena, self.worker, offset, length, hashers)
-        elif arena is None:
+        elif arena is not None:
+            # Unknown length: a provisional slot, a share of what is free.
+            provisional = min(PROVISIONAL, arena.free // 4)
+            offset = arena.allocate(provisional) if provisional >= MIN_PROVISIONAL else None
+            if offset is not None:
+                path = self._spill_path(job)
+                return GrowingArenaWriter(arena, self.worker, offset, provisional, path, hashers)
+        else:
             reserved = length if length is not None else 0
             if self.budget.take(reserved):
                 return BufferWriter(self.budget, reserved, self._spill_path(job), hashers)
