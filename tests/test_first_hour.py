@@ -145,6 +145,29 @@ def test_a_string_is_not_a_list_of_urls(tmp_path: Path) -> None:
     assert not (tmp_path / ".swarmget").exists()
 
 
+def test_items_that_are_not_str_urls(server: TestServer, tmp_path: Path) -> None:
+    url = server.file_url("nb.bin", size=10)
+    items: list[object] = [url.encode(), None, 7, {"url": url}, ("a", "b"), url]
+    report = swarmget.download(items, tmp_path, retries=0)  # type: ignore[arg-type]
+    assert (report.ok, report.failed) == (2, 4)
+    records = {r["index"]: r for r in swarmget.read_manifest(tmp_path)}
+    assert records[0]["status"] == "ok"  # bytes: decoded
+    assert records[1]["error"] == "bad_row" and "is None, not a URL" in records[1]["message"]
+    assert "of type int" in records[2]["message"]
+    assert records[3]["error"] == "bad_row" and records[3]["url"].startswith("{'url'")
+
+
+def test_urls_after_sources_are_numbered_on_from_them(server: TestServer, tmp_path: Path) -> None:
+    listed = tmp_path / "list.txt"
+    listed.write_text("".join(server.file_url(f"s{i}.bin", size=10) + "\n" for i in range(3)))
+    more = [server.file_url(f"m{i}.bin", size=10) for i in range(2)]
+    report = swarmget.download(more, tmp_path / "out", sources=[str(listed)])
+    assert report.ok == 5
+    paths = {r["index"]: r["path"] for r in swarmget.read_manifest(tmp_path / "out")}
+    # They used to start again at 0: two records per index, an ordered stream confused.
+    assert paths == {0: "s0.bin", 1: "s1.bin", 2: "s2.bin", 3: "m0.bin", 4: "m1.bin"}
+
+
 def test_an_empty_input_warns(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="no rows"):
         report = swarmget.download([], tmp_path)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import os
 import sys
 import warnings
@@ -47,16 +46,44 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
 
         rows = read_rows(list(sources))
     if urls is not None:
-        rows = itertools.chain(rows, _rows_from(urls))
+        rows = _then(rows, urls)
     return rows
 
 
-def _rows_from(urls: Iterable[str | Row]) -> Iterator[Row]:
-    for index, item in enumerate(urls):
-        if isinstance(item, Row):
+def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
+    """``first``'s rows, then ``urls`` numbered on from them (an index is a row's
+    place in the whole input: the manifest's key, and an ordered stream's)."""
+    start = 0
+    for row in first:
+        start = row.index + 1
+        yield row
+    for offset, item in enumerate(urls, start):
+        if isinstance(item, str):
+            yield Row(offset, item)
+        elif isinstance(item, Row):
             yield item
         else:
-            yield Row(index, str(item))
+            yield _row_of(offset, item)
+
+
+# Not URLs, whatever str() makes of them: a mistake in the caller's list.
+_NOT_URLS = (type(None), int, float, dict, list, tuple, set, frozenset)
+
+
+def _row_of(index: int, item: object) -> Row:
+    """A row from an item that is not a str: bytes are decoded (UTF-8; bytes that
+    are not UTF-8 fail as bad_url, shown escaped); URL objects (yarl, httpx,
+    furl...) are taken by their str(); None, numbers and containers fail the row
+    (``bad_row``) with a message naming what they are."""
+    if isinstance(item, bytes | bytearray | memoryview):
+        return Row(index, bytes(item).decode("utf-8", "surrogateescape"))
+    if isinstance(item, _NOT_URLS):
+        text = repr(item)
+        shown = text if len(text) <= 200 else text[:197] + "..."
+        what = "None" if item is None else f"of type {type(item).__name__}"
+        problem = f"input item {index} is {what}, not a URL (a str, bytes or swarmget.Row)"
+        return Row(index, shown, problem=problem)
+    return Row(index, str(item))
 
 
 def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
@@ -89,10 +116,11 @@ def download(
 ) -> Report:
     """Download every URL into directory ``dest`` and return the :class:`Report`.
 
-    ``urls`` is any iterable of URL strings or :class:`~swarmget.sources.Row`
-    objects (read lazily); ``sources`` are input files / ``-`` / URLs as on the
-    command line.  Keyword options are the fields of :class:`~swarmget.Options`.
-    Each row's outcome is also written to ``dest/.swarmget/manifest.jsonl``.
+    ``urls`` is any iterable of URL strings (bytes: UTF-8) or
+    :class:`~swarmget.sources.Row` objects (read lazily); ``sources`` are input
+    files / ``-`` / URLs as on the command line, read first.  Keyword options are
+    the fields of :class:`~swarmget.Options`.  Each row's outcome is also written
+    to ``dest/.swarmget/manifest.jsonl``.
     """
     opts = fit_concurrency(Options.from_kwargs(options))
     rows = input_rows(urls, sources)
