@@ -20,7 +20,7 @@ from swarmget.protocol import ResponseHead
 from swarmget.protocol.request import RequestTemplate
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment
-from swarmget.sinks.files import FileSink, part_path
+from swarmget.sinks.files import FileSink, OutputError, part_path
 from swarmget.sinks.journal import Journal
 from swarmget.sinks.plan import FilePlanner, row_key
 from swarmget.sources.rows import Row
@@ -123,6 +123,39 @@ def test_after_a_kill_a_planned_file_is_ours_not_foreign(tmp_path: Path) -> None
     # Not "exists": the plan log told the journal that a.jpg is ours to redo.
     assert batch.results == []
     assert [a.path for a in batch.assignments] == ["a.jpg", "b.jpg"]
+
+
+def test_a_damaged_plan_log_gives_up_only_its_damaged_lines(tmp_path: Path) -> None:
+    state = tmp_path / ".swarmget"
+    state.mkdir()
+    key = row_key("http://h/a.jpg", None, 0)
+    good = json.dumps([[key, 0, "http://h/a.jpg", "a.jpg", True]]).encode()
+    junk = [
+        b"\x00\xff[[[ not text",  # used to stop the run with a UnicodeDecodeError
+        b'{"a": 1}',
+        b"[1, 2]",
+        b'[[1, 0, "u", {"not": "a path"}, true]]',
+        json.dumps([[1 << 70, 0, "u", "big.jpg", True]]).encode(),  # beyond SQLite's ints
+        b'[[1, 0, "u"',  # torn by a kill
+    ]
+    (state / "plans.log").write_bytes(b"\n".join([*junk, good]) + b"\n")
+    (tmp_path / "a.jpg").write_bytes(b"partial")
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(rows("http://h/a.jpg"))
+    finally:
+        planner.finish(interrupted=True)
+    # The good line's claim was folded in: a.jpg is ours to redo, not foreign.
+    assert batch.results == [] and [a.path for a in batch.assignments] == ["a.jpg"]
+
+
+def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:
+    planner = FilePlanner(str(tmp_path), Options())
+    planner.finish(interrupted=False)
+    journal = tmp_path / ".swarmget" / "journal.sqlite3"
+    journal.write_bytes(b"\x13" * 8192)
+    with pytest.raises(OutputError, match=r"move the \.swarmget folder aside"):
+        FilePlanner(str(tmp_path), Options())
 
 
 def test_names_taken_in_an_earlier_run_stay_taken(tmp_path: Path) -> None:

@@ -419,13 +419,11 @@ class Journal:
     def _fold_plan_log(self) -> None:
         """An earlier run was killed: its claims that never reached the table go in now."""
         try:
-            with open(self._plan_log_path, encoding="utf-8", errors="surrogatepass") as log:
+            with open(self._plan_log_path, "rb") as log:
                 for line in log:
-                    try:
-                        entries = json.loads(line)
-                    except ValueError:
+                    plans = _logged_plans(line)
+                    if plans is None:
                         continue  # torn by the kill: that batch was never dealt out
-                    plans = [(k, i, p, bool(m)) for k, i, _url, p, m in entries]
                     with self._guard("recover"):
                         self._db.executemany(
                             "INSERT INTO rows (key, run, idx, path, mine, status) "
@@ -459,8 +457,43 @@ class Journal:
         """SQLite errors become the run-stopping ``io`` error (a full disk, mostly)."""
         try:
             yield
+        except sqlite3.DatabaseError as exc:
+            message = f"cannot {action} the journal {self.path}: {exc}"
+            if _damaged(exc):
+                message += f" ({_DAMAGED_HINT})"
+            raise OutputError(message, True) from None
         except sqlite3.Error as exc:
             raise OutputError(f"cannot {action} the journal {self.path}: {exc}", True) from None
+
+
+_INT64 = 1 << 63  # SQLite's integers
+
+# What a user can do about a journal SQLite cannot read (not a full disk).
+_DAMAGED_HINT = (
+    "the journal is damaged: move the .swarmget folder aside to start a new one; "
+    "files already here are then not known to be ours, so add --overwrite"
+)
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
+
+
+def _logged_plans(line: bytes) -> list[tuple[int, int, str | None, bool]] | None:
+    """The plans of one plan-log line, or None for a line that is not one (torn by a
+    kill, or damaged: nothing of it is trusted)."""
+    try:
+        entries = json.loads(line.decode("utf-8", "surrogatepass"))
+        plans = [(k, i, p, bool(m)) for k, i, _url, p, m in entries]
+    except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
+        return None
+    for key, index, path, _mine in plans:
+        if type(key) is not int or type(index) is not int or not _INT64 > key >= -_INT64:
+            return None
+        if path is not None and not isinstance(path, str):
+            return None
+    return plans
 
 
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
