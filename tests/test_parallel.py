@@ -19,7 +19,7 @@ from swarmget.parallel.backend import Stopped
 from swarmget.report import Report, Snapshot
 from swarmget.sinks.base import Assignment
 from swarmget.sources.rows import Row
-from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
+from swarmget.testing import ProcessServer, TestServer, expected_body, serve_in_subprocess
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,30 @@ def test_worker_count_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         stop.set()
         thread.join()
+
+
+def _stream_in_a_daemon(url: str, results: Any) -> None:
+    try:
+        with swarmget.stream([url] * 5, workers=2) as items:
+            results.put(("ok", sum(item.ok for item in items)))
+    except BaseException as exc:
+        results.put(("error", repr(exc)))
+
+
+def test_a_daemonic_process_streams_with_one_worker(tmp_path: Path) -> None:
+    # A DataLoader's or a Pool's worker may not have children: it used to fail
+    # with "daemonic processes are not allowed to have children".
+    import multiprocessing
+
+    with TestServer() as server:
+        results: Any = multiprocessing.get_context("fork").Queue()
+        url = server.file_url("d.bin", size=10)
+        child = multiprocessing.get_context("fork").Process(
+            target=_stream_in_a_daemon, args=(url, results), daemon=True
+        )
+        child.start()
+        assert results.get(timeout=30) == ("ok", 5)
+        child.join(10)
 
 
 def _worker_that_fails_at_start_up(conn: Any, _inherited: Any, worker: int, *_args: Any) -> None:

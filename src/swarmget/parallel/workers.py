@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import threading
 
@@ -18,8 +19,11 @@ def worker_count(options: Options) -> int:
     thread: forking a threaded program is unsafe, and the alternative (spawn)
     re-imports the caller's main module, which a script without an
     ``if __name__ == "__main__"`` guard does not survive.  Never more than
-    ``concurrency``.
+    ``concurrency``, and always one in a daemonic process (a PyTorch
+    DataLoader's workers, a ``Pool``'s): multiprocessing forbids it children.
     """
+    if multiprocessing.current_process().daemon:
+        return 1
     wanted = options.workers or _env_workers()
     if not wanted:
         wanted = _usable_cpus() if threading.active_count() == 1 else 1
