@@ -194,12 +194,68 @@ class ArenaWriter(Writer):
         return bytes(self._view[: self.written])
 
 
-class GrowingArenaWriter(ArenaWriter):
-    """A body of unknown length (chunked, or ended by the close) in a provisional
-    arena slot: the slot shrinks to the body when it ends, and a body that
-    outgrows it moves to a spill file (the loop cannot stop reading mid-body)."""
+class OverflowWriter(Writer):
+    """A body of uncertain size, held in memory while it fits its share and moved
+    to a spill file when it outgrows it: the loop cannot stop reading mid-body.
+
+    Subclasses say where the memory is: :meth:`_hold` keeps more bytes (or says
+    they do not fit, changing nothing), :meth:`_held` is what is kept so far,
+    :meth:`_let_go` frees it, :meth:`_finish_held` makes the payload from it.
+    """
 
     __slots__ = ("_spill", "_spill_path")
+
+    def __init__(self, spill_path: str, hashers: dict[str, Hasher] | None) -> None:
+        super().__init__(hashers)
+        self._spill: SpillWriter | None = None
+        self._spill_path = spill_path
+
+    def write(self, data: memoryview | bytes) -> None:
+        spill = self._spill
+        if spill is None:
+            if self._hold(data):
+                self.written += len(data)
+                self._hash(data)
+                return
+            spill = SpillWriter(self._spill_path, None)  # we hash, not it
+            spill.write(self._held())
+            self._let_go()
+            self._spill = spill
+        spill.write(data)
+        self.written += len(data)
+        self._hash(data)
+
+    def finish(self) -> None:
+        if self._spill is not None:
+            self._spill.finish()
+            self.payload = self._spill.payload
+        else:
+            self._finish_held()
+
+    def abort(self, keep: bool = False) -> None:
+        if self._spill is not None:
+            self._spill.abort()
+        else:
+            self._let_go()
+
+    def _hold(self, data: memoryview | bytes) -> bool:
+        raise NotImplementedError
+
+    def _held(self) -> memoryview:
+        raise NotImplementedError
+
+    def _let_go(self) -> None:
+        raise NotImplementedError
+
+    def _finish_held(self) -> None:
+        raise NotImplementedError
+
+
+class GrowingArenaWriter(OverflowWriter):
+    """A body of unknown length (chunked, or ended by the close) in a provisional
+    arena slot, shrunk to the body when it ends."""
+
+    __slots__ = ("_arena", "_view", "length", "offset", "worker")
 
     def __init__(
         self,
@@ -210,52 +266,36 @@ class GrowingArenaWriter(ArenaWriter):
         spill_path: str,
         hashers: dict[str, Hasher] | None,
     ) -> None:
-        super().__init__(arena, worker, offset, length, hashers)
-        self._spill: SpillWriter | None = None
-        self._spill_path = spill_path
+        super().__init__(spill_path, hashers)
+        self._arena = arena
+        self.worker = worker
+        self.offset = offset
+        self.length = length
+        self._view = arena.view[offset : offset + length]
 
-    def write(self, data: memoryview | bytes) -> None:
-        spill = self._spill
-        if spill is None:
-            end = self.written + len(data)
-            if end <= self.length:
-                self._view[self.written : end] = data
-                self._hash(data)
-                self.written = end
-                return
-            spill = self._move_to_file()
-        spill.write(data)
-        self.written += len(data)
-        self._hash(data)
+    def _hold(self, data: memoryview | bytes) -> bool:
+        end = self.written + len(data)
+        if end > self.length:
+            return False
+        self._view[self.written : end] = data
+        return True
 
-    def _move_to_file(self) -> SpillWriter:
-        spill = SpillWriter(self._spill_path, None)
-        spill.write(self._view[: self.written])
+    def _held(self) -> memoryview:
+        return self._view[: self.written]
+
+    def _let_go(self) -> None:
         self._view.release()
         self._arena.release(self.offset)
-        self._spill = spill
-        return spill
 
-    def finish(self) -> None:
-        if self._spill is not None:
-            self._spill.finish()
-            self.payload = self._spill.payload
-            return
+    def _finish_held(self) -> None:
         self._arena.shrink(self.offset, self.written)
-        self.length = self.written
-        super().finish()
-
-    def abort(self, keep: bool = False) -> None:
-        if self._spill is not None:
-            self._spill.abort()
-        else:
-            super().abort()
+        self.payload = (ARENA, self.worker, self.offset, self.written)
 
 
-class BufferWriter(Writer):
-    """A body in this process's memory; moves itself to a file if it outgrows its share."""
+class BufferWriter(OverflowWriter):
+    """A body in this process's memory, charged to the byte budget as it grows."""
 
-    __slots__ = ("_budget", "_buffer", "_reserved", "_spill", "_spill_path")
+    __slots__ = ("_budget", "_buffer", "_reserved")
 
     def __init__(
         self,
@@ -264,59 +304,35 @@ class BufferWriter(Writer):
         spill_path: str,
         hashers: dict[str, Hasher] | None,
     ) -> None:
-        super().__init__(hashers)
+        super().__init__(spill_path, hashers)
         self._budget = budget
         self._reserved = reserved  # budget bytes taken for this body so far
         self._buffer = bytearray()
-        self._spill: SpillWriter | None = None
-        self._spill_path = spill_path
 
-    def write(self, data: memoryview | bytes) -> None:
-        spill = self._spill
-        if spill is None:
-            n = len(data)
-            need = len(self._buffer) + n - self._reserved
-            if need > 0 and not self._budget.take(max(need, 1 << 16)):
-                spill = self._move_to_file()
-            else:
-                if need > 0:
-                    self._reserved += max(need, 1 << 16)
-                self._buffer += data
-                self._hash(data)
-                self.written += n
-                return
-        before = spill.written
-        spill.write(data)
-        self.written += spill.written - before
-        self._hash(data)
+    def _hold(self, data: memoryview | bytes) -> bool:
+        need = len(self._buffer) + len(data) - self._reserved
+        if need > 0:
+            if not self._budget.take(max(need, 1 << 16)):
+                return False
+            self._reserved += max(need, 1 << 16)
+        self._buffer += data
+        return True
 
-    def _move_to_file(self) -> SpillWriter:
-        spill = SpillWriter(self._spill_path, None)
-        spill.write(memoryview(self._buffer))
+    def _held(self) -> memoryview:
+        return memoryview(self._buffer)
+
+    def _let_go(self) -> None:
         self._budget.give(self._reserved)
         self._reserved = 0
         self._buffer = bytearray()
-        self._spill = spill
-        return spill
 
-    def finish(self) -> None:
-        if self._spill is not None:
-            self._spill.finish()
-            self.payload = self._spill.payload
-            return
+    def _finish_held(self) -> None:
         data = bytes(self._buffer)
         self._buffer = bytearray()
         # What stays charged is exactly the body; the caller gives it back.
         self._budget.give(self._reserved - len(data))
         self._reserved = len(data)
         self.payload = (BYTES, data)
-
-    def abort(self, keep: bool = False) -> None:
-        if self._spill is not None:
-            self._spill.abort()
-        self._budget.give(self._reserved)
-        self._reserved = 0
-        self._buffer = bytearray()
 
 
 class SpillWriter(Writer):
