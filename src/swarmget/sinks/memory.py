@@ -156,42 +156,49 @@ class Budget:
             self.used = max(0, self.used - n)
 
 
-class ArenaWriter(Writer):
-    __slots__ = ("_arena", "_view", "length", "offset", "worker")
+class Slot:
+    """A slot of a worker's arena, as a writer fills it."""
 
-    def __init__(
-        self,
-        arena: Arena,
-        worker: int,
-        offset: int,
-        length: int,
-        hashers: dict[str, Hasher] | None,
-    ) -> None:
-        super().__init__(hashers)
-        self._arena = arena
+    __slots__ = ("arena", "length", "offset", "view", "worker")
+
+    def __init__(self, arena: Arena, worker: int, offset: int, length: int) -> None:
+        self.arena = arena
         self.worker = worker
         self.offset = offset
         self.length = length
-        self._view = arena.view[offset : offset + length]
+        self.view = arena.view[offset : offset + length]
+
+    def payload(self, written: int) -> tuple[str, int, int, int]:
+        return (ARENA, self.worker, self.offset, written)
+
+    def free(self) -> None:
+        self.view.release()
+        self.arena.release(self.offset)
+
+
+class ArenaWriter(Writer):
+    """A body of announced length, straight into its arena slot."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Slot, hashers: dict[str, Hasher] | None) -> None:
+        super().__init__(hashers)
+        self.slot = slot
 
     def write(self, data: memoryview | bytes) -> None:
-        n = len(data)
-        end = self.written + n
-        if end > self.length:
+        slot = self.slot
+        end = self.written + len(data)
+        if end > slot.length:
             raise TransferError(ErrorCode.PROTOCOL, "the body is longer than announced")
-        self._view[self.written : end] = data
+        slot.view[self.written : end] = data
         self._hash(data)
         self.written = end
 
     def finish(self) -> None:
-        self.payload = (ARENA, self.worker, self.offset, self.written)
+        self.payload = self.slot.payload(self.written)
 
     def abort(self, keep: bool = False) -> None:
-        self._view.release()
-        self._arena.release(self.offset)
-
-    def data(self) -> bytes:
-        return bytes(self._view[: self.written])
+        self.slot.free()
 
 
 class OverflowWriter(Writer):
@@ -255,41 +262,29 @@ class GrowingArenaWriter(OverflowWriter):
     """A body of unknown length (chunked, or ended by the close) in a provisional
     arena slot, shrunk to the body when it ends."""
 
-    __slots__ = ("_arena", "_view", "length", "offset", "worker")
+    __slots__ = ("slot",)
 
-    def __init__(
-        self,
-        arena: Arena,
-        worker: int,
-        offset: int,
-        length: int,
-        spill_path: str,
-        hashers: dict[str, Hasher] | None,
-    ) -> None:
+    def __init__(self, slot: Slot, spill_path: str, hashers: dict[str, Hasher] | None) -> None:
         super().__init__(spill_path, hashers)
-        self._arena = arena
-        self.worker = worker
-        self.offset = offset
-        self.length = length
-        self._view = arena.view[offset : offset + length]
+        self.slot = slot
 
     def _hold(self, data: memoryview | bytes) -> bool:
         end = self.written + len(data)
-        if end > self.length:
+        if end > self.slot.length:
             return False
-        self._view[self.written : end] = data
+        self.slot.view[self.written : end] = data
         return True
 
     def _held(self) -> memoryview:
-        return self._view[: self.written]
+        return self.slot.view[: self.written]
 
     def _let_go(self) -> None:
-        self._view.release()
-        self._arena.release(self.offset)
+        self.slot.free()
 
     def _finish_held(self) -> None:
-        self._arena.shrink(self.offset, self.written)
-        self.payload = (ARENA, self.worker, self.offset, self.written)
+        slot = self.slot
+        slot.arena.shrink(slot.offset, self.written)
+        self.payload = slot.payload(self.written)
 
 
 class BufferWriter(OverflowWriter):
@@ -463,14 +458,14 @@ class MemorySink(Sink):
         if arena is not None and length is not None:
             offset = arena.allocate(length)
             if offset is not None:
-                return ArenaWriter(arena, self.worker, offset, length, hashers)
+                return ArenaWriter(Slot(arena, self.worker, offset, length), hashers)
         elif arena is not None:
             # Unknown length: a provisional slot, a share of what is free.
             provisional = min(PROVISIONAL, arena.free // 4)
             offset = arena.allocate(provisional) if provisional >= MIN_PROVISIONAL else None
             if offset is not None:
-                path = self._spill_path(job)
-                return GrowingArenaWriter(arena, self.worker, offset, provisional, path, hashers)
+                slot = Slot(arena, self.worker, offset, provisional)
+                return GrowingArenaWriter(slot, self._spill_path(job), hashers)
         else:
             reserved = length if length is not None else 0
             if self.budget.take(reserved):
