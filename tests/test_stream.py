@@ -146,6 +146,38 @@ def test_a_map_value_that_cannot_travel_fails_only_its_item(
     assert "Traceback" not in capfd.readouterr().err
 
 
+def _refuse_to_load() -> None:
+    raise RuntimeError("this value cannot be loaded here")
+
+
+class _Unloadable:
+    """Pickles in the worker; raises when the driver unpickles it."""
+
+    def __reduce__(self) -> tuple[object, tuple[()]]:
+        return (_refuse_to_load, ())
+
+
+def _unloadable_at_three(item: Item) -> object:
+    return _Unloadable() if item.index == 3 else len(item.read())
+
+
+def test_a_report_the_driver_cannot_read_costs_its_rows_not_the_run(server: TestServer) -> None:
+    urls = [server.file_url(f"ul{i}.bin", size=100) for i in range(60)]
+    started = time.monotonic()
+    with swarmget.stream(urls, map=_unloadable_at_three, workers=2, ordered=True) as items:
+        got = list(items)
+    assert time.monotonic() - started < 10
+    assert [item.index for item in got] == list(range(60))
+    lost = [item for item in got if not item.ok]
+    assert lost and len(lost) < 60 and got[3] in lost
+    for item in lost:
+        assert item.error == "crashed"
+        assert "could not be read (RuntimeError: this value cannot be loaded" in (
+            item.message or ""
+        )
+    assert all(item.value == 100 for item in got if item.ok)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_bodies_beyond_the_budget_spill_and_their_files_go(
     server: TestServer, tmp_path: Path, workers: int

@@ -83,6 +83,7 @@ class Stopped:
 class Died:
     worker: int
     exitcode: int | None
+    why: str = ""  # what the driver knows beyond the exit code
 
 
 Event = Progress | Finished | Stopped | Died

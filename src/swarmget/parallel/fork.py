@@ -144,6 +144,15 @@ class ForkBackend:
             slot.ended = True
             slot.process.join(5)
             events.append(Died(worker, slot.process.exitcode))
+        except Exception as exc:
+            # A report that does not unpickle here (a map value that pickled in
+            # the worker but will not load: its rows are unknown).  The books
+            # only balance if that worker's rows are settled as lost: end it.
+            slot.ended = True
+            slot.process.kill()
+            slot.process.join(5)
+            why = f"its report could not be read ({type(exc).__name__}: {exc})"
+            events.append(Died(worker, slot.process.exitcode, why))
 
     def replace(self, worker: int) -> bool:
         slot = self._slots[worker]

@@ -325,13 +325,15 @@ class Supervisor:
                 raise KeyboardInterrupt  # stopped from outside: so is the run
             self._fatal = self._fatal or event.error
         elif isinstance(event, Died):
-            self._died(event.worker, event.exitcode)
+            self._died(event.worker, event.exitcode, event.why)
 
-    def _died(self, index: int, exitcode: int | None) -> None:
+    def _died(self, index: int, exitcode: int | None, why: str = "") -> None:
         """A worker vanished: fail what it held, and start another in its place."""
         worker = self._workers[index]
         lost = list(worker.outstanding.values())
         message = f"the worker process died (exit code {exitcode}) while downloading this row"
+        if why:
+            message = f"the worker process was stopped while downloading this row: {why}"
         self._add_results(
             [
                 FileResult(
