@@ -195,17 +195,33 @@ class NameAllocator:
         if not store.taken(name) and not store.is_dir(name):
             store.claim(name, parents)
             return name
-        # Resume counting where the last collision on this name stopped; a
-        # candidate can still be taken (an input that lists "a-1.jpg" itself),
-        # so keep going until a free one turns up.
+        # Resume counting where the last collision on this name stopped.  That
+        # one can still be taken: the input listed "a-1.jpg" itself, or earlier
+        # runs handed out a-1 ... a-N (the count starts cold in each run, and
+        # one name repeated a million times is common: "image.jpg").  Then
+        # gallop to a free suffix and bisect back to the first free one after
+        # the taken run: log(N) lookups, not N.
         n = store.next_suffix(name)
+        if self._used(with_suffix(name, n)):
+            low, step = n, 1
+            high = low + step
+            while self._used(with_suffix(name, high)):
+                low, step = high, step * 2
+                high = low + step
+            while high - low > 1:
+                middle = (low + high) // 2
+                if self._used(with_suffix(name, middle)):
+                    low = middle
+                else:
+                    high = middle
+            n = high  # seen free
         candidate = with_suffix(name, n)
-        while store.taken(candidate) or store.is_dir(candidate):
-            n += 1
-            candidate = with_suffix(name, n)
         store.set_next_suffix(name, n + 1)
         store.claim(candidate, parents)
         return candidate
+
+    def _used(self, name: str) -> bool:
+        return self.store.taken(name) or self.store.is_dir(name)
 
 
 def with_suffix(path: str, n: int) -> str:
