@@ -42,3 +42,63 @@ def test_a_million_rows_in_under_200_mb(tmp_path: Path, nxdomain_dns: str) -> No
     with (out / ".swarmget" / "manifest.jsonl").open() as manifest:
         lines = sum(1 for _ in manifest)
     assert lines == 1_000_000
+
+
+def test_a_list_over_many_hosts_keeps_a_bounded_number_of_pools(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every new host made a pool that lived for the whole run (about 6 KB with a
+    # TLS session), and every connect race over a host's two addresses (here
+    # ::1 and 127.0.0.1) left a reference cycle holding its pool and transfer.
+    import gc
+
+    from swarmget.engine import core
+    from swarmget.engine.core import Engine
+    from swarmget.engine.pool import HostPool
+    from swarmget.options import Options
+    from swarmget.sinks.base import Assignment
+    from swarmget.sinks.files import FileSink
+    from swarmget.testing import TestServer
+    from swarmget.testing.events import RecordedEvents
+
+    monkeypatch.setattr(core, "POOL_LIMIT", 0)  # the floor: 2 x (window + concurrency)
+    events = RecordedEvents()
+    with TestServer() as server:
+        port = server.port
+        rows = [
+            Assignment(i, i, f"http://h{i}.localhost:{port}/files/f{i}.bin?size=10", f"f{i}")
+            for i in range(1500)
+        ]
+        engine = Engine(FileSink(str(tmp_path)), Options(concurrency=20, per_host=2), events)
+        gc.collect()
+        gc.disable()  # what is left must be freed by reference counts alone
+        try:
+            engine.add(rows)
+            engine.close_input()
+            engine.run()
+            limit = 2 * (256 + 20)
+            assert len(engine.pools) <= limit
+            alive = sum(1 for o in gc.get_objects() if isinstance(o, HostPool))
+            assert alive <= limit + 20, alive  # was one per host: 1,500
+        finally:
+            gc.enable()
+            engine.close()
+    assert sum(1 for r in events.results if r.ok) == 1500
+
+
+def test_a_host_given_up_stays_given_up_when_its_pool_is_retired() -> None:
+    from swarmget.engine.pool import DIRECT, HostPool, retire_idle
+    from swarmget.errors import TransferError
+    from swarmget.protocol.request import RequestTemplate
+
+    def pool(i: int) -> HostPool:
+        return HostPool(("http", f"h{i}", 80), RequestTemplate(f"h{i}", {}), DIRECT)
+
+    pools = {p.origin: p for p in map(pool, range(10))}
+    dead = TransferError("connect", "h3 refused 5 connects in a row")
+    pools[("http", "h3", 80)].given_up = dead
+    pools[("http", "h0", 80)].open = 1  # busy: stays, however old
+    given_up: dict[tuple[str, str, int], TransferError] = {}
+    retire_idle(pools, 4, given_up)
+    assert len(pools) == 4 and ("http", "h0", 80) in pools
+    assert given_up == {("http", "h3", 80): dead}

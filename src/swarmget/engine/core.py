@@ -45,7 +45,14 @@ from swarmget.engine.events import EngineEvents
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Job, Transfer
 from swarmget.engine.owner import ConnectionOwner
-from swarmget.engine.pool import DIRECT, FORWARD_PROXY, TUNNEL, HostPool, PooledConnection
+from swarmget.engine.pool import (
+    DIRECT,
+    FORWARD_PROXY,
+    TUNNEL,
+    HostPool,
+    PooledConnection,
+    retire_idle,
+)
 from swarmget.engine.retry import REDIRECT, RESTART, STALE, RetryPolicy, Stalled
 from swarmget.engine.scheduler import (
     Action,
@@ -78,12 +85,31 @@ from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
 from swarmget.sinks.files import OutputError
 
 RECV_BUFFER_SIZE: Final = 256 * 1024
+# Pools kept before idle ones are retired (engine/pool.py, retire_idle): enough
+# that the hosts of a run's recent rows keep their addresses and TLS sessions.
+POOL_LIMIT: Final = 4096
 CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Requests wait for the end of the loop turn (see engine/connection.py), but no
 # more than this many: a long turn then costs the first of them at most ~3 ms.
 SEND_BATCH: Final = 32
 # Bodies at least this large keep their part on failure and resume with Range.
 RESUME_MIN_BYTES: Final = 1 << 20
+
+
+def _request_headers(options: Options) -> tuple[bytes, dict[str, str]]:
+    """(the credential header lines, every other header of each request).
+
+    Credentials go only to the first origin of each job (see Job.move_to).
+    """
+    user_headers = dict(options.headers)
+    credentials = {k: v for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS}
+    headers = {
+        "User-Agent": options.user_agent,
+        "Accept": "*/*",
+        "Accept-Encoding": "identity",
+        **{k: v for k, v in user_headers.items() if k not in credentials},
+    }
+    return header_lines(credentials), headers
 
 
 class Engine(ConnectionOwner):
@@ -121,22 +147,15 @@ class Engine(ConnectionOwner):
         self.connections: set[HTTPConnection] = set()
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self._split = UrlSplitter().split
-        user_headers = dict(options.headers)
-        # Credentials go only to the first origin of each job (see Job.move_to).
-        credentials = {k: v for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS}
-        self.credentials = header_lines(credentials)
-        self._headers = {
-            "User-Agent": options.user_agent,
-            "Accept": "*/*",
-            "Accept-Encoding": "identity",
-            **{k: v for k, v in user_headers.items() if k not in credentials},
-        }
+        self.credentials, self._headers = _request_headers(options)
         self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)
         self._rows: deque[Assignment] = deque()
         self._input_done = False
         self.in_memory = 0  # jobs started and not yet reported
         self._window = max(256, 2 * options.concurrency)
+        self._pool_limit = max(POOL_LIMIT, 2 * (self._window + options.concurrency))
+        self._given_up: dict[Origin, TransferError] = {}  # hosts of retired pools
         self.fatal: OutputError | None = None
         self._to_publish: list[tuple[Transfer, FileResult]] = []  # complete, not yet published
         self._outbox: list[HTTPConnection] = []  # requests to send at the end of this turn
@@ -250,8 +269,18 @@ class Engine(ConnectionOwner):
         job = transfer.job
         pool = self.pools.get(job.origin)
         if pool is None:
-            pool = self.pools[job.origin] = self._new_pool(job.origin, job.host_header)
+            pool = self._add_pool(job.origin, job.host_header)
         self._execute(self.scheduler.submit(pool, transfer, self.loop.now, front))
+
+    def _add_pool(self, origin: Origin, host_header: str) -> HostPool:
+        pools = self.pools
+        if len(pools) >= self._pool_limit:
+            # Busy pools are at most the window's rows plus the connections:
+            # half the limit, so this runs once per that many new hosts.
+            retire_idle(pools, self._pool_limit // 2, self._given_up)
+        pool = pools[origin] = self._new_pool(origin, host_header)
+        pool.given_up = self._given_up.get(origin)
+        return pool
 
     def _new_pool(self, origin: Origin, host_header: str) -> HostPool:
         scheme, host, port = origin

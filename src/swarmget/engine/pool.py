@@ -104,3 +104,37 @@ class HostPool:
         scheme, host, port = self.origin
         via = f" via {self.proxy}" if self.proxy else ""
         return f"<HostPool {scheme}://{host}:{port}{via} open={self.open} queued={len(self.queue)}>"
+
+
+# Hosts given up whose pools were retired, remembered at most (see retire_idle).
+GIVEN_UP_LIMIT: Final = 65536
+
+
+def is_idle(pool: HostPool) -> bool:
+    """Nothing open, closing, queued or being resolved: forgetting the pool loses
+    only what it caches (addresses, which the resolver caches too; a TLS session)."""
+    return pool.open == 0 and pool.closing == 0 and not pool.queue and not pool.resolving
+
+
+def retire_idle(
+    pools: dict[Origin, HostPool], keep: int, given_up: dict[Origin, TransferError]
+) -> None:
+    """Forget the oldest idle pools until at most ``keep`` are left (busy ones stay).
+
+    A list spread over a million hosts must not keep a million pools (about 6 KB
+    each with a TLS session): memory is not to grow with the list.  The one
+    thing a pool knows that must outlast it -- its host was given up, so its
+    other rows fail at once -- goes to ``given_up``, itself bounded.
+    """
+    for origin in list(pools):
+        if len(pools) <= keep:
+            break
+        pool = pools[origin]
+        if is_idle(pool):
+            del pools[origin]
+            if pool.given_up is not None:
+                given_up[origin] = pool.given_up
+    if len(given_up) > GIVEN_UP_LIMIT:
+        newest = list(given_up.items())[len(given_up) // 2 :]
+        given_up.clear()
+        given_up.update(newest)

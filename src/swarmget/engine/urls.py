@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import ipaddress
 import re
+from typing import Final
 from urllib.parse import quote, unquote, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
@@ -46,6 +47,9 @@ class Location:
         self.authorization = authorization
 
 
+ORIGINS_CACHED: Final = 4096  # scheme://authority prefixes a UrlSplitter remembers
+
+
 class UrlSplitter:
     """:func:`split_url` with a cache per ``scheme://authority/`` prefix.
 
@@ -67,7 +71,11 @@ class UrlSplitter:
                 if target.isascii() and target.isprintable() and " " not in target:
                     return Location(known.origin, target, known.host_header, known.authorization)
         location = split_url(url)
-        if cut > 0 and len(self._origins) < 65536 and url[:cut].isascii():
+        if cut > 0 and url[:cut].isascii():
+            if len(self._origins) >= ORIGINS_CACHED:
+                # A list over many hosts: a cache, not a record of every host
+                # (memory must not grow with the list); start it afresh.
+                self._origins.clear()
             self._origins[url[:cut]] = location
         return location
 

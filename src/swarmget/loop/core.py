@@ -60,6 +60,14 @@ class Timer:
 
     def cancel(self) -> None:
         self.cancelled = True
+        # The entry stays in the heap until its time; what it refers to need not
+        # (a connect race's deadline holds the race, its pool and its transfer).
+        self.callback = _nothing
+        self.args = ()
+
+
+def _nothing(*args: Any) -> None:
+    pass
 
 
 class _Waker:

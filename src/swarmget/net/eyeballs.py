@@ -162,7 +162,7 @@ class HappyEyeballs:
         if err == 0:
             sock = attempt.sock
             self._finish()
-            self._callback(sock, None)
+            self._call_back(sock, None)
             return
         attempt.sock.close()
         self._last_error = err
@@ -179,7 +179,14 @@ class HappyEyeballs:
         self._loop.call_soon(self._report_failure, error)
 
     def _report_failure(self, error: TransferError) -> None:
-        self._callback(None, error)  # looked up now: cancel() may have come in between
+        self._call_back(None, error)  # looked up now: cancel() may have come in between
+
+    def _call_back(self, sock: socket.socket | None, error: TransferError | None) -> None:
+        # Once, and then let go of the callback: it usually refers to this race
+        # (to forget it), a cycle only the garbage collector would break, with
+        # the pool and the transfer inside -- one per new host of a long list.
+        callback, self._callback = self._callback, _ignore
+        callback(sock, error)
 
     def _finish(self) -> None:
         """Close the losers and stop the timers; after this nothing calls back."""
