@@ -146,6 +146,7 @@ def worker_main(
         _report_periodically(engine, events)
         while not engine.finished:
             engine.step()
+        _stop_quietly()  # on the way out by itself: a late stop signal changes nothing
         if engine.fatal is not None:
             engine.abort(keep_parts=False)
             message = Stopped(worker, engine.fatal)
@@ -160,6 +161,7 @@ def worker_main(
     # Stopping already: a SIGTERM now (the driver stopping everyone after a
     # fatal error) must not cut the last report short with a traceback.  A
     # worker stuck here is still killed by the driver after its grace period.
+    _stop_quietly()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _send_last(conn, events, message)
@@ -197,8 +199,24 @@ def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped
         conn.close()
 
 
+# Set once the worker is stopping (by a signal, or by itself): a second stop
+# signal must not raise again in the middle of the cleanup.  Two can come: a
+# worker that hit a full disk is still on its way out when its sibling's report
+# of the same error makes the driver signal every worker it has not heard end.
+_stopping = False
+
+
 def _stop(signum: int, frame: FrameType | None) -> None:
+    global _stopping
+    if _stopping:
+        return
+    _stopping = True
     raise KeyboardInterrupt
+
+
+def _stop_quietly() -> None:
+    global _stopping
+    _stopping = True
 
 
 # Set by SIGUSR1: the run hit a fatal error elsewhere (a full disk), so give the
@@ -210,7 +228,7 @@ _drop_parts = False
 def _stop_dropping_parts(signum: int, frame: FrameType | None) -> None:
     global _drop_parts
     _drop_parts = True
-    raise KeyboardInterrupt
+    _stop(signum, frame)
 
 
 def _terminate_with_parent() -> None:
