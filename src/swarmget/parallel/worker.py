@@ -123,6 +123,7 @@ def worker_main(
     make_sink: Callable[[int], Sink],
     options: Options,
 ) -> None:
+    global _wake
     # A forked worker holds copies of the driver's pipe ends (its own and its
     # siblings'); while any copy is open, no pipe reports EOF when the driver
     # dies.  Close them first.
@@ -144,9 +145,11 @@ def worker_main(
         events.engine = engine
         engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
         _report_periodically(engine, events)
+        _wake = engine.loop.wake
         while not engine.finished:
+            if _stop_requested:
+                raise KeyboardInterrupt  # here, between loop turns: see _stop
             engine.step()
-        _stop_quietly()  # on the way out by itself: a late stop signal changes nothing
         if engine.fatal is not None:
             engine.abort(keep_parts=False)
             message = Stopped(worker, engine.fatal)
@@ -161,7 +164,6 @@ def worker_main(
     # Stopping already: a SIGTERM now (the driver stopping everyone after a
     # fatal error) must not cut the last report short with a traceback.  A
     # worker stuck here is still killed by the driver after its grace period.
-    _stop_quietly()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     _send_last(conn, events, message)
@@ -199,24 +201,21 @@ def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped
         conn.close()
 
 
-# Set once the worker is stopping (by a signal, or by itself): a second stop
-# signal must not raise again in the middle of the cleanup.  Two can come: a
-# worker that hit a full disk is still on its way out when its sibling's report
-# of the same error makes the driver signal every worker it has not heard end.
-_stopping = False
+# Set by a stop signal; the main loop raises KeyboardInterrupt at the next turn.
+# Not raised in the handler itself: that would land at any bytecode -- between
+# creating a part file and taking note of it (an orphan part no cleanup knows
+# of), inside the caller's map, or in the cleanup of a worker already on its
+# way out (a second signal: a traceback).  The handler wakes the loop instead.
+_stop_requested = False
+_wake: Callable[[], None] | None = None
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
-    global _stopping
-    if _stopping:
-        return
-    _stopping = True
-    raise KeyboardInterrupt
-
-
-def _stop_quietly() -> None:
-    global _stopping
-    _stopping = True
+    global _stop_requested
+    _stop_requested = True
+    wake = _wake
+    if wake is not None:
+        wake()
 
 
 # Set by SIGUSR1: the run hit a fatal error elsewhere (a full disk), so give the
