@@ -158,6 +158,33 @@ def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:
         FilePlanner(str(tmp_path), Options())
 
 
+def test_a_name_earlier_runs_took_many_times_is_found_free_in_log_lookups(
+    tmp_path: Path,
+) -> None:
+    # The suffix count starts cold in each run: with image.jpg, image-1.jpg ...
+    # image-N.jpg taken before, the next one took N queries; now log(N).
+    copies = 3000
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        for start in range(0, copies, 256):
+            batch = planner.plan(
+                [Row(i, f"http://h{i}/image.jpg") for i in range(start, min(start + 256, copies))]
+            )
+            planner.record([ok(a) for a in batch.assignments])
+    finally:
+        planner.finish(interrupted=False)
+    planner = FilePlanner(str(tmp_path), Options())
+    queries: list[str] = []
+    planner.journal._db.set_trace_callback(queries.append)
+    try:
+        batch = planner.plan([Row(0, "http://new/image.jpg"), Row(1, "http://new2/image.jpg")])
+    finally:
+        planner.journal._db.set_trace_callback(None)
+        planner.finish(interrupted=True)
+    assert [a.path for a in batch.assignments] == ["image-3000.jpg", "image-3001.jpg"]
+    assert len(queries) < 60, len(queries)  # was more than 3,000
+
+
 def test_names_taken_in_an_earlier_run_stay_taken(tmp_path: Path) -> None:
     planner = FilePlanner(str(tmp_path), Options())
     first = planner.plan(rows("http://x/photo.jpg"))

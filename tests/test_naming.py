@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.sinks.naming import (
     MAX_NAME_BYTES,
-    MemoryNames,
     NameAllocator,
     confine,
     default_name,
@@ -344,34 +343,6 @@ def test_memory_distinct_names() -> None:
     peak, names = peak_allocating(urls)
     assert len(names) == MEMORY_ROWS
     assert peak < MEMORY_ROWS * BYTES_PER_ROW, f"{peak / MEMORY_ROWS:.0f} B/row"
-
-
-class _CountingNames(MemoryNames):
-    """Names an earlier run handed out (a-1 ... a-N), with this run's suffix count
-    starting cold, as the journal's store does; counts lookups."""
-
-    def __init__(self, earlier: list[str]) -> None:
-        super().__init__()
-        for name in earlier:
-            self.claim(name, [])
-        self.lookups = 0
-
-    def taken(self, name: str) -> bool:
-        self.lookups += 1
-        return super().taken(name)
-
-
-def test_a_name_taken_many_times_in_earlier_runs_is_found_free_in_log_lookups() -> None:
-    earlier = ["image.jpg"] + [f"image-{n}.jpg" for n in range(1, 100_000)]
-    store = _CountingNames(earlier)
-    names = NameAllocator(store)
-    assert names.allocate(Row(0, "http://new/image.jpg")) == "image-100000.jpg"
-    assert store.lookups < 60  # it was 100,000: one per earlier copy
-    assert names.allocate(Row(1, "http://new2/image.jpg")) == "image-100001.jpg"
-    # A hole left in the run still yields a free name, never a taken one.
-    taken = ["b.jpg", "b-1.jpg", "b-2.jpg", "b-4.jpg", "b-5.jpg"]
-    got = NameAllocator(_CountingNames(taken)).allocate(Row(0, "http://h/b.jpg"))
-    assert got in ("b-3.jpg", "b-6.jpg")
 
 
 def test_memory_and_time_all_colliding() -> None:
