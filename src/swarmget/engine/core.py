@@ -163,9 +163,6 @@ class Engine(ConnectionOwner):
         sweep = min(options.timeout, options.min_speed_window, options.deadline) / 8
         self._sweep_interval = min(1.0, max(0.02, sweep))
         self._sweeping = False
-        # Stopped (abort or close): nothing new may start.  Closing a connection
-        # frees a slot, and the scheduler fills freed slots with queued transfers.
-        self._stopping = False
 
     # -- feeding and running ----------------------------------------------------------
 
@@ -213,7 +210,9 @@ class Engine(ConnectionOwner):
         complete are published first.
         """
         self._input_done = True
-        self._stopping = True
+        # Nothing new may start: closing the connections below frees their
+        # slots, which the scheduler would give to the transfers queued behind.
+        self.scheduler.stopping = True
         self._rows.clear()
         if self._to_publish:
             self._publish()
@@ -228,7 +227,7 @@ class Engine(ConnectionOwner):
             conn.close()
 
     def close(self) -> None:
-        self._stopping = True
+        self.scheduler.stopping = True  # as in abort()
         for conn in list(self.connections):
             conn.close()
         for dial in self.dialing:
@@ -302,9 +301,6 @@ class Engine(ConnectionOwner):
     # -- carrying out the scheduler's actions -----------------------------------------
 
     def _execute(self, actions: list[Action]) -> None:
-        if self._stopping:
-            # What is queued stays unreported (a rerun does it); only closes go on.
-            actions = [action for action in actions if isinstance(action, Close)]
         for action in actions:
             if isinstance(action, Start):
                 self._count_attempt(action.transfer)

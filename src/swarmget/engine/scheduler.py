@@ -124,7 +124,7 @@ class Scheduler:
         self.host_failures = host_failures  # 0: never give a host up
         self.open = 0  # connections (and dials) open, all pools
         self.closing = 0  # of those, being closed to free their slot
-        self.stopping = False  # a fatal error: reuse nothing, start nothing
+        self.stopping = False  # stopped (a fatal error, abort, close): reuse nothing, start nothing
         self._closing: set[PooledConnection] = set()
         self._idle: dict[PooledConnection, None] = {}  # all idle connections, oldest first
         self._starved: dict[HostPool, None] = {}  # pools waiting for a global slot
