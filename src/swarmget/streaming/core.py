@@ -134,8 +134,8 @@ class Stream(Iterator[Item]):
     (read lazily).  ``map=fn`` runs ``fn(item)`` in the worker process that
     downloaded the item, and only its value comes back (``item.value``, so it
     must pickle); an exception in ``fn``, or a value that does not pickle, fails
-    the item with ``map_error``.  ``ordered`` yields
-    in input order (else in completion order).  ``prefetch`` bounds the items
+    the item with ``map_error``.  ``ordered`` yields in input order (else in
+    completion order).  ``prefetch`` bounds the items
     downloading or waiting ahead of the caller, ``max_buffer_bytes`` the bytes
     they hold in memory, all processes together; bodies beyond it go to files
     under ``spill_dir`` (a temporary directory by default), removed when the
