@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -32,6 +34,10 @@ def server() -> Iterator[TestServer]:
         ("http://EXAMPLE.test/x", ("http", "example.test", 80), "example.test"),
         ("http://a_b.test/x", ("http", "a_b.test", 80), "a_b.test"),  # seen in the wild
         ("http://[::1]:81/x", ("http", "::1", 81), "[::1]:81"),
+        # A zone id (RFC 6874's %25, or curl's bare %) reaches the resolver, which
+        # makes it the scope id; the server is never told about our interfaces.
+        ("http://[fe80::1%25eth0]:81/x", ("http", "fe80::1%eth0", 81), "[fe80::1]:81"),
+        ("http://[fe80::1%eth0]/x", ("http", "fe80::1%eth0", 80), "[fe80::1]"),
     ],
 )
 def test_hosts_take_the_form_dns_tls_and_the_host_header_need(
@@ -52,6 +58,7 @@ def test_hosts_take_the_form_dns_tls_and_the_host_header_need(
         "http://a$b.test/x",
         "http://" + "\u00e9" * 70 + ".test/x",  # a label too long for IDNA
         "http://[fe80::1%zz!]/x",
+        "http://[fe80::1%25]/x",  # an empty zone id
     ],
 )
 def test_hosts_no_name_can_be_are_bad_urls(url: str) -> None:
@@ -88,3 +95,31 @@ def test_a_redirect_to_an_invalid_url_is_a_bad_redirect(server: TestServer, tmp_
     assert report.failed == 2
     errors = [r["error"] for r in swarmget.read_manifest(tmp_path)]
     assert errors == ["bad_redirect", "bad_redirect"]
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="this machine has no IPv6")
+def test_an_ipv6_zone_id_picks_the_interface_and_stays_off_the_wire(tmp_path: Path) -> None:
+    # It used to go to the resolver as "::1%25lo" and fail as `dns`.
+    loopback = socket.if_indextoname(1)  # "lo" on Linux
+    server = TestServer(host="::1")
+    try:
+        server.start()
+    except OSError as exc:
+        pytest.skip(f"cannot listen on ::1 here: {exc}")
+    try:
+        paths = [urlsplit(server.file_url(f"{name}.bin", size=100)).path for name in "ab"]
+        urls = [
+            f"http://[::1%25{loopback}]:{server.port}{paths[0]}",
+            f"http://[::1%251]:{server.port}{paths[1]}",  # the interface by its index
+        ]
+        report = swarmget.download(urls, tmp_path, workers=1, retries=0)
+        hosts = {
+            line.split(b":", 1)[1].strip()
+            for head in server.requests
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"host:")
+        }
+    finally:
+        server.stop()
+    assert report.ok == 2, [r["message"] for r in swarmget.read_manifest(tmp_path)]
+    assert hosts == {f"[::1]:{server.port}".encode()}

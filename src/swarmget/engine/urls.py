@@ -107,7 +107,9 @@ def split_url(url: str) -> Location:
         target = f"{target}?{parts.query}"
     if not (target.isascii() and target.isprintable()) or " " in target:
         target = quote(target, safe=_SAFE_TARGET)
-    host_header = f"[{host}]" if ":" in host else host
+    # An IPv6 literal in brackets, without its zone id: the zone names an
+    # interface of this machine, which means nothing to the server (RFC 6874).
+    host_header = f"[{bare_host(host)}]" if ":" in host else host
     if port != default:
         host_header = f"{host_header}:{port}"
     authorization = None
@@ -125,16 +127,23 @@ def wire_host(host: str, url: str) -> str:
     cannot hold (curl's list: controls, spaces, ``/ # ? @ % ...``), which would
     otherwise reach the wire or the resolver.  ``url`` is for the message."""
     if ":" in host:  # an IPv6 literal: urlsplit has checked its brackets
-        address, _, zone = host.partition("%")
+        address, percent, zone = host.partition("%")
         try:
             ipaddress.IPv6Address(address)
         except ValueError:
             raise TransferError(
                 ErrorCode.BAD_URL, f"invalid IPv6 address {host!r} in {redact(url)!r}"
             ) from None
-        if zone and not _ZONE.fullmatch(zone):
+        if not percent:
+            return host
+        # A zone id is written ``%25eth0`` (RFC 6874: the ``%`` itself escaped);
+        # curl also takes a bare ``%eth0``.  It travels as ``fe80::1%eth0`` to the
+        # resolver (which turns it into the socket's scope id) and nowhere else.
+        if zone.startswith("25"):
+            zone = zone[2:]
+        if not _ZONE.fullmatch(zone):
             raise TransferError(ErrorCode.BAD_URL, f"invalid IPv6 zone in {redact(url)!r}")
-        return host
+        return f"{address}%{zone}"
     if not host.isascii():
         try:
             host = host.encode("idna").decode("ascii")
@@ -150,6 +159,12 @@ def wire_host(host: str, url: str) -> str:
             f"host {host!r} holds {bad.group()!r}, which no host name can: {redact(url)!r}",
         )
     return host
+
+
+def bare_host(host: str) -> str:
+    """``host`` without an IPv6 zone id (``fe80::1%eth0`` -> ``fe80::1``): what the
+    ``Host`` header and the certificate check see."""
+    return host.partition("%")[0] if ":" in host else host
 
 
 def redact(url: str) -> str:

@@ -17,11 +17,13 @@ ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
 
 
 def ip_literal(host: str) -> Address | None:
-    """(family, bare address) when ``host`` is an IPv4/IPv6 literal, else None."""
+    """(family, (bare address,)) when ``host`` is an IPv4/IPv6 literal, else None.
+    An IPv6 zone id stays on the address (``fe80::1%eth0``) for :func:`sockaddr`."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    address = bare.partition("%")[0] if ":" in bare else bare
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
-            socket.inet_pton(family, bare)
+            socket.inet_pton(family, address)
         except (OSError, ValueError):
             continue
         return (family, (bare,))
@@ -38,5 +40,20 @@ def literal_addresses(host: str, port: int) -> list[Address] | None:
 
 
 def sockaddr(family: int, bare: str, port: int) -> tuple[object, ...]:
-    """The ``connect()`` address for an IP in ``family``."""
-    return (bare, port, 0, 0) if family == socket.AF_INET6 else (bare, port)
+    """The ``connect()`` address for an IP in ``family``; an IPv6 zone id
+    (``%eth0`` or ``%2``) becomes the scope id."""
+    if family != socket.AF_INET6:
+        return (bare, port)
+    address, _, zone = bare.partition("%")
+    return (address, port, 0, scope_id(zone)) if zone else (bare, port, 0, 0)
+
+
+def scope_id(zone: str) -> int:
+    """The interface index a zone id names; 0 for an interface this machine does
+    not have, so that connect() fails as curl's does ("Invalid argument")."""
+    if zone.isdigit():
+        return int(zone)
+    try:
+        return socket.if_nametoindex(zone)
+    except OSError:
+        return 0

@@ -168,6 +168,8 @@ class ClientTLS:
         host name that cannot be sent, ``ssl.SSLError`` for a session that does
         not fit.
         """
+        if ":" in host:  # an IPv6 zone id names our interface, not the server's address
+            host = host.partition("%")[0]
         context = self.context
         construct = None if self.public_api else getattr(context, "_wrap_socket", None)
         if construct is not None:
