@@ -397,6 +397,19 @@ def test_threaded_fallback_has_the_same_interface(loop: EventLoop) -> None:
         res.close()
 
 
+def test_the_threaded_resolver_forgets_expired_answers(loop: EventLoop) -> None:
+    # Its cache used to keep every (host, port) of the run: a list over millions
+    # of hosts grew without bound, as the c-ares resolver's cache never did.
+    res = ThreadedResolver(loop, ttl=0.0, negative_ttl=0.0)
+    try:
+        for port in range(1, 2501):
+            addresses, error = resolve(res, loop, "localhost", port)
+            assert error is None and addresses
+        assert len(res._cache) <= 1024
+    finally:
+        res.close()
+
+
 # -- Happy Eyeballs -----------------------------------------------------------------
 
 Dialed = tuple[socket.socket | None, Any]

@@ -8,12 +8,26 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
+from typing import Any, TypeVar
 
 from swarmget.errors import TransferError
 
 Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
 # How a resolver answers: (addresses, None) or (None, error), on the loop thread.
 ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
+
+
+Key = TypeVar("Key")
+PURGE_FLOOR = 1024  # answers a resolver's cache holds before its first purge
+
+
+def unexpired(cache: dict[Key, Any], now: float) -> tuple[dict[Key, Any], int]:
+    """A resolver cache (values start with their expiry time) without the answers
+    that expired by ``now``, and the size at which to purge it next: twice what
+    is left, so the purges cost O(1) per answer and a run over a million hosts
+    keeps what its TTLs keep, not every name it ever resolved."""
+    kept = {key: entry for key, entry in cache.items() if entry[0] > now}
+    return kept, max(PURGE_FLOOR, 2 * len(kept))
 
 
 def ip_literal(host: str) -> Address | None:

@@ -43,11 +43,13 @@ import pycares
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EVENT_READ, EVENT_WRITE, EventLoop, Timer
 from swarmget.net.address import (
+    PURGE_FLOOR,
     Address,
     ResolveCallback,
     ip_literal,
     literal_addresses,
     sockaddr,
+    unexpired,
 )
 
 _BAD = pycares.ARES_SOCKET_BAD
@@ -101,7 +103,7 @@ class AresResolver:
         self._pending = 0  # queries c-ares has not answered yet
         self._timer: Timer | None = None
         self._cache: dict[str, _CacheEntry] = {}
-        self._purge_at = 1024
+        self._purge_at = PURGE_FLOOR
         self._waiting: dict[str, list[tuple[int, ResolveCallback]]] = {}
         try:
             self._channel = pycares.Channel(
@@ -223,9 +225,7 @@ class AresResolver:
 
     def _purge(self) -> None:
         """Drop expired answers; amortised so a run over a million hosts stays small."""
-        now = self._loop.now
-        self._cache = {host: e for host, e in self._cache.items() if e[0] > now}
-        self._purge_at = max(1024, 2 * len(self._cache))
+        self._cache, self._purge_at = unexpired(self._cache, self._loop.now)
 
     def _sock_state(self, fd: int, readable: int, writable: int) -> None:
         if self._closed:

@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
-from swarmget.net.address import Address, ResolveCallback, ip_literal, literal_addresses
+from swarmget.net.address import (
+    PURGE_FLOOR,
+    Address,
+    ResolveCallback,
+    ip_literal,
+    literal_addresses,
+    unexpired,
+)
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -97,6 +104,7 @@ class ThreadedResolver:
         self._cache: dict[
             tuple[str, int], tuple[float, list[Address] | None, TransferError | None]
         ] = {}
+        self._purge_at = PURGE_FLOOR
         self._waiting: dict[tuple[str, int], list[ResolveCallback]] = {}
 
     def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
@@ -154,6 +162,8 @@ class ThreadedResolver:
         self, key: tuple[str, int], addresses: list[Address] | None, error: TransferError | None
     ) -> None:
         ttl = self._ttl if error is None else self._negative_ttl
+        if len(self._cache) >= self._purge_at:
+            self._cache, self._purge_at = unexpired(self._cache, self._loop.now)
         self._cache[key] = (self._loop.now + ttl, addresses, error)
         for callback in self._waiting.pop(key, []):
             callback(addresses, error)
