@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
-from swarmget.testing.outputs import part_for
+from swarmget.testing.outputs import part_for, parts
 from swarmget.testing.process import child_env
 
 SMALL = 2000
@@ -152,3 +152,52 @@ def test_ctrl_c_keeps_small_parts_too_and_the_rerun_overwrites_them(
     assert again.returncode == 0
     assert (out / "small.bin").read_bytes() == expected_body("small.bin", 40_000)
     assert not part.exists()
+
+
+# A child that presses Ctrl-C on itself the moment the engine creates its first
+# part file (``workers=1``: the engine runs in the process that gets SIGINT).
+_INTERRUPT_AT_FIRST_PART = """
+import os, signal, sys
+import swarmget
+
+real_open = os.open
+created = []
+
+def open_then_interrupt(path, flags, *args, **kwargs):
+    fd = real_open(path, flags, *args, **kwargs)
+    if "/parts/" in str(path) and not created:
+        created.append(path)
+        os.kill(os.getpid(), signal.SIGINT)
+    return fd
+
+os.open = open_then_interrupt
+try:
+    swarmget.download(sys.argv[2:], sys.argv[1], workers=1, concurrency=1)
+except KeyboardInterrupt:
+    sys.exit(130)
+sys.exit(0)
+"""
+
+
+def test_ctrl_c_in_one_process_waits_for_the_engine_turn(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Python raises KeyboardInterrupt at the next bytecode: right after the part
+    # was created and before its transfer held it.  The part was left behind,
+    # known to no one, and the row (whose whole body had arrived with its head)
+    # was lost.  Now Ctrl-C waits for the end of the engine's turn.
+    out = tmp_path / "out"
+    urls = [server.file_url(f"turn{i}.bin", size=5000) for i in range(3)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_AT_FIRST_PART, str(out), *urls],
+        capture_output=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 130, proc.stderr.decode()
+    records = [
+        json.loads(line) for line in (out / ".swarmget/manifest.jsonl").read_text().splitlines()
+    ]
+    assert [(r["index"], r["status"]) for r in records] == [(0, "ok")]
+    assert (out / "turn0.bin").read_bytes() == expected_body("turn0.bin", 5000)
+    assert parts(out) == []

@@ -108,6 +108,11 @@ class Backend(Protocol):
         """Wait at most ``timeout`` seconds for events; return those that came."""
         ...
 
+    def wake(self) -> None:
+        """End a ``poll`` under way at once.  Called from a signal handler: it may
+        only do what is safe there (write a byte)."""
+        ...
+
     def release(self, worker: int, tokens: list[int]) -> None:
         """Tell ``worker``'s sink the driver is done with these payloads (Sink.release)."""
         ...

@@ -114,6 +114,12 @@ class ForkBackend:
             return False
         return True
 
+    def wake(self) -> None:
+        # Nothing to do: poll() waits on the workers' pipes for at most its
+        # timeout (the supervisor's tick, 0.1 s), and a deferred Ctrl-C may wait
+        # that long.  Deferring it keeps it from cutting a report in half.
+        pass
+
     def poll(self, timeout: float) -> list[Event]:
         if self._pending:
             events, self._pending = self._pending, []

@@ -78,6 +78,9 @@ class InlineBackend:
                 events.append(Finished(0))
         return events
 
+    def wake(self) -> None:
+        self.engine.loop.wake()
+
     def release(self, worker: int, tokens: list[int]) -> None:
         for token in tokens:
             self.engine.sink.release(token)

@@ -38,6 +38,7 @@ from swarmget.parallel.backend import (
     Progress,
     Stopped,
 )
+from swarmget.parallel.interrupts import TurnInterrupts
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.files import OutputError
@@ -143,6 +144,7 @@ class Supervisor:
         self._replacements = 0
         self._started = 0.0
         self._first: list[Row] = []  # read before the backend starts
+        self._interrupts = TurnInterrupts(backend.wake)
 
     # -- the run -----------------------------------------------------------------------
 
@@ -161,19 +163,20 @@ class Supervisor:
         if self._progress is not None:
             self._progress.start()
         interrupted = False
-        try:
-            self._backend.start()
-            self._loop()
-            self._tick(time.monotonic())  # the display ends on the true totals
-        except KeyboardInterrupt:
-            interrupted = True
-            self._stop()
-            raise
-        except OutputError as exc:
-            self._fatal = self._fatal or exc
-            self._stop()
-        finally:
-            self._finish(interrupted)
+        with self._interrupts:
+            try:
+                self._backend.start()
+                self._loop()
+                self._tick(time.monotonic())  # the display ends on the true totals
+            except KeyboardInterrupt:
+                interrupted = True
+                self._stop()
+                raise
+            except OutputError as exc:
+                self._fatal = self._fatal or exc
+                self._stop()
+            finally:
+                self._finish(interrupted)
         if self._fatal is not None:
             self._fatal.report = self.report  # what finished before the run stopped
             raise self._fatal
@@ -185,7 +188,7 @@ class Supervisor:
 
     def _loop(self) -> None:
         next_tick = next_commit = 0.0
-        delivery = self._delivery
+        delivery, interrupts = self._delivery, self._interrupts
         while not self._done():
             if delivery.stopping():
                 self._stop()
@@ -193,8 +196,14 @@ class Supervisor:
             self._deal()
             now = time.monotonic()
             wait = max(0.0, min(delivery.wait(), next_tick - now))
-            for event in self._backend.poll(wait):
+            interrupts.in_turn = True  # a Ctrl-C now waits for the turn's end
+            try:
+                events = self._backend.poll(wait)
+            finally:
+                interrupts.in_turn = False
+            for event in events:
                 self._handle(event)
+            interrupts.check()  # after the events: what finished is recorded
             if self._fatal is not None:
                 self._stop()
                 return
