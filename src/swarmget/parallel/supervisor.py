@@ -144,7 +144,7 @@ class Supervisor:
         self._replacements = 0
         self._started = 0.0
         self._first: list[Row] = []  # read before the backend starts
-        self._interrupts = TurnInterrupts(backend.wake)
+        self._interrupts = TurnInterrupts(self._wake_backend)
 
     # -- the run -----------------------------------------------------------------------
 
@@ -214,6 +214,9 @@ class Supervisor:
                     next_commit = now + COMMIT_INTERVAL
                     self._planner.commit()
                 self._tick(now)
+
+    def _wake_backend(self) -> None:
+        self._backend.wake()
 
     def _done(self) -> bool:
         return self._input_done and all(w.gone for w in self._workers)
