@@ -303,6 +303,39 @@ def test_breaking_out_stops_everything_and_leaves_nothing(
     assert "Traceback" not in capfd.readouterr().err
 
 
+def _sleepy_map(item: Item) -> int:
+    """A map that runs for a minute (a big decode, a slow model), after saying so."""
+    marker = Path(os.environ["SWARMGET_TEST_MARKERS"]) / f"{os.getpid()}-{item.index}"
+    marker.touch()
+    time.sleep(60)
+    return item.index
+
+
+def test_closing_does_not_wait_for_a_long_map(
+    server: TestServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stopped worker used to finish the map under way first: the driver killed
+    # it after 10 s.  The map now gets the KeyboardInterrupt, as on Ctrl-C.
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    monkeypatch.setenv("SWARMGET_TEST_MARKERS", str(markers))
+    urls = [server.file_url(f"slow{i}.bin", size=1000) for i in range(8)]
+    items = swarmget.stream(urls, map=_sleepy_map, workers=2)
+    taking = threading.Thread(target=lambda: next(iter(items), None), daemon=True)
+    taking.start()
+    deadline = time.monotonic() + 20
+    while len(list(markers.iterdir())) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(list(markers.iterdir())) >= 2  # both workers are inside the map
+    children = [p.pid for p in multiprocessing.active_children()]
+    started = time.monotonic()
+    items.close()
+    assert time.monotonic() - started < 3
+    taking.join(5)
+    for pid in children:
+        assert not _alive(pid), pid
+
+
 def test_workers_stop_quietly_with_transfers_queued_for_a_host(
     server: TestServer, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -123,7 +123,7 @@ def worker_main(
     make_sink: Callable[[int], Sink],
     options: Options,
 ) -> None:
-    global _wake
+    global _wake, _sink
     # A forked worker holds copies of the driver's pipe ends (its own and its
     # siblings'); while any copy is open, no pipe reports EOF when the driver
     # dies.  Close them first.
@@ -145,7 +145,7 @@ def worker_main(
         events.engine = engine
         engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
         _report_periodically(engine, events)
-        _wake = engine.loop.wake
+        _wake, _sink = engine.loop.wake, engine.sink
         while not engine.finished:
             if _stop_requested:
                 raise KeyboardInterrupt  # here, between loop turns: see _stop
@@ -204,15 +204,20 @@ def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped
 # Set by a stop signal; the main loop raises KeyboardInterrupt at the next turn.
 # Not raised in the handler itself: that would land at any bytecode -- between
 # creating a part file and taking note of it (an orphan part no cleanup knows
-# of), inside the caller's map, or in the cleanup of a worker already on its
-# way out (a second signal: a traceback).  The handler wakes the loop instead.
+# of), or in the cleanup of a worker already on its way out (a second signal:
+# a traceback).  The handler wakes the loop instead.  The one exception is the
+# caller's map function, which may run for minutes (a stream closed early must
+# not wait for it): it gets the KeyboardInterrupt, as on Ctrl-C in any program.
 _stop_requested = False
 _wake: Callable[[], None] | None = None
+_sink: Sink | None = None
 
 
 def _stop(signum: int, frame: FrameType | None) -> None:
     global _stop_requested
     _stop_requested = True
+    if _sink is not None and getattr(_sink, "mapping", False):
+        raise KeyboardInterrupt  # inside the caller's map: nothing of ours is half done
     wake = _wake
     if wake is not None:
         wake()

@@ -407,13 +407,20 @@ class MapSlices:
     def _run(self) -> None:
         self._scheduled = False
         queue, sink, events = self._queue, self._sink, self._events
-        deadline = time.monotonic() + self.SLICE
+        started = time.monotonic()
+        deadline = started + self.SLICE
         while queue:
             result = queue.popleft()
             sink.run_map(result)
             events.finished(result)
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now - started >= self.SLICE:
+                # A slow function: its value goes to the caller now, not after
+                # the next item's (a fast one's waits for the usual report).
+                events.flush()
+            if now >= deadline:
                 break
+            started = now
         if queue:
             self._scheduled = True
             self._loop.call_soon(self._run)
@@ -450,6 +457,7 @@ class MemorySink(Sink):
         self.make_item = make_item  # builds the Item map_fn gets (streaming/items.py)
         self._mapper: MapSlices | None = None
         self._spilled = 0
+        self.mapping = False  # the caller's function is running (worker.py's stop signal)
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
@@ -495,11 +503,13 @@ class MemorySink(Sink):
         assert fn is not None and make_item is not None
         payload = result.payload
         item = make_item(result.index, result.url, payload, self.arena)
+        self.mapping = True
         try:
             result.payload = (VALUE, fn(item))
         except (Exception, SystemExit) as exc:  # sys.exit() in fn must not end a worker
             map_failed(result, f"{type(exc).__name__}: {exc}")
         finally:
+            self.mapping = False
             item.close()
             self._drop(payload)
 
