@@ -503,8 +503,8 @@ class MemorySink(Sink):
         assert fn is not None and make_item is not None
         payload = result.payload
         item = make_item(result.index, result.url, payload, self.arena)
-        self.mapping = True
         try:
+            self.mapping = True  # inside the try: a stop signal here still cleans up
             result.payload = (VALUE, fn(item))
         except (Exception, SystemExit) as exc:  # sys.exit() in fn must not end a worker
             map_failed(result, f"{type(exc).__name__}: {exc}")
