@@ -1090,6 +1090,20 @@ def test_property_csv(delimiter: str, data: st.DataObject, gzipped: bool) -> Non
     _check(lines, _run(lines, gzipped))
 
 
+@pytest.mark.parametrize("delimiter", [",", "\t"])
+def test_two_lines_of_one_unclosed_quote_each_are_two_bad_rows(delimiter: str) -> None:
+    # Together they parse as one record whose only cell is a line break; it
+    # used to pass for a blank record, and both lines vanished without a row.
+    data = f'url{delimiter}path\nhttp://h/1{delimiter}a\n"\n"\nhttp://h/2{delimiter}b\n'
+    got = rows("-", stdin=data.encode())
+    assert [row.url if not row.problem else "bad" for row in got] == [
+        "http://h/1",
+        "bad",
+        "bad",
+        "http://h/2",
+    ]
+
+
 # -- end to end: bytes piped into a real `python -m swarmget - -o DIR` ----------------------
 
 

@@ -218,9 +218,12 @@ def parse_delimited(
             problem = f"not valid {kind}: {bad}"
             records = _reader(feed, delimiter)  # a fresh one: never trust a failed reader
         else:
-            if not any(cell.strip() for cell in record):
-                continue  # blank line, or the ",,,," rows spreadsheets leave at the end
             problem = _record_problem(record, columns, width, len(feed.record) > 1)
+            # Blank: a blank line, or the ",,,," rows spreadsheets leave at the end.
+            # Not a "record" of nothing but a line break in a column we read:
+            # that is two lines with an unclosed quote each (`"` then `"`).
+            if not problem and not any(cell.strip() for cell in record):
+                continue
         start = feed.start()
         first_line = feed.record[0] if feed.record else ""
         if problem:
