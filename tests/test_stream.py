@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import multiprocessing
 import os
@@ -301,6 +302,53 @@ def test_breaking_out_stops_everything_and_leaves_nothing(
         assert not _alive(pid), pid
     assert list(spill.iterdir()) == []
     assert "Traceback" not in capfd.readouterr().err
+
+
+def _wait_for_exit(pids: list[int], within: float = 5.0) -> list[int]:
+    """The processes of ``pids`` still alive after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [pid for pid in pids if _alive(pid)]
+
+
+def test_a_bare_for_that_breaks_stops_everything(server: TestServer) -> None:
+    # No `with`: the stream is dropped when the loop is left.  Its thread used to
+    # hold it, so it was never collected and the workers ran on until exit.
+    urls = [server.file_url(f"bare{i}.bin", size=20_000, latency=0.05) for i in range(3000)]
+    children: list[int] = []
+
+    def take_a_few() -> None:
+        for i, _ in enumerate(swarmget.stream(urls, workers=2)):
+            if i == 5:
+                children.extend(p.pid for p in multiprocessing.active_children())
+                break
+
+    take_a_few()
+    assert children
+    assert _wait_for_exit(children) == []
+
+
+def test_a_cancelled_bare_async_for_stops_everything(server: TestServer) -> None:
+    urls = [server.file_url(f"abare{i}.bin", size=20_000, latency=0.05) for i in range(3000)]
+    children: list[int] = []
+
+    async def consume() -> None:
+        async for _ in swarmget.astream(urls, workers=2):
+            if not children:
+                children.extend(p.pid for p in multiprocessing.active_children())
+            await asyncio.sleep(0.001)
+
+    async def cancel_soon() -> None:
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_soon())
+    assert children
+    assert _wait_for_exit(children) == []
 
 
 def _sleepy_map(item: Item) -> int:

@@ -197,7 +197,7 @@ class Stream(Iterator[Item]):
         self._delivery: Delivery | None = None
         self._display: Any = None
         self.spill_dir: str | None = None
-        self.report: Report | None = None  # the run's totals, once it has ended
+        self._ended = _Ended()
 
     # -- starting -----------------------------------------------------------------------
 
@@ -218,9 +218,14 @@ class Stream(Iterator[Item]):
         except BaseException:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
             raise
+        # The thread is given what it drives, never the Stream itself: a caller
+        # who breaks out of a bare `for` and drops the stream must let it be
+        # collected, so that __del__ stops the run (a running thread holding
+        # the stream would keep the workers alive until the interpreter exits).
         self._thread = threading.Thread(
-            target=self._drive, args=(supervisor,), name="swarmget-stream", daemon=True
-        )
+            target=_drive, args=(supervisor, self._delivery, self._ended),
+            name="swarmget-stream", daemon=True,
+        )  # fmt: skip
         _open_streams.add(self)
         self._thread.start()
 
@@ -257,16 +262,10 @@ class Stream(Iterator[Item]):
             delivery=self._delivery,
         )  # fmt: skip
 
-    def _drive(self, supervisor: Supervisor) -> None:
-        delivery = self._delivery
-        assert delivery is not None
-        error: BaseException | None = None
-        try:
-            self.report = supervisor.run()
-        except BaseException as exc:
-            error = exc
-        finally:
-            delivery.finished(error)
+    @property
+    def report(self) -> Report | None:
+        """The run's totals, once it has ended (None before)."""
+        return self._ended.report
 
     # -- iterating ----------------------------------------------------------------------
 
@@ -334,6 +333,26 @@ class Stream(Iterator[Item]):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+
+class _Ended:
+    """What the stream's thread leaves for the Stream: the run's report."""
+
+    __slots__ = ("report",)
+
+    def __init__(self) -> None:
+        self.report: Report | None = None
+
+
+def _drive(supervisor: Supervisor, delivery: Delivery, ended: _Ended) -> None:
+    """The stream's thread: the run, then the end of the items (or its error)."""
+    error: BaseException | None = None
+    try:
+        ended.report = supervisor.run()
+    except BaseException as exc:
+        error = exc
+    finally:
+        delivery.finished(error)
 
 
 def _whole(value: object) -> bool:
