@@ -153,7 +153,7 @@ def test_help_documents_options_defaults_exit_statuses_and_codes(
         assert flag in text
     assert "10M" in text and "1024" in text
     assert "DIR/.swarmget/manifest.jsonl" in text
-    for status in ["0 ", "1 ", "2 ", "130"]:
+    for status in ["0 ", "1 ", "2 ", "130", "143"]:
         assert f"\n  {status}" in text
     for code in ErrorCode.ALL:
         assert f"\n  {code} " in text, code

@@ -201,3 +201,30 @@ def test_ctrl_c_in_one_process_waits_for_the_engine_turn(
     assert [(r["index"], r["status"]) for r in records] == [(0, "ok")]
     assert (out / "turn0.bin").read_bytes() == expected_body("turn0.bin", 5000)
     assert parts(out) == []
+
+
+def test_sigterm_stops_like_ctrl_c_and_says_so(server: ProcessServer, tmp_path: Path) -> None:
+    # A scheduler preempting the job sends SIGTERM.  It used to end the driver at
+    # once, without a word and without writing the manifest.
+    urls = tmp_path / "urls.txt"
+    size = 8 << 20
+    urls.write_text(server.file_url("termed.bin", size=size, fault="stall", times=1) + "\n")
+    out = tmp_path / "out"
+    proc = swarmget(urls, out)
+    part = part_for(out, urls.read_text().strip())
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == size // 2):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr.decode()
+    assert b"stopped by SIGTERM" in stderr and b"run the same command again" in stderr
+    records = [
+        json.loads(line) for line in (out / ".swarmget/manifest.jsonl").read_text().splitlines()
+    ]
+    assert [r["status"] for r in records] == ["partial"]
+    assert part.stat().st_size == size // 2
+    again = swarmget(urls, out)
+    again.communicate(timeout=60)
+    assert again.returncode == 0
+    assert (out / "termed.bin").read_bytes() == expected_body("termed.bin", size)

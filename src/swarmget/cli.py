@@ -3,7 +3,8 @@
 The contract scripts rely on is the exit status and the shape of the error
 line, so both are kept strict:
 
-* 0 every row succeeded, 1 some row failed, 2 usage error, 130 interrupted.
+* 0 every row succeeded, 1 some row failed, 2 usage error, 130 interrupted
+  (Ctrl-C), 143 stopped by SIGTERM.
 * A usage error is ONE line on stderr, ``swarmget: error: ...``, never a
   traceback and never argparse's multi-line usage dump: in a log of a thousand
   jobs, the line that says what went wrong is the only one anybody reads.
@@ -21,7 +22,9 @@ import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, NoReturn
@@ -30,6 +33,7 @@ import swarmget
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
 from swarmget.options import Options
+from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
 from swarmget.sources.rows import Row
@@ -172,6 +176,7 @@ exit status:
   1    at least one file failed (see the summary and the manifest)
   2    usage error: bad option or value, unreadable input, missing -o
   130  interrupted (Ctrl-C); rows that finished are already in the manifest
+  143  stopped by SIGTERM (a scheduler, `kill`): the same as Ctrl-C
 
 error codes (in the summary, in --json and in the manifest):
 {codes}
@@ -456,6 +461,15 @@ def _download_command(argv: list[str]) -> int:
     options = options_from_args(args)
     check_sources(args.sources)
     check_output(args.output)
+    # SIGTERM (a scheduler preempting the job, `kill`) stops the run as Ctrl-C
+    # does: the manifest is written and the parts are kept for the rerun.
+    # (Only the main thread may set a handler; and a SIGTERM the parent made us
+    # ignore stays ignored.)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if in_main else None
+    if previous == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, interrupts.terminate_like_interrupt)
+    interrupts.stopped_by = None
     try:
         report = download_with_display(
             None,
@@ -467,11 +481,13 @@ def _download_command(argv: list[str]) -> int:
         )
     except KeyboardInterrupt:
         manifest = os.path.join(args.output, MANIFEST)
+        signum = interrupts.stopped_by
+        how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
         sys.stderr.write(
-            f"swarmget: interrupted; rows that finished are listed in {manifest}; "
+            f"swarmget: {how}; rows that finished are listed in {manifest}; "
             "run the same command again to resume\n"
         )
-        return EXIT_INTERRUPTED
+        return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
         manifest = os.path.join(args.output, MANIFEST)
@@ -482,6 +498,9 @@ def _download_command(argv: list[str]) -> int:
         if args.json and isinstance(exc.report, Report):
             print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
         return EXIT_FAILED
+    finally:
+        if previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, previous)
     if report.total + report.skipped == 0:
         sys.stderr.write("swarmget: warning: the input has no rows: nothing to download\n")
     print_outcome(report, args.output, quiet=args.quiet, as_json=args.json, stdout=sys.stdout)

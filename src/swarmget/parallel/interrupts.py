@@ -1,4 +1,4 @@
-"""Ctrl-C in the driver, delivered where the engine can stop cleanly.
+"""Ctrl-C (and the CLI's SIGTERM) in the driver, delivered where the engine can stop cleanly.
 
 Python raises ``KeyboardInterrupt`` at whatever bytecode the main thread is
 running when SIGINT arrives.  In the driver's own code that is fine (rows and
@@ -7,12 +7,14 @@ results are bookkeeping that the journal commits atomically), but with
 interrupt landing between creating a part file and handing it to its transfer
 left a part that no one would remove (about 1 Ctrl-C in 2, pure build).
 
-:class:`TurnInterrupts` installs a SIGINT handler for the run that only sets a
-flag and wakes the backend while an engine turn is running, and raises as
-before everywhere else (so a driver blocked reading its input still stops).
-The supervisor calls :meth:`TurnInterrupts.check` after each turn, where the
-engine is between transfers' steps.  Worker processes do the same with their
-own signals (``worker.py``).
+:class:`TurnInterrupts` puts a handler of its own in front of the stopping
+handlers it knows (Python's own for SIGINT; :func:`terminate_like_interrupt`,
+which the CLI installs for SIGTERM) for the length of a run.  While an engine
+turn is running it only notes the signal and wakes the backend; the supervisor
+calls :meth:`TurnInterrupts.check` after the turn, which runs the handler it
+stood in front of (raising ``KeyboardInterrupt``).  Outside a turn it runs that
+handler at once, as before, so a driver blocked reading its input still stops.
+Worker processes do the same with their own signals (``worker.py``).
 """
 
 from __future__ import annotations
@@ -23,27 +25,41 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+# The signal that last stopped a run through terminate_like_interrupt (the CLI
+# reports 128 + it as its exit status); None for Ctrl-C.
+stopped_by: int | None = None
+
+
+def terminate_like_interrupt(signum: int, frame: FrameType | None) -> None:
+    """A handler that makes a signal stop the run as Ctrl-C does (the CLI's SIGTERM:
+    a scheduler preempting a job gets the manifest written and the parts kept)."""
+    global stopped_by
+    stopped_by = signum
+    raise KeyboardInterrupt
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_DEFERRABLE = (signal.default_int_handler, terminate_like_interrupt)
+
 
 class TurnInterrupts:
-    """``with TurnInterrupts(wake) as interrupts:`` around a run; ``turn()`` brackets
-    each engine turn, ``check()`` raises a deferred Ctrl-C after it."""
+    """``with TurnInterrupts(wake) as interrupts:`` around a run; ``in_turn`` is set
+    around each engine turn, and ``check()`` runs a deferred handler after it."""
 
     def __init__(self, wake: Callable[[], None]) -> None:
         self._wake = wake
-        self._previous: Any = None
-        self._installed = False
+        self._previous: dict[int, Any] = {}
         self.in_turn = False
-        self.requested = False
+        self.pending: int | None = None  # a signal that came during the turn
 
     def __enter__(self) -> TurnInterrupts:
-        # Only where Python's own handler is in place: a caller's handler is the
-        # caller's business, and only the main thread may set handlers.
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        ):
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-            self._installed = True
+        # Only the main thread may set handlers, and only the stopping handlers
+        # we know are deferred: a caller's own handler is the caller's business.
+        if threading.current_thread() is threading.main_thread():
+            for signum in _SIGNALS:
+                handler = signal.getsignal(signum)
+                if any(handler is known for known in _DEFERRABLE):
+                    self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(
@@ -52,18 +68,20 @@ class TurnInterrupts:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
-            self._installed = False
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
     def check(self) -> None:
-        """After an engine turn: raise the Ctrl-C that came during it."""
-        if self.requested:
-            self.requested = False
-            raise KeyboardInterrupt
+        """After an engine turn: run the stopping handler of a signal that came during it."""
+        signum = self.pending
+        if signum is not None:
+            self.pending = None
+            self._previous[signum](signum, None)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if not self.in_turn:
-            raise KeyboardInterrupt  # driver code: as Python's own handler would
-        self.requested = True
+            self._previous[signum](signum, frame)  # driver code: as without us
+            return
+        self.pending = signum
         self._wake()  # only writes a byte: safe here
