@@ -19,6 +19,7 @@ from typing import Final
 from urllib.parse import quote, unquote, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
+from swarmget.net.address import bare_host
 
 Origin = tuple[str, str, int]  # (scheme, host, port): the key of a connection pool
 
@@ -159,12 +160,6 @@ def wire_host(host: str, url: str) -> str:
             f"host {host!r} holds {bad.group()!r}, which no host name can: {redact(url)!r}",
         )
     return host
-
-
-def bare_host(host: str) -> str:
-    """``host`` without an IPv6 zone id (``fe80::1%eth0`` -> ``fe80::1``): what the
-    ``Host`` header and the certificate check see."""
-    return host.partition("%")[0] if ":" in host else host
 
 
 def redact(url: str) -> str:

@@ -30,11 +30,17 @@ def unexpired(cache: dict[Key, Any], now: float) -> tuple[dict[Key, Any], int]:
     return kept, max(PURGE_FLOOR, 2 * len(kept))
 
 
+def bare_host(host: str) -> str:
+    """``host`` without an IPv6 zone id (``fe80::1%eth0`` -> ``fe80::1``): what the
+    ``Host`` header, the certificate check and ``inet_pton`` see."""
+    return host.partition("%")[0] if ":" in host else host
+
+
 def ip_literal(host: str) -> Address | None:
     """(family, (bare address,)) when ``host`` is an IPv4/IPv6 literal, else None.
     An IPv6 zone id stays on the address (``fe80::1%eth0``) for :func:`sockaddr`."""
     bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    address = bare.partition("%")[0] if ":" in bare else bare
+    address = bare_host(bare)
     for family in (socket.AF_INET, socket.AF_INET6):
         try:
             socket.inet_pton(family, address)

@@ -66,6 +66,7 @@ from collections.abc import Callable
 from typing import Protocol, TextIO, cast
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
+from swarmget.net.address import bare_host
 
 ALPN_PROTOCOLS = ["http/1.1"]
 INSECURE_WARNING = (
@@ -168,8 +169,7 @@ class ClientTLS:
         host name that cannot be sent, ``ssl.SSLError`` for a session that does
         not fit.
         """
-        if ":" in host:  # an IPv6 zone id names our interface, not the server's address
-            host = host.partition("%")[0]
+        host = bare_host(host)  # an IPv6 zone id names our interface, not the server's address
         context = self.context
         construct = None if self.public_api else getattr(context, "_wrap_socket", None)
         if construct is not None:
