@@ -192,7 +192,7 @@ class NameAllocator:
 
     def _claim(self, name: str, parents: list[str]) -> str:
         store = self.store
-        if not store.taken(name) and not store.is_dir(name):
+        if not self._used(name):
             store.claim(name, parents)
             return name
         # Resume counting where the last collision on this name stopped.  That
