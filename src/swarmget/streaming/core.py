@@ -197,7 +197,6 @@ class Stream(Iterator[Item]):
         self._delivery: Delivery | None = None
         self._display: Any = None
         self.spill_dir: str | None = None
-        self._ended = _Ended()
 
     # -- starting -----------------------------------------------------------------------
 
@@ -223,7 +222,7 @@ class Stream(Iterator[Item]):
         # collected, so that __del__ stops the run (a running thread holding
         # the stream would keep the workers alive until the interpreter exits).
         self._thread = threading.Thread(
-            target=_drive, args=(supervisor, self._delivery, self._ended),
+            target=_drive, args=(supervisor, self._delivery),
             name="swarmget-stream", daemon=True,
         )  # fmt: skip
         _open_streams.add(self)
@@ -265,7 +264,7 @@ class Stream(Iterator[Item]):
     @property
     def report(self) -> Report | None:
         """The run's totals, once it has ended (None before)."""
-        return self._ended.report
+        return self._delivery.report if self._delivery is not None else None
 
     # -- iterating ----------------------------------------------------------------------
 
@@ -335,24 +334,17 @@ class Stream(Iterator[Item]):
             self.close()
 
 
-class _Ended:
-    """What the stream's thread leaves for the Stream: the run's report."""
-
-    __slots__ = ("report",)
-
-    def __init__(self) -> None:
-        self.report: Report | None = None
-
-
-def _drive(supervisor: Supervisor, delivery: Delivery, ended: _Ended) -> None:
-    """The stream's thread: the run, then the end of the items (or its error)."""
+def _drive(supervisor: Supervisor, delivery: Delivery) -> None:
+    """The stream's thread: the run, then the end of the items (with the run's
+    report, or its error)."""
+    report: Report | None = None
     error: BaseException | None = None
     try:
-        ended.report = supervisor.run()
+        report = supervisor.run()
     except BaseException as exc:
         error = exc
     finally:
-        delivery.finished(error)
+        delivery.finished(error, report)
 
 
 def _whole(value: object) -> bool:

@@ -32,7 +32,7 @@ from typing import Final
 
 from swarmget.errors import TransferError
 from swarmget.parallel.backend import Backend
-from swarmget.report import FileResult
+from swarmget.report import FileResult, Report
 from swarmget.sinks.memory import ARENA, BYTES, SPILL, VALUE, Arena, Budget
 from swarmget.streaming.items import Item
 
@@ -67,6 +67,7 @@ class Delivery:
         self._closing = False
         self._done = False
         self._error: BaseException | None = None
+        self.report: Report | None = None  # the run's totals, once it has ended
 
     # -- the supervisor's side (its thread) ------------------------------------------
 
@@ -93,10 +94,12 @@ class Delivery:
     def wait(self) -> float:
         return FAST_POLL if self._waiting else 0.1
 
-    def finished(self, error: BaseException | None = None) -> None:
+    def finished(self, error: BaseException | None = None, report: Report | None = None) -> None:
+        """The run has ended: with its ``report``, or with ``error``."""
         with self._cond:
             self._copy_all_waiting()
             self._error = self._error or error
+            self.report = report
             self._done = True
             self._cond.notify_all()
 
