@@ -85,6 +85,7 @@ COMPILED = [
     "src/swarmget/sinks/bloom.py",
     "src/swarmget/sinks/files.py",
     "src/swarmget/sinks/journal.py",
+    "src/swarmget/sinks/manifest_lines.py",
     "src/swarmget/sinks/memory.py",
     "src/swarmget/sinks/naming.py",
     "src/swarmget/sinks/plan.py",

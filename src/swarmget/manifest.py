@@ -2,9 +2,11 @@
 
 It is the user-facing record of a run, written from the journal
 (``sinks/journal.py``) when a run ends, however it ends: normally, on Ctrl-C,
-or stopped by a full disk.  It is written to a temporary file and renamed
-over the old one, so it is never torn: a reader sees the previous manifest or
-the new one.  Records come in the order rows were first seen; a row that an
+or stopped by a full disk.  (A run whose journal started empty writes it as
+its rows finish instead, ``sinks/manifest_lines.py``: the same lines, without
+a pass over every row at the end.)  It is written to a temporary file and
+renamed over the old one, so it is never torn: a reader sees the previous
+manifest or the new one.  Records come in the order rows were first seen; a row that an
 earlier run finished and this run skipped keeps its record, with this run's
 ``index``.
 

@@ -52,6 +52,8 @@ JOURNAL_NAME: Final = "journal.sqlite3"
 PLAN_LOG_NAME: Final = "plans.log"
 # What a row's plan is, as the journal keeps it: (key, index, url, path, mine).
 PlanEntry = tuple[int, int, str, str | None, bool]
+# A row's outcome as the journal writes it: (key, index, path, mine, status, bytes, record).
+Recorded = tuple[int, int, str | None, bool, int, int, str]
 LOCK_NAME: Final = "lock"
 SCHEMA_VERSION: Final = 2
 
@@ -339,12 +341,19 @@ class Journal:
                 ((index, key) for key, index in rows),
             )
 
-    def record(self, entries: list[tuple[FileResult, str | None, bool]]) -> None:
+    def record(self, entries: list[tuple[FileResult, str | None, bool]]) -> list[Recorded]:
         """Outcomes, as the engines reported them (or as the planner decided), each
-        with the path claimed for its row (None: none) and whether it is ours."""
+        with the path claimed for its row (None: none) and whether it is ours.
+
+        Returns what was written, a tuple per row: (key, index, path, mine, status,
+        bytes, record), ``record`` being its manifest record without "index"."""
         if not entries:
-            return
+            return []
         self.changed = True
+        rows = [
+            (r.key, r.index, path, mine, _STATUS_CODES[r.status], r.bytes, encode(r))
+            for r, path, mine in entries
+        ]
         with self._guard("write"):
             self._db.executemany(
                 "INSERT INTO rows (key, run, idx, path, mine, status, bytes, record) "
@@ -354,11 +363,9 @@ class Journal:
                 "mine=CASE WHEN excluded.path IS NULL THEN mine ELSE excluded.mine END, "
                 "status=excluded.status, bytes=excluded.bytes, record=excluded.record, "
                 f"validator=CASE WHEN excluded.status={OK} THEN NULL ELSE validator END",
-                [
-                    (r.key, r.index, path, mine, _STATUS_CODES[r.status], r.bytes, encode(r))
-                    for r, path, mine in entries
-                ],
+                rows,
             )
+        return rows
 
     def partial(self, plan: PlanEntry, validator: str) -> None:
         """A large body of the row began: its part may be continued with ``validator``."""

@@ -64,6 +64,7 @@ from swarmget.sinks.journal import (
     Previous,
     storable,
 )
+from swarmget.sinks.manifest_lines import ManifestLines, remove_stale
 from swarmget.sinks.naming import NameAllocator, NameStore, parents_of
 from swarmget.sources.rows import Row
 
@@ -197,6 +198,11 @@ class FilePlanner:
             self._names_store.use_filter(Bloom())
         self._foreign: dict[int, str] = {}  # `exists` rows not yet written: their claimed path
         self._pending: list[FileResult] = []  # outcomes not yet written (see _record_now)
+        # A journal that started empty holds only this run's outcomes: the manifest
+        # can be written as they come, not exported after the last one.
+        manifest = manifest_path(self.root)
+        remove_stale(manifest)
+        self._lines = ManifestLines(manifest) if self.journal.empty_at_start else None
 
     # -- planning --------------------------------------------------------------------
 
@@ -489,12 +495,19 @@ class FilePlanner:
                 entries.append((result, path, False))
             if path is not None:
                 names.release(path)
-        self.journal.record(entries)
+        recorded = self.journal.record(entries)
+        lines = self._lines
+        if lines is not None and lines.active:
+            for entry in recorded:
+                lines.add(entry[1], entry[6])
 
     def partial(self, key: int, validator: str) -> None:
         plan = self._in_flight.get(key)
         if plan is not None:
             self.journal.partial(plan, validator)
+            if self._lines is not None:
+                # The row's line may gain a validator: only the export knows.
+                self._lines.give_up()
 
     def commit(self) -> None:
         self._flush()
@@ -518,9 +531,13 @@ class FilePlanner:
             self._in_flight.clear()
             journal.commit()
             manifest = manifest_path(self.root)
-            if journal.changed or not os.path.exists(manifest):
+            if self._lines is not None and self._lines.finish():
+                pass  # written as the rows finished
+            elif journal.changed or not os.path.exists(manifest):
                 write_manifest(manifest, journal.records())
         finally:
+            if self._lines is not None:
+                self._lines.give_up()  # a no-op once finished
             journal.close()
 
 
