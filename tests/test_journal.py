@@ -125,6 +125,25 @@ def test_after_a_kill_a_planned_file_is_ours_not_foreign(tmp_path: Path) -> None
     assert [a.path for a in batch.assignments] == ["a.jpg", "b.jpg"]
 
 
+def test_outcomes_go_in_as_the_run_drains_not_all_after_the_last_download(
+    tmp_path: Path,
+) -> None:
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(rows(*(f"http://h/{i}.jpg" for i in range(1000))))
+        planner.record([ok(a) for a in batch.assignments[:300]])
+        # 700 rows still downloading: outcomes wait, to go in as one large batch.
+        assert len(planner.journal) == 0
+        planner.record([ok(a) for a in batch.assignments[300:600]])
+        # 600 waiting, 400 still downloading: the run is draining, in they go
+        # (they used to wait for 4,096, or the end of the run).
+        assert len(planner.journal) == 600
+        planner.record([ok(a) for a in batch.assignments[600:700]])
+        assert len(planner.journal) == 600  # fewer than 256: not worth a batch yet
+    finally:
+        planner.finish(interrupted=False)
+
+
 def test_a_damaged_plan_log_gives_up_only_its_damaged_lines(tmp_path: Path) -> None:
     state = tmp_path / ".swarmget"
     state.mkdir()

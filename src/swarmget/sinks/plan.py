@@ -72,6 +72,7 @@ _MAX_CACHED = 65536  # bounded caches: a list's length must not cost memory
 # Rows in the plan log before it is started afresh (see Journal.checkpoint).
 CHECKPOINT_ROWS = 100_000
 FLUSH_ROWS = 4096  # outcomes written to the journal together
+MIN_FLUSH_ROWS = 256  # ... and as the run drains, fewer (see _record_now)
 
 
 def row_key(url: str, path: str | None, occurrence: int) -> int:
@@ -473,9 +474,20 @@ class FilePlanner:
         per row drops by about a third that way.  Until a row is written, its
         plan stays in ``_in_flight`` and its name held, so nothing asks the table
         about it too early.  With --dedupe a leader's outcome is read back from the
-        table at once, so nothing waits then."""
-        self._pending.extend(results)
-        if len(self._pending) >= FLUSH_ROWS or self.options.dedupe:
+        table at once, so nothing waits then.
+
+        As the run drains (fewer rows still downloading than outcomes waiting),
+        smaller batches go in: otherwise the last few thousand rows' writes
+        would all come after the last download, with the workers done and the
+        driver alone (14 ms of a 0.5 s run at 10,000 small files)."""
+        pending = self._pending
+        pending.extend(results)
+        waiting = len(pending)
+        if (
+            waiting >= FLUSH_ROWS
+            or self.options.dedupe
+            or (waiting >= MIN_FLUSH_ROWS and waiting >= len(self._in_flight) - waiting)
+        ):
             self._flush()
 
     def _flush(self) -> None:
