@@ -32,7 +32,7 @@ class Bloom:
         # bytearray zeroes all 8 MiB at once: ~5 ms before the first row could be
         # dealt).  And pages never written before the driver forks its workers
         # are not shared with them, so no write after the fork copies a page.
-        self._bits = mmap.mmap(-1, 1 << (bits_log2 - 3))
+        self._bits = _zeroed(1 << (bits_log2 - 3))
         self._mask = (1 << bits_log2) - 1
         self._shift = (HASH_BITS - bits_log2) // 2  # the three windows overlap by little
         self.count = 0
@@ -60,3 +60,13 @@ class Bloom:
             return False
         p = (h >> (2 * shift)) & mask
         return bool(bits[p >> 3] & (1 << (p & 7)))
+
+
+def _zeroed(size: int) -> mmap.mmap:
+    """``size`` bytes of private anonymous memory (Python's default is shared, which
+    the kernel backs with shared-memory pages: a heavier fault, and pages a fork
+    would share for nothing)."""
+    private = getattr(mmap, "MAP_PRIVATE", None)
+    if private is None:  # Windows: no flags, and no fork either
+        return mmap.mmap(-1, size)
+    return mmap.mmap(-1, size, flags=private)
