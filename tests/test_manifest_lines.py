@@ -78,9 +78,9 @@ def _exported(out: Path) -> list[str]:
         journal.close()
 
 
-@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize(("workers", "dedupe"), [(1, False), (2, False), (2, True)])
 def test_a_fresh_runs_manifest_is_the_journals_export(
-    server: TestServer, tmp_path: Path, workers: int
+    server: TestServer, tmp_path: Path, workers: int, dedupe: bool
 ) -> None:
     rng = random.Random(workers)
     urls: list[object] = []
@@ -91,7 +91,13 @@ def test_a_fresh_runs_manifest_is_the_journals_export(
             query["status"] = 404
         urls.append(server.file_url(f"f{i % 250}.bin", **query))
     urls[17] = None
-    report = swarmget.download(urls, tmp_path, workers=workers, retries=0)  # type: ignore[arg-type]
+    report = swarmget.download(
+        urls,  # type: ignore[arg-type]
+        tmp_path,
+        workers=workers,
+        retries=0,
+        dedupe=dedupe,  # the rows that repeat a URL settle when it does
+    )
     assert report.ok + report.failed == 300 and report.failed >= 9
     written = Path(manifest_path(tmp_path)).read_text().splitlines()
     assert [json.loads(line)["index"] for line in written] == list(range(300))
