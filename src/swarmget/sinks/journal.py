@@ -505,10 +505,6 @@ def _logged_plans(line: bytes) -> list[tuple[int, int, str | None, bool]] | None
 
 _DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _quote = json.encoder.encode_basestring  # C-accelerated, keeps non-ASCII as UTF-8
-_OK_RECORD = (
-    '{"url":%s,"path":%s,"status":"ok","http_status":%d,"bytes":%d,'
-    '"error":null,"attempts":%d,"elapsed_ms":%d}'
-)
 
 
 def encode(result: FileResult) -> str:
@@ -521,11 +517,14 @@ def encode(result: FileResult) -> str:
         and result.path is not None
         and result.url.isascii()
     ):
-        # The common case, formatted directly: a third of the cost of the encoder.
-        return _OK_RECORD % (
-            _quote(result.url), _quote(result.path), result.http_status or 0, result.bytes,
-            result.attempts, result.elapsed_ms,
-        )  # fmt: skip
+        # The common case, put together directly: a third of the cost of the
+        # encoder (and an f-string, which mypyc joins itself, half that of %).
+        url, path = _quote(result.url), _quote(result.path)
+        return (
+            f'{{"url":{url},"path":{path},"status":"ok",'
+            f'"http_status":{result.http_status or 0},"bytes":{result.bytes},'
+            f'"error":null,"attempts":{result.attempts},"elapsed_ms":{result.elapsed_ms}}}'
+        )
     record = result.to_json()
     del record["index"]
     for field in ("url", "message", "final_url"):
