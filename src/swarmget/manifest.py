@@ -6,9 +6,9 @@ or stopped by a full disk.  (A run whose journal started empty writes it as
 its rows finish instead, ``sinks/manifest_lines.py``: the same lines, without
 a pass over every row at the end.)  It is written to a temporary file and
 renamed over the old one, so it is never torn: a reader sees the previous
-manifest or the new one.  Records come in the order rows were first seen; a row that an
-earlier run finished and this run skipped keeps its record, with this run's
-``index``.
+manifest or the new one.  Records come in the order rows were first seen; a
+row that an earlier run finished and this run skipped keeps its record, with
+this run's ``index``.
 
 Three kinds of record:
 
