@@ -4,7 +4,12 @@ the same, line for line, as the journal's export that it saves at the end."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +20,7 @@ from swarmget.manifest import manifest_path
 from swarmget.sinks.journal import Journal
 from swarmget.sinks.manifest_lines import MAX_HELD, ManifestLines
 from swarmget.testing import TestServer
+from swarmget.testing.process import child_env
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +124,33 @@ def test_a_rerun_exports_the_manifest_and_clears_a_killed_runs_lines(
     assert [json.loads(line)["index"] for line in written] == list(range(20))
     assert written == _exported(tmp_path)
     assert not stale.exists()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_run_stopped_by_ctrl_c_writes_the_lines_the_export_would(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    # Every seventh row stalls: rows after it finish, and wait, held, for a gap
+    # that Ctrl-C leaves open.  They are written all the same, as the export does.
+    urls = [
+        server.file_url(f"c{workers}-{i}.bin", size=2000, latency=30 if i % 7 == 3 else 0)
+        for i in range(200)
+    ]
+    listed = tmp_path / "urls.txt"
+    listed.write_text("\n".join(urls) + "\n")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "swarmget", str(listed), "-o", str(out), "-q"]
+    argv += ["--workers", str(workers)]
+    proc = subprocess.Popen(argv, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(os.listdir(out) if out.exists() else []) < 150:
+        time.sleep(0.02)  # the 171 rows that do not stall are (nearly) all in
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 130, stderr.decode()
+    written = Path(manifest_path(out)).read_text().splitlines()
+    indexes = [json.loads(line)["index"] for line in written]
+    assert 140 <= len(indexes) <= 171 and indexes == sorted(indexes)
+    assert not set(indexes) & set(range(3, 200, 7))  # the stalled rows never finished
+    assert written == _exported(out)
+    assert not Path(manifest_path(out) + ".new").exists()
