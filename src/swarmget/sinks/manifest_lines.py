@@ -36,7 +36,7 @@ class ManifestLines:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._tmp = f"{path}.new"
+        self._tmp = _lines_path(path)
         self._file: TextIO | None = None
         self._next = 0  # the index of the next line to write
         self._held: dict[int, str] = {}  # lines of rows after a gap
@@ -55,6 +55,7 @@ class ManifestLines:
         if index < self._next or index in self._held:
             self.give_up()  # recorded twice: only the journal knows which record stands
             return
+        # The line Journal.records' SQL puts together: "index" first, then the record.
         line = f'{{"index":{index},{record[1:]}'
         if index != self._next:
             if len(self._held) >= MAX_HELD:
@@ -122,4 +123,9 @@ class ManifestLines:
 def remove_stale(path: str) -> None:
     """A run that was killed may have left its lines behind: they are not wanted."""
     with contextlib.suppress(OSError):
-        os.unlink(f"{path}.new")
+        os.unlink(_lines_path(path))
+
+
+def _lines_path(path: str) -> str:
+    """Where the lines of the manifest at ``path`` go until the run ends."""
+    return f"{path}.new"

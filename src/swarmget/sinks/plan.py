@@ -543,9 +543,8 @@ class FilePlanner:
             self._in_flight.clear()
             journal.commit()
             manifest = manifest_path(self.root)
-            if self._lines is not None and self._lines.finish():
-                pass  # written as the rows finished
-            elif journal.changed or not os.path.exists(manifest):
+            streamed = self._lines is not None and self._lines.finish()  # written as rows finished
+            if not streamed and (journal.changed or not os.path.exists(manifest)):
                 write_manifest(manifest, journal.records())
         finally:
             if self._lines is not None:
