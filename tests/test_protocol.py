@@ -121,6 +121,39 @@ def test_malformed_heads_are_protocol_errors(head: bytes) -> None:
     assert info.value.code == ErrorCode.PROTOCOL
 
 
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b"Location: /a\r\nLocation: /b\r\n",
+        b"location: /a\r\nX-A: 1\r\nLOCATION: /b\r\n",
+        b"Location: /a\nLocation: /b\n",  # bare LF ends: read through the repair
+    ],
+)
+@pytest.mark.parametrize("status", [b"200 OK", b"302 Found"])
+def test_two_different_locations_are_refused_whatever_the_status(
+    fields: bytes, status: bytes
+) -> None:
+    """curl (test 772), Chrome and Firefox refuse them: which target is meant?"""
+    end = b"\n" if b"\r" not in fields else b"\r\n"
+    head = b"HTTP/1.1 " + status + end + b"Content-Length: 5" + end + fields + end
+    with pytest.raises(ProtocolError, match="conflicting Location headers: /a, /b"):
+        feed(head + b"hello")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        b"Location: /a\r\nLocation:  /a \r\n",  # the same value, repeated
+        b"Location: /a\r\nX-Location: /b\r\n",  # another field's name ends so
+        b"Location: http://x/location:1\r\n",  # the name inside a value
+    ],
+)
+def test_one_location_value_is_accepted(fields: bytes) -> None:
+    head = b"HTTP/1.1 302 Found\r\nContent-Length: 5\r\n" + fields + b"\r\n"
+    done, c = feed(head + b"hello")
+    assert done and c.heads[0].status == 302
+
+
 def test_chunked_wins_over_content_length_and_the_connection_is_not_reused() -> None:
     data = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"
     done, c = feed(data + RESP_CHUNKED[RESP_CHUNKED.index(b"\r\n\r\n") + 4 :], 3)

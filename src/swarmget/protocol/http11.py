@@ -30,8 +30,10 @@ byte, or fail where it fails.
   and the line-end flags are not needed once the head is rewritten.  Whatever
   llhttp still refuses, and any exception at all that comes out of it, is a
   :class:`ProtocolError`.  We add the limits llhttp does not have: head size,
-  number of fields, how many ``1xx`` interim responses we sit through; and a
-  ``101`` is a :class:`ProtocolError` (we never ask to switch protocols).
+  number of fields, how many ``1xx`` interim responses we sit through; a
+  ``101`` is a :class:`ProtocolError` (we never ask to switch protocols), and
+  so are two ``Location`` fields that differ (curl, Chrome and Firefox refuse
+  them too: which target would be meant?).
 * **Body framed by Content-Length, or by the connection closing.**  llhttp is
   not involved: the parser hands ``memoryview`` slices of the caller's receive
   buffer straight to the ``on_body`` callback, so a 50 KB image travels from
@@ -104,6 +106,26 @@ def head_end(data: bytes | bytearray, start: int = 0) -> int:
     if crlf >= 0:
         return crlf + 3
     return -1
+
+
+def _check_locations(block: bytes | bytearray) -> None:
+    """Refuse a head with two Location fields that disagree.
+
+    Which one would be meant?  curl (its test 772), Chrome
+    (``ERR_RESPONSE_HEADERS_MULTIPLE_LOCATION``) and Firefox all refuse such a
+    response, whatever its status, and so do we: following either target, or
+    saving a body the server framed so oddly, could be the wrong file.  The same
+    value repeated is one value.  Called only when a cheap count of the raw head
+    finds the name more than once (in its usual spellings).
+    """
+    values = set()
+    for line in bytes(block).split(b"\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if colon and name.lower() == b"location":
+            values.add(value.strip(b" \t\r"))
+    if len(values) > 1:
+        shown = b", ".join(sorted(values)).decode("latin-1")[:120]
+        raise ProtocolError(f"conflicting Location headers: {shown}")
 
 
 class ConnectionClosed(TransferError):
@@ -632,6 +654,8 @@ class ResponseParser:
             self._interim(status)
             return None
         headers = fields.headers
+        if block.count(b"ocation:") + block.count(b"OCATION:") > 1:
+            _check_locations(block)
         content_length = headers.get(b"Content-Length")  # the spelling nearly all use
         if content_length is not None and not repaired:
             # The usual case.  llhttp has checked that the value is one number,
