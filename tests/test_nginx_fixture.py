@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -179,6 +183,44 @@ def test_clean_shutdown(nginx_bin: str, tmp_path: Path) -> None:
     with pytest.raises(NginxError):
         _ = server.port
     server.stop()  # idempotent
+
+
+def test_nginx_ends_when_the_process_that_started_it_is_killed(
+    nginx_bin: str, tmp_path: Path
+) -> None:
+    """A test run killed outright (SIGKILL, a CI timeout) runs no clean-up of
+    ours: the kernel's parent-death signal must end nginx anyway."""
+    make_tree(tmp_path, 1, 10)
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from swarmget.testing.nginx import Nginx\n"
+        "server = Nginx(Path(sys.argv[1]), workers=2)\n"
+        "server.start()\n"
+        "print(server.pid, server.port, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    master = -1
+    with subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    ) as starter:
+        try:
+            assert starter.stdout is not None
+            master, port = (int(x) for x in starter.stdout.readline().split())
+            assert len(_group_members(master)) >= 1
+            starter.kill()
+            starter.wait()
+            deadline = time.monotonic() + 10
+            while _group_members(master) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert _group_members(master) == []  # master and workers
+            with pytest.raises(OSError):
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        finally:
+            starter.kill()
+            if master > 0:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(master, signal.SIGKILL)
 
 
 def test_explicit_port_in_use_is_a_clear_error(nginx_bin: str, tmp_path: Path) -> None:

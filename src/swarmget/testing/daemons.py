@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -64,6 +67,37 @@ def terminate_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT
     proc.wait()
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux SIGTERM the daemon when we die.
+
+    ``stop()`` and the context manager end a daemon whenever Python gets to
+    run them; a test run killed outright (SIGKILL, a CI timeout) does not, and
+    nginx in its own session would serve on forever.  The parent-death signal
+    is tied to the *thread* that forked, so it is asked for only from the main
+    thread (a daemon started by a passing thread would die with that thread);
+    elsewhere, and off Linux, None (no preexec_fn).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # we died between the fork and the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 class Daemon:
     """What nginx and tinyproxy share: a process group, a temp dir, a port.
 
@@ -103,7 +137,12 @@ class Daemon:
         assert self._tmp is not None
         with open(self._tmp / "stderr.log", "wb") as stderr:
             self._proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=stderr, stderr=stderr, start_new_session=True
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(),
             )
         return self._proc
 
