@@ -147,6 +147,10 @@ class Sink:
 
     # Can a failed or interrupted body be kept and continued with Range later?
     resumable = False
+    # Is the caller's own function running inside this sink now (a stream's
+    # ``map``, sinks/memory.py)?  A stop signal then interrupts it at once
+    # (parallel/worker.py): nothing of ours is half done while it runs.
+    mapping = False
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
