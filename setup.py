@@ -93,6 +93,7 @@ COMPILED = [
     "src/swarmget/sources/formats.py",
     "src/swarmget/sources/reader.py",
     "src/swarmget/sources/rows.py",
+    "src/swarmget/streaming/delivery.py",
 ]
 
 # mypy flags for the build's type check (see the module docstring): no config
