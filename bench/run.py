@@ -342,6 +342,7 @@ class Run:
     conns_opened: int | None = None
     conns_peak: int | None = None
     problem: str = ""
+    server_cpu_s: float | None = None  # the server's CPU during the run (servers.py)
 
 
 def run_once(
@@ -354,6 +355,7 @@ def run_once(
     result_file.unlink(missing_ok=True)
     _settle()
     _counters(server, reset=True)
+    server_cpu = _server_cpu(server)
     argv = [sys.executable, str(BENCH / "peers.py"), tool, str(case.jobs_file), str(out)]
     argv += ["--concurrency", str(case.concurrency), "--result", str(result_file)]
     env = child_env()  # the swarmget this script imports, compiled or not
@@ -372,6 +374,9 @@ def run_once(
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    server_cpu_after = _server_cpu(server)
+    if server_cpu is not None and server_cpu_after is not None:
+        run.server_cpu_s = round(server_cpu_after - server_cpu, 3)
     counters = _counters(server)
     if counters:
         run.conns_opened, run.conns_peak = counters["opened"], counters["peak_open"]
@@ -466,6 +471,13 @@ def _counters(server: servers.BenchServer, reset: bool = False) -> dict[str, int
         return server.counters()
     except Exception:
         return None
+
+
+def _server_cpu(server: servers.BenchServer) -> float | None:
+    try:
+        return server.cpu_seconds()
+    except Exception:
+        return None  # an empty cell, never a failed run
 
 
 def _settle(quiet: float = 0.9, window: float = 0.1, longest: float = 3.0) -> None:
@@ -597,6 +609,7 @@ class Summary:
     files_per_s: float | None
     mb_per_s: float | None
     problem: str
+    server_cpu_s: float | None = None  # median over the good runs
 
 
 def summarize(data: dict[str, Any]) -> list[Summary]:
@@ -631,9 +644,19 @@ def summarize(data: dict[str, Any]) -> list[Summary]:
                     count / wall,
                     count * sizes[case] / 1e6 / wall,
                     problem,
+                    _median_float([r.server_cpu_s for r in good]),
                 )
             )
     return summaries
+
+
+def _median_float(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _server(s: Summary) -> str:
+    return "-" if s.server_cpu_s is None else f"{s.server_cpu_s:.2f}"
 
 
 def _median_int(values: list[int | None]) -> int | None:
@@ -668,18 +691,18 @@ def _speed_table(summaries: list[Summary], baseline: str) -> list[str]:
     base = next((s for s in summaries if s.tool == baseline and s.files_per_s), None)
     peak = any(s.conns_peak is not None for s in summaries)
     head = "| tool | wall s (min-max) | client CPU ms/file | files/s | MB/s | vs " + baseline
-    head += " | peak RSS MiB | CPU s | conns" + (" (peak open) |" if peak else " |")
-    lines = [head + " result |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
+    head += " | peak RSS MiB | CPU s | server CPU s | conns" + (" (peak open) |" if peak else " |")
+    lines = [head + " result |", "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"]
     for s in summaries:
         if s.elapsed is None:
-            lines.append(f"| {s.tool} |{' - |' * 8} FAILED: {_cell(s.problem)} |")
+            lines.append(f"| {s.tool} |{' - |' * 9} FAILED: {_cell(s.problem)} |")
             continue
         assert s.files_per_s is not None and s.mb_per_s is not None
         ratio = f"{s.files_per_s / base.files_per_s:.2f}x" if base and base.files_per_s else "-"
         lines.append(
             f"| {s.tool} | {_wall(s)} | {s.cpu_ms_per_file:.3f} | {s.files_per_s:,.0f} "
             f"| {s.mb_per_s:,.1f} | {ratio} | {s.maxrss_mib:,.1f} | {s.cpu_s:.2f} "
-            f"| {_conns(s, peak)} | {_result(s)} |"
+            f"| {_server(s)} | {_conns(s, peak)} | {_result(s)} |"
         )
     return lines
 
@@ -741,18 +764,19 @@ def _stream_table(summaries: list[Summary], limit: dict[str, float] | None) -> l
     ours = next((s for s in summaries if s.tool == "swarmget-stream" and s.elapsed), None)
     lines = [
         "| tool | wall s (min-max) | files/s | wall / limit | wall / swarmget-stream "
-        "| peak RSS MiB | CPU s | conns (peak open) | result |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|---|",
+        "| peak RSS MiB | CPU s | server CPU s | conns (peak open) | result |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|---|",
     ]
     for s in summaries:
         if s.elapsed is None:
-            lines.append(f"| {s.tool} | - | - | - | - | - | - | - | FAILED: {_cell(s.problem)} |")
+            lines.append(f"| {s.tool} |{' - |' * 8} FAILED: {_cell(s.problem)} |")
             continue
         to_limit = f"{s.elapsed / limit['limit_s']:.2f}x" if limit else "-"
         to_ours = f"{s.elapsed / ours.elapsed:.2f}x" if ours and ours.elapsed else "-"
         lines.append(
             f"| {s.tool} | {_wall(s)} | {s.files_per_s:,.0f} | {to_limit} | {to_ours} "
-            f"| {s.maxrss_mib:,.1f} | {s.cpu_s:.2f} | {_conns(s, True)} | {_result(s)} |"
+            f"| {s.maxrss_mib:,.1f} | {s.cpu_s:.2f} | {_server(s)} | {_conns(s, True)} "
+            f"| {_result(s)} |"
         )
     return [*lines, "", *_stream_goals(summaries, limit, ours)]
 

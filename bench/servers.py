@@ -15,11 +15,15 @@
 Both are wrapped to expose the same two calls, :meth:`reset_counters` before a
 tool runs and :meth:`counters` after it: how many connections the tool opened
 (the keep-alive check: it should be about the concurrency, not the file count)
-and, where the server can tell, how many it held open at once.
+and, where the server can tell, how many it held open at once.  And
+:meth:`cpu_seconds`: the CPU the server has used so far, read around each run.
+The server shares the two cores with the tool, so what it spends is time the
+tool cannot have: the goals' arithmetic (how fast any client could be) needs it.
 """
 
 from __future__ import annotations
 
+import os
 import ssl
 import urllib.request
 from collections.abc import Iterator
@@ -55,6 +59,41 @@ class BenchServer:
         at once since the reset (None when the server cannot tell)."""
         raise NotImplementedError
 
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU the server's processes have used so far (None: unknown)."""
+        return None
+
+
+def cpu_seconds(pids: list[int]) -> float | None:
+    """User + system CPU of ``pids`` so far, from /proc (None off Linux, or if one
+    of them is gone).  Clock ticks: 10 ms resolution, fine for sums over a run."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            return None
+        fields = text[text.rindex(")") + 2 :].split()  # after the command name
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is ``pgid`` (nginx's master and its workers)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        if int(text[text.rindex(")") + 2 :].split()[2]) == pgid:
+            members.append(int(entry))
+    return members
+
 
 # -- nginx ------------------------------------------------------------------------------
 
@@ -78,6 +117,10 @@ class NginxServer(BenchServer):
     def counters(self) -> dict[str, int | None]:
         # The status request made now is one accept of its own.
         return {"opened": self._accepts() - self._accepts_at_reset - 1, "peak_open": None}
+
+    def cpu_seconds(self) -> float | None:
+        master = self.inner.pid  # nginx runs in a session of its own: the group is it
+        return None if master is None else cpu_seconds(group_members(master))
 
 
 @contextmanager
@@ -123,6 +166,10 @@ class ScriptedServer(BenchServer):
     def counters(self) -> dict[str, int | None]:
         stats = self.inner.stats
         return {"opened": stats.connections, "peak_open": stats.peak_active}
+
+    def cpu_seconds(self) -> float | None:
+        pid = self.inner.pid  # one process (its threads count in its own stat)
+        return None if pid is None else cpu_seconds([pid])
 
 
 @contextmanager
