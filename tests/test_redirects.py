@@ -78,6 +78,36 @@ def test_relative_location(server: TestServer, out_dir: Path) -> None:
         server.unroute("/rel-start")
 
 
+@pytest.mark.parametrize(
+    ("raw", "wire"),
+    [
+        (b"caf\xc3\xa9.bin", "caf%C3%A9.bin"),  # UTF-8, as nearly every server sends it
+        (b"caf\xe9.bin", "caf%E9.bin"),  # not UTF-8: the server's own byte, escaped
+        (b"caf%C3%A9.bin", "caf%C3%A9.bin"),  # already escaped: left alone
+    ],
+)
+def test_a_location_with_raw_non_ascii_bytes_is_requested_as_the_server_meant(
+    server: TestServer, out_dir: Path, raw: bytes, wire: str
+) -> None:
+    def redirect(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(
+            b"HTTP/1.1 302 Found\r\nLocation: /raw-end/" + raw + b"\r\nContent-Length: 0\r\n\r\n"
+        )
+
+    def landing(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nlanded!")
+
+    server.route("/raw-start", redirect)
+    server.route(f"/raw-end/{wire}", landing)  # only the right bytes find it: else a 404
+    try:
+        report = run([server.url("/raw-start")], out_dir)
+        assert report.ok == 1, journal(out_dir)
+        assert (out_dir / "raw-start").read_bytes() == b"landed!"
+    finally:
+        server.unroute("/raw-start")
+        server.unroute(f"/raw-end/{wire}")
+
+
 def test_too_many_redirects(server: TestServer, out_dir: Path) -> None:
     final = server.file_url("t.bin", size=10)
     report = run([chain(server, [301, 301, 301], final)], out_dir, max_redirects=2)

@@ -19,7 +19,7 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             f"more than {options.max_redirects} redirects (last to {location!r})",
         )
     try:
-        target = urljoin(job.url, location.decode("latin-1").strip())
+        target = urljoin(job.url, location_text(location))
         scheme = urlsplit(target).scheme.lower()
     except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
         raise TransferError(
@@ -34,3 +34,21 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             f"redirect from https to http refused ({target}); --allow-downgrade permits it",
         )
     return target
+
+
+def location_text(location: bytes) -> str:
+    """A ``Location`` value as the URL text it means.
+
+    Servers send non-ASCII in it raw.  Mostly that is UTF-8, which browsers and
+    curl read as such: ``/caf\xc3\xa9.jpg`` is ``/café.jpg``, requested as
+    ``/caf%C3%A9.jpg`` (engine/urls.py percent-encodes the target as UTF-8).
+    Bytes that are not UTF-8 (an old server's Latin-1) are kept as they came,
+    each non-ASCII byte percent-encoded: the server gets its own bytes back.
+    Reading every value as Latin-1, as we used to, requested UTF-8 names as
+    ``/caf%C3%83%C2%A9.jpg``: a 404 for a file that is there.
+    """
+    try:
+        text = location.decode("utf-8")
+    except UnicodeDecodeError:
+        text = "".join(chr(b) if b < 0x80 else f"%{b:02X}" for b in location)
+    return text.strip()
