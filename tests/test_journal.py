@@ -23,7 +23,7 @@ from swarmget.protocol.request import RequestTemplate
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.files import FileSink, OutputError, part_path
-from swarmget.sinks.journal import Journal, encode, storable
+from swarmget.sinks.journal import Journal, _logged_plans, encode, plan_log_line, storable
 from swarmget.sinks.plan import FilePlanner, row_key
 from swarmget.sources.rows import Row
 from swarmget.testing.outputs import small_tmpfs
@@ -323,3 +323,25 @@ def test_the_quick_record_of_an_ok_row_is_the_encoders(
     if url.isascii():  # the quick path's rows; the others go through the encoder itself
         assert encode(result) == json.dumps(record, ensure_ascii=False, separators=(",", ":"))
     assert json.loads(encode(result)) == {**record, "url": storable(url)}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-(1 << 63), (1 << 63) - 1),
+            st.integers(0, 1 << 40),
+            st.text(max_size=30),
+            st.one_of(st.none(), st.text(max_size=30).map(storable)),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_a_plan_log_line_reads_back_as_the_plans_without_their_urls(
+    plans: list[tuple[int, int, str, str | None, bool]],
+) -> None:
+    line = plan_log_line(plans)
+    assert json.loads(line) == [[k, i, None, p, m] for k, i, _u, p, m in plans]
+    folded = _logged_plans(line.encode("utf-8", "surrogatepass"))
+    assert folded == [(k, i, p, m) for k, i, _u, p, m in plans]
