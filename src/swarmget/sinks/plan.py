@@ -373,35 +373,41 @@ class FilePlanner:
         """The key of each row -- (url, path column, occurrence in this run's input) --
         and what the journal knows of each key, in as few queries as possible."""
         journal = self.journal
+        idents = [(row.url, row.path) for row in rows]
+        occurrences = self._occurrences
         start: dict[tuple[str, str | None], int] = {}  # each identity's first occurrence here
-        for row in rows:
-            ident = (row.url, row.path)
+        for ident in idents:
             if ident not in start:
-                start[ident] = self._occurrences.get(ident, 0)
+                start[ident] = occurrences.get(ident, 0) if occurrences else 0
         first_keys = {ident: row_key(ident[0], ident[1], n) for ident, n in start.items()}
         guesses = {key: ident for ident, key in first_keys.items()}
         found = journal.lookup(self._maybe_known(list(guesses)))
+        rekeyed = False
         for key, ident in guesses.items():
             seen = found.get(key)
             if key in self._in_flight or (seen is not None and seen.run == journal.run):
                 # An earlier batch of this run had this identity already.
                 start[ident] = self._first_free(ident, start[ident])
                 first_keys[ident] = row_key(ident[0], ident[1], start[ident])
+                rekeyed = True
+        # Most batches: every identity new, once each.  Then every key is a
+        # guess already looked up, and no count needs remembering.
+        plain = len(start) == len(idents) and not rekeyed and not occurrences
         keys = []
         following = dict(start)
-        for row in rows:
-            ident = (row.url, row.path)
+        for ident in idents:
             occurrence = following[ident]
             following[ident] = occurrence + 1
             if occurrence == start[ident]:
                 keys.append(first_keys[ident])  # most rows: the key is known already
             else:
-                keys.append(row_key(row.url, row.path, occurrence))
-        for ident, after in following.items():
-            if after > 1 or ident in self._occurrences:
-                self._remember(ident, after)
-        previous = {k: v for k, v in found.items() if v.run != journal.run}
-        unknown = self._maybe_known([key for key in keys if key not in guesses])
+                keys.append(row_key(ident[0], ident[1], occurrence))
+        if not plain:
+            for ident, after in following.items():
+                if after > 1 or ident in occurrences:
+                    self._remember(ident, after)
+        previous = {k: v for k, v in found.items() if v.run != journal.run} if found else {}
+        unknown = [] if plain else self._maybe_known([key for key in keys if key not in guesses])
         if unknown:
             previous.update(
                 (k, v) for k, v in journal.lookup(unknown).items() if v.run != journal.run
