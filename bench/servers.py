@@ -79,22 +79,6 @@ def cpu_seconds(pids: list[int]) -> float | None:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def group_members(pgid: int) -> list[int]:
-    """Pids whose process group is ``pgid`` (nginx's master and its workers)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                text = stat.read()
-        except OSError:
-            continue
-        if int(text[text.rindex(")") + 2 :].split()[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
 # -- nginx ------------------------------------------------------------------------------
 
 
@@ -120,6 +104,8 @@ class NginxServer(BenchServer):
 
     def cpu_seconds(self) -> float | None:
         master = self.inner.pid  # nginx runs in a session of its own: the group is it
+        from swarmget.testing.daemons import group_members
+
         return None if master is None else cpu_seconds(group_members(master))
 
 

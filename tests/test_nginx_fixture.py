@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from swarmget.testing import nginx as nginx_mod
+from swarmget.testing.daemons import group_members
 from swarmget.testing.nginx import (
     ECHO_MODULE,
     Nginx,
@@ -34,24 +35,6 @@ def _get(
     conn.request("GET", path)
     response = conn.getresponse()
     return response.status, response.read(), response
-
-
-def _group_members(pgid: int) -> list[int]:
-    """Pids whose process group is ``pgid`` (the nginx master and its workers)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # Fields after the ")" that closes the command name: state ppid pgrp ...
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
 
 
 def test_files_over_one_keepalive_connection(nginx_server: ServedTree) -> None:
@@ -167,15 +150,15 @@ def test_clean_shutdown(nginx_bin: str, tmp_path: Path) -> None:
         port, master = server.port, server.pid
         assert master is not None
         deadline = time.monotonic() + 5
-        while len(_group_members(master)) < 3 and time.monotonic() < deadline:
+        while len(group_members(master)) < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert len(_group_members(master)) == 3  # master + 2 workers
+        assert len(group_members(master)) == 3  # master + 2 workers
         # An idle keep-alive connection must not hold up shutdown.
         idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         _get(idle, "/img000000.jpg")
     idle.close()
     assert server.pid is None
-    assert _group_members(master) == []
+    assert group_members(master) == []
     with pytest.raises(ProcessLookupError):
         os.kill(master, 0)
     with pytest.raises(OSError):
@@ -207,13 +190,13 @@ def test_nginx_ends_when_the_process_that_started_it_is_killed(
         try:
             assert starter.stdout is not None
             master, port = (int(x) for x in starter.stdout.readline().split())
-            assert len(_group_members(master)) >= 1
+            assert len(group_members(master)) >= 1
             starter.kill()
             starter.wait()
             deadline = time.monotonic() + 10
-            while _group_members(master) and time.monotonic() < deadline:
+            while group_members(master) and time.monotonic() < deadline:
                 time.sleep(0.02)
-            assert _group_members(master) == []  # master and workers
+            assert group_members(master) == []  # master and workers
             with pytest.raises(OSError):
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
         finally:

@@ -48,6 +48,25 @@ def accepts(port: int) -> bool:
         return False
 
 
+def group_members(pgid: int) -> list[int]:
+    """Pids whose process group is ``pgid`` (a daemon's master and its workers),
+    from /proc; empty where there is no /proc."""
+    members = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            # Fields after the ")" that closes the command name: state ppid pgrp ...
+            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                members.append(int(entry))
+    return members
+
+
 def terminate_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
     """SIGTERM and reap; SIGKILL the whole process group if it hangs or died early.
 
