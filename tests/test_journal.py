@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -168,6 +169,36 @@ def test_a_damaged_plan_log_gives_up_only_its_damaged_lines(tmp_path: Path) -> N
         planner.finish(interrupted=True)
     # The good line's claim was folded in: a.jpg is ours to redo, not foreign.
     assert batch.results == [] and [a.path for a in batch.assignments] == ["a.jpg"]
+
+
+def test_a_plan_log_survives_a_final_commit_the_full_disk_refused(tmp_path: Path) -> None:
+    """The run ends on a full disk: the last commit fails and SQLite rolls it
+    back.  The plan log must stay, or the next run takes our files for foreign."""
+    with small_tmpfs(tmp_path / "small", "1m") as mount:
+        out = mount / "out"
+        out.mkdir()
+        planner = FilePlanner(str(out), Options())
+        urls = [f"http://h/{i:03d}-{'x' * 120}.jpg" for i in range(60)]
+        batch = planner.plan(rows(*urls))
+        for a in batch.assignments:  # published, as the engine would have
+            (out / a.path).write_bytes(b"body")
+        filler = mount / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)  # every block the tmpfs has left
+        with pytest.raises(OutputError):
+            planner.record([ok(a, 4) for a in batch.assignments])
+            planner.finish(interrupted=False)
+        assert (out / ".swarmget" / "plans.log").stat().st_size > 0
+        filler.unlink()
+        again = FilePlanner(str(out), Options())
+        try:
+            redo = again.plan(rows(*urls))
+        finally:
+            again.finish(interrupted=True)
+        # Every file is known as ours (redone), none is called foreign.
+        assert [r.error for r in redo.results] == []
+        assert [a.path for a in redo.assignments] == [a.path for a in batch.assignments]
 
 
 def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:

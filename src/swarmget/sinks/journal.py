@@ -412,36 +412,55 @@ class Journal:
                 yield line
 
     def close(self) -> None:
-        """Commit and let go; the plan log is emptied (its rows are in the table now)."""
-        with contextlib.suppress(sqlite3.Error):
+        """Commit and let go.  The plan log is emptied only if that commit went
+        through: then its rows are in the table.  If it did not (a full disk
+        makes it fail, and SQLite rolls the transaction back), the log is all
+        that says which planned paths are ours, and the next run folds it in:
+        emptying it then would make our own files look foreign (``exists``)."""
+        try:
             self._db.execute("COMMIT")
+            committed = True
+        except sqlite3.Error:  # a full disk; or no transaction left by a failed commit()
+            committed = False
         self._db.close()
-        with contextlib.suppress(OSError):
-            os.ftruncate(self._plan_log, 0)
+        if committed:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._plan_log, 0)
         os.close(self._plan_log)
         os.close(self._lock)
 
     # -- internals ---------------------------------------------------------------------
 
     def _fold_plan_log(self) -> None:
-        """An earlier run was killed: its claims that never reached the table go in now."""
+        """An earlier run was killed: its claims that never reached the table go in now.
+
+        In one transaction: the connection commits each statement by itself
+        otherwise, and a killed run's log may hold a hundred thousand claims --
+        as many commits, each writing its pages to the WAL again.
+        """
         try:
-            with open(self._plan_log_path, "rb") as log:
-                for line in log:
-                    plans = _logged_plans(line)
-                    if plans is None:
-                        continue  # torn by the kill: that batch was never dealt out
-                    with self._guard("recover"):
-                        self._db.executemany(
-                            "INSERT INTO rows (key, run, idx, path, mine, status) "
-                            f"VALUES (?, {self.run - 1}, ?, ?, ?, {PLANNED}) "
-                            "ON CONFLICT (key) DO NOTHING",
-                            plans,
-                        )
+            log = open(self._plan_log_path, "rb")  # noqa: SIM115 (closed below, with the transaction)
         except FileNotFoundError:
             return
         except OSError as exc:
             raise OutputError(f"cannot read the plan log: {exc.strerror}", True) from None
+        with log, self._guard("recover"):
+            db = self._db
+            db.execute("BEGIN")
+            try:
+                for line in log:
+                    plans = _logged_plans(line)
+                    if plans is None:
+                        continue  # torn by the kill: that batch was never dealt out
+                    db.executemany(
+                        "INSERT INTO rows (key, run, idx, path, mine, status) "
+                        f"VALUES (?, {self.run - 1}, ?, ?, ?, {PLANNED}) "
+                        "ON CONFLICT (key) DO NOTHING",
+                        plans,
+                    )
+            except OSError as exc:  # reading the log (SQLite's errors are the guard's)
+                raise OutputError(f"cannot read the plan log: {exc.strerror}", True) from None
+            db.execute("COMMIT")
 
     def _next_run(self) -> int:
         run = self._meta("runs") + 1
