@@ -22,7 +22,6 @@ request within 10 s.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import subprocess
@@ -31,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from swarmget.testing.daemons import proc_stat
 from swarmget.testing.dns import nxdomain_server
 from swarmget.testing.process import child_env
 
@@ -44,9 +44,8 @@ def tree_rss_kb(pid: int) -> int:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
+        fields = proc_stat(int(entry))
+        if fields is not None:
             parents[int(entry)] = int(fields[1])
             rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") // 1024
     family = {pid}

@@ -67,14 +67,13 @@ class BenchServer:
 def cpu_seconds(pids: list[int]) -> float | None:
     """User + system CPU of ``pids`` so far, from /proc (None off Linux, or if one
     of them is gone).  Clock ticks: 10 ms resolution, fine for sums over a run."""
+    from swarmget.testing.daemons import proc_stat
+
     total = 0
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as stat:
-                text = stat.read()
-        except OSError:
+        fields = proc_stat(pid)
+        if fields is None:
             return None
-        fields = text[text.rindex(")") + 2 :].split()  # after the command name
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / os.sysconf("SC_CLK_TCK")
 
@@ -103,9 +102,9 @@ class NginxServer(BenchServer):
         return {"opened": self._accepts() - self._accepts_at_reset - 1, "peak_open": None}
 
     def cpu_seconds(self) -> float | None:
-        master = self.inner.pid  # nginx runs in a session of its own: the group is it
         from swarmget.testing.daemons import group_members
 
+        master = self.inner.pid  # nginx runs in a session of its own: the group is it
         return None if master is None else cpu_seconds(group_members(master))
 
 

@@ -23,6 +23,7 @@ from swarmget.sinks.memory import Arena
 from swarmget.sources.rows import Row
 from swarmget.streaming import Item
 from swarmget.testing import TestServer, expected_body
+from swarmget.testing.daemons import proc_stat
 from swarmget.testing.nginx import ServedTree
 from swarmget.testing.process import child_env
 
@@ -405,8 +406,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().split()[2] != "Z"
+    fields = proc_stat(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie has ended
 
 
 @pytest.mark.parametrize("bad_at", [30, 700])  # in the first batch read, or later
@@ -490,16 +491,8 @@ def test_ctrl_c_stops_the_stream_promptly_without_orphans(
 
 
 def _children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
+    entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    return [child for child in entries if (fields := proc_stat(child)) and int(fields[1]) == pid]
 
 
 def test_astream_never_blocks_the_event_loop(server: TestServer) -> None:

@@ -17,7 +17,6 @@ the parts worth resuming.
 
 from __future__ import annotations
 
-import ctypes
 import io
 import multiprocessing
 import os
@@ -40,13 +39,13 @@ from swarmget.parallel.backend import (
     Rows,
     Stopped,
 )
+from swarmget.parallel.deathsig import parent_death_signal
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Sink
 from swarmget.sinks.memory import map_failed
 
 REPORT_INTERVAL: Final = 0.1  # seconds between Progress messages
 REPORT_BATCH: Final = 512  # results that make a Progress message go at once
-_PR_SET_PDEATHSIG: Final = 1
 
 
 class PipeEvents:
@@ -241,11 +240,9 @@ def _terminate_with_parent() -> None:
     The pipe's EOF tells us too, but only when the loop looks at it; a worker
     that outlived its driver would race the user's next run in the same dir.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass  # not Linux: the pipe's EOF still stops us
+    ask = parent_death_signal()
+    if ask is not None:  # not Linux: the pipe's EOF still stops us
+        ask()
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # it died before we asked
         raise KeyboardInterrupt

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from swarmget.parallel.deathsig import parent_death_signal
 
 STOP_TIMEOUT = 10.0
 
@@ -48,23 +48,25 @@ def accepts(port: int) -> bool:
         return False
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/<pid>/stat`` after the command name (``state ppid
+    pgrp ...``: field 3 of proc(5) is item 0); None if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces and ")"
+
+
 def group_members(pgid: int) -> list[int]:
     """Pids whose process group is ``pgid`` (a daemon's master and its workers),
     from /proc; empty where there is no /proc."""
-    members = []
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            # Fields after the ")" that closes the command name: state ppid pgrp ...
-            if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
-                members.append(int(entry))
-    return members
+    try:
+        entries = [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+    except OSError:
+        return []
+    return [pid for pid in entries if (fields := proc_stat(pid)) and int(fields[2]) == pgid]
 
 
 def terminate_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT) -> None:
@@ -86,9 +88,6 @@ def terminate_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT
     proc.wait()
 
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _die_with_parent() -> Callable[[], None] | None:
     """A ``preexec_fn`` that has Linux SIGTERM the daemon when we die.
 
@@ -99,18 +98,15 @@ def _die_with_parent() -> Callable[[], None] | None:
     thread (a daemon started by a passing thread would die with that thread);
     elsewhere, and off Linux, None (no preexec_fn).
     """
-    if not sys.platform.startswith("linux"):
-        return None
     if threading.current_thread() is not threading.main_thread():
         return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    ask = parent_death_signal()
+    if ask is None:
         return None
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ask()
         if os.getppid() != parent:  # we died between the fork and the prctl
             os.kill(os.getpid(), signal.SIGTERM)
 
