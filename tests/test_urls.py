@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import swarmget
-from swarmget.engine.urls import split_url
+from swarmget.engine.urls import UrlSplitter, split_url
 from swarmget.errors import TransferError
 from swarmget.testing import TestServer
 
@@ -123,3 +123,29 @@ def test_an_ipv6_zone_id_picks_the_interface_and_stays_off_the_wire(tmp_path: Pa
         server.stop()
     assert report.ok == 2, [r["message"] for r in swarmget.read_manifest(tmp_path)]
     assert hosts == {f"[::1]:{server.port}".encode()}
+
+
+@pytest.mark.parametrize(
+    ("urls", "targets"),
+    [
+        # A "/" in the query or the fragment of a URL without a path is not where
+        # its authority ends: the cache of origins used to take "http://h?x=" for
+        # one and send the second URL as "GET /b".
+        (["http://h.test?x=/a", "http://h.test?x=/b"], ["/?x=/a", "/?x=/b"]),
+        (["http://h.test:81?x=/a/b", "http://h.test:81?x=/c"], ["/?x=/a/b", "/?x=/c"]),
+        (["http://h.test#/a", "http://h.test#/b"], ["/", "/"]),
+        (["http://h.test/p?x=/a", "http://h.test/q#/b"], ["/p?x=/a", "/q"]),
+    ],
+)
+def test_the_origin_cache_never_changes_a_target(urls: list[str], targets: list[str]) -> None:
+    splitter = UrlSplitter()
+    assert [splitter.split(url).target for url in urls] == targets
+    assert [splitter.split(url).target for url in urls] == targets  # now from the cache
+    assert [split_url(url).target for url in urls] == targets
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:0/x", "https://h.test:0/x", "http://h:00/x"])
+def test_port_zero_is_a_bad_url_not_the_default_port(url: str) -> None:
+    with pytest.raises(TransferError) as caught:
+        split_url(url)
+    assert caught.value.code == "bad_url" and "port 0" in caught.value.message

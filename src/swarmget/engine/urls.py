@@ -63,6 +63,11 @@ class UrlSplitter:
 
     def split(self, url: str) -> Location:
         cut = url.find("/", url.find("://") + 3) if "://" in url else -1
+        if cut > 0 and ("?" in url[:cut] or "#" in url[:cut]):
+            # ``http://h?q=/a``: the authority ends at the ``?``, and the ``/`` is
+            # the query's.  Cached under ``http://h?q=``, the next URL with that
+            # prefix (``http://h?q=/b``) would be sent as ``GET /b``.
+            cut = -1
         if cut > 0:
             known = self._origins.get(url[:cut])
             if known is not None:
@@ -102,7 +107,10 @@ def split_url(url: str) -> Location:
         raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {redact(url)!r}")
     host = wire_host(host, url)
     default = _DEFAULT_PORTS[scheme]
-    port = port or default
+    if port is None:
+        port = default
+    elif port == 0:  # nothing can be reached there; it is not "the default port"
+        raise TransferError(ErrorCode.BAD_URL, f"port 0 in URL {redact(url)!r}")
     target = parts.path or "/"
     if parts.query:
         target = f"{target}?{parts.query}"
