@@ -12,6 +12,7 @@ import pytest
 
 import swarmget
 from swarmget.report import Report, Snapshot
+from swarmget.sources.rows import Row
 from swarmget.testing import TestServer, expected_body
 from swarmget.testing.process import child_env
 
@@ -202,3 +203,54 @@ def test_the_manifest_as_a_table(server: TestServer, tmp_path: Path) -> None:
     assert isinstance(table, pyarrow.Table)
     assert table.column("status").to_pylist() == ["ok"]
     assert table.column("bytes").to_pylist() == [10]
+
+
+def test_dedupe_copies_into_new_directories_and_never_out_of_the_output_dir(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # A copy's file goes where a download's would: its directories are made
+    # (it failed with `io`), and a symlinked one leading out of the output dir
+    # is refused (the copy was written, even replaced, outside it).
+    out, outside = tmp_path / "out", tmp_path / "outside"
+    out.mkdir()
+    outside.mkdir()
+    (outside / "victim.bin").write_bytes(b"victim")
+    (out / "away").symlink_to(outside)
+    url = server.file_url("dd.bin", size=5000)
+    rows = [
+        Row(0, url, path="dd.bin"),
+        Row(1, url, path="new/dir/dd.bin"),
+        Row(2, url, path="away/dd.bin"),
+        Row(3, url, path="away/victim.bin"),
+    ]
+    for overwrite in (False, True):
+        report = swarmget.download(rows, out, workers=1, dedupe=True, overwrite=overwrite)
+        by_index = {r["index"]: r for r in records(out)}
+        assert (by_index[0]["status"], by_index[1]["status"]) == ("ok", "ok"), by_index
+        assert (out / "new/dir/dd.bin").read_bytes() == expected_body("dd.bin", 5000)
+        assert by_index[2]["error"] == "bad_path", by_index
+        # Without --overwrite the file already there is someone else's.
+        assert by_index[3]["error"] == ("bad_path" if overwrite else "exists"), by_index
+        assert sorted(p.name for p in outside.iterdir()) == ["victim.bin"]
+        assert (outside / "victim.bin").read_bytes() == b"victim"
+        assert report.failed == 2
+
+
+def test_a_path_thousands_of_levels_deep_is_made_without_recursion(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # os.makedirs recursed once per level: RecursionError, reported as `protocol`.
+    deep = "q/" * 1500 + "deep.bin"
+    report = swarmget.download(
+        [Row(0, server.file_url("deep.bin", size=100), path=deep)], tmp_path, workers=1
+    )
+    try:
+        assert report.ok == 1, [r["message"] for r in records(tmp_path)]
+        assert (tmp_path / deep).read_bytes() == expected_body("deep.bin", 100)
+    finally:  # shutil.rmtree (pytest's clean-up) recurses once per level too
+        (tmp_path / deep).unlink(missing_ok=True)
+        level = (tmp_path / deep).parent
+        while level != tmp_path:
+            if level.is_dir():
+                level.rmdir()
+            level = level.parent

@@ -181,18 +181,42 @@ class OutputDir:
         return path
 
     def _make_parent(self, parent: str) -> None:
-        try:
-            os.makedirs(parent, exist_ok=True)
-        except OSError as exc:
-            raise io_error("create directory", parent, exc) from None
-        except ValueError:  # a NUL: the planner refuses these, but never crash on one
-            raise TransferError(ErrorCode.BAD_PATH, f"{parent!r} is not a valid path") from None
-        # A directory (or a symlink) that already existed could point elsewhere.
-        real = os.path.realpath(parent)
-        if real != self.root and not real.startswith(self.root + "/"):
-            raise TransferError(ErrorCode.BAD_PATH, f"{parent} resolves outside the output dir")
+        """Create ``parent`` (under the root) one level at a time, after checking
+        that the deepest directory already there resolves inside the root.
+
+        Not ``os.makedirs``: it follows a symlinked directory first and asks
+        questions after (empty directories appeared outside the output dir
+        before the check refused the path), and it recurses once per missing
+        level (a path 2,000 levels deep raised ``RecursionError``)."""
+        missing: list[str] = []
+        existing = parent
+        while existing != self.root and not os.path.isdir(existing):  # follows links
+            missing.append(existing)
+            existing = existing.rpartition("/")[0]
+        self._check_inside(existing)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory)
+            except FileExistsError:
+                if not os.path.isdir(directory):  # a file where a directory must go
+                    exc = OSError(errno.EEXIST, os.strerror(errno.EEXIST))
+                    raise io_error("create directory", directory, exc) from None
+            except OSError as exc:
+                raise io_error("create directory", directory, exc) from None
+            except ValueError:  # a NUL: the planner refuses these, but never crash on one
+                raise TransferError(
+                    ErrorCode.BAD_PATH, f"{directory!r} is not a valid path"
+                ) from None
+        if missing:
+            self._check_inside(parent)  # created by someone else meanwhile, as a link
         if len(self._dirs) < 65536:  # a cache, not a record: bounded
             self._dirs.add(parent)
+
+    def _check_inside(self, directory: str) -> None:
+        """A directory (or a symlink) that already existed could point elsewhere."""
+        real = os.path.realpath(directory)
+        if real != self.root and not real.startswith(self.root + "/"):
+            raise TransferError(ErrorCode.BAD_PATH, f"{directory} resolves outside the output dir")
 
 
 class FileSink(Sink):

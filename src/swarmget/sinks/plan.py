@@ -180,7 +180,8 @@ class FilePlanner:
     """Plans rows for the file sink and keeps the journal (see the module docstring)."""
 
     def __init__(self, root: str, options: Options) -> None:
-        self.root = OutputDir(root).root
+        self.output = OutputDir(root)
+        self.root = self.output.root
         self.options = options
         self.journal = Journal(self.root)
         self._names_store = JournalNames(self.journal)
@@ -316,12 +317,14 @@ class FilePlanner:
         note = f"same URL as row {leader.index}"
         if leader.status == OK and leader.path is not None:
             try:
-                link_or_copy(
-                    os.path.join(self.root, leader.path), os.path.join(self.root, follower.path)
-                )
-            except (OSError, OutputError) as exc:
-                message = exc.message if isinstance(exc, OutputError) else str(exc)
-                return _failed_follower(follower, ErrorCode.IO, f"{note}: {message}")
+                # final_path, as a download's file: its directories are made,
+                # and a symlinked one that leads out of the output dir refused.
+                target = self.output.final_path(follower.path)
+                link_or_copy(os.path.join(self.root, leader.path), target)
+            except OSError as exc:
+                return _failed_follower(follower, ErrorCode.IO, f"{note}: {exc}")
+            except TransferError as exc:  # bad_path, or io (an OutputError)
+                return _failed_follower(follower, exc.code, f"{note}: {exc.message}")
             return FileResult(
                 follower.url,
                 follower.path,
