@@ -9,6 +9,7 @@ the end-to-end tests at the bottom use the real engine and test server.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -127,6 +128,53 @@ def test_parse_header() -> None:
     for bad in ["no colon", ": value", "Bad Name: v", "X: a\nb"]:
         with pytest.raises(Exception, match="invalid header"):
             cli.parse_header(bad)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        # A line break in a value sent a header of the value's choosing; a
+        # character outside Latin-1 crashed the workers (every row `crashed`).
+        {"user_agent": "ua\r\nX-Injected: yes"},
+        {"user_agent": "snow\u2603"},
+        {"headers": {"X-Ok": "v\r\nX-Injected: yes"}},
+        {"headers": {"X-Name": "\u2603"}},
+        {"headers": {"X-Nul": "a\x00b"}},
+        {"headers": {"Bad Name": "v"}},
+        {"headers": [("X-List", "v")]},
+        # NaN passed every range check: a NaN timeout never fired, and a NaN
+        # --max-size refused every file.
+        {"timeout": math.nan},
+        {"deadline": math.nan},
+        {"min_speed_window": math.nan},
+        {"max_size": math.nan},
+        {"deadline": math.inf},
+    ],
+)
+def test_the_library_refuses_what_the_cli_refuses(options: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        Options.from_kwargs(options)
+
+
+def test_header_values_outside_one_line_of_latin_1_are_refused_by_the_cli() -> None:
+    assert cli.parse_header("X-Tab: a\tb \u00e9") == ("X-Tab", "a\tb \u00e9")
+    for bad in ["X: \u2603", "X: a\x00b", "X: a\rb"]:
+        with pytest.raises(Exception, match="invalid header"):
+            cli.parse_header(bad)
+    for bad in ["a\nb", "\u2603"]:
+        with pytest.raises(Exception, match="invalid header"):
+            cli.parse_user_agent(bad)
+    assert cli.main(["-q", "--user-agent", "a\r\nX: y", "-o", "out", "http://h/x"]) == 2
+
+
+def test_an_empty_output_directory_is_refused_not_the_current_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # an unset $OUT: `-o "$OUT"`
+    assert cli.main(["-q", "-o", "", "http://127.0.0.1:9/x.bin"]) == 2
+    with pytest.raises(UsageError, match="empty"):
+        swarmget.download(["http://127.0.0.1:9/x.bin"], "")
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- --help and --version -----------------------------------------------------------------------

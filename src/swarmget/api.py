@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
+from swarmget.errors import UsageError
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.manifest import manifest_path
 from swarmget.net.tls import INSECURE_WARNING
@@ -137,6 +138,9 @@ def run_download(
     progress: ProgressListener | None = None,
 ) -> Report:
     """Plan ``rows`` into ``dest`` and download them with one engine per worker."""
+    if not os.fspath(dest):
+        # realpath("") is the current directory: an unset $OUT must not fill it.
+        raise UsageError("the output directory is an empty string")
     planner = FilePlanner(os.fspath(dest), options)
     try:
         make_sink = functools.partial(file_sink, planner.root)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -64,6 +66,21 @@ class Options:
         object.__setattr__(self, "dns_servers", servers)
         for server in self.dns_servers:
             check_dns_server(server)
+        if not isinstance(self.headers, Mapping):
+            raise UsageError("headers must be a mapping of names to values")
+        for name, value in (*self.headers.items(), ("User-Agent", self.user_agent)):
+            check_header(name, value)
+        for flag, number in (
+            ("--timeout", self.timeout),
+            ("--deadline", self.deadline),
+            ("--min-speed", self.min_speed),
+            ("min_speed_window", self.min_speed_window),
+            ("--max-size", self.max_size),
+        ):
+            # NaN passes every "< 0" test and then compares false with everything:
+            # a NaN timeout never fired, a NaN --max-size refused every file.
+            if number is not None and not math.isfinite(number):
+                raise UsageError(f"{flag} must be a finite number, not {number!r}")
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
         if self.per_host < 1:
@@ -109,6 +126,30 @@ class Options:
         if unknown:
             raise UsageError(f"unknown option(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+
+HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
+# What a field value may not hold (RFC 9110 5.5): controls other than a tab.
+# CR and LF would end the line and start a header of the value's choosing.
+_BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def check_header(name: str, value: str) -> None:
+    """A request header the user gave: a token for a name, one line of Latin-1
+    text (as ``http.client`` and requests encode it) for a value; raise UsageError."""
+    shown = f"{name}: {value}"
+    if not (isinstance(name, str) and HEADER_NAME.fullmatch(name)):
+        raise UsageError(f"invalid header {shown!r} (the name must be an HTTP token)")
+    if not isinstance(value, str):
+        raise UsageError(f"invalid header {shown!r} (the value must be text)")
+    if _BAD_VALUE.search(value):
+        raise UsageError(f"invalid header {shown!r} (a line break or control character)")
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"invalid header {shown!r} (only Latin-1 text can be sent in a header)"
+        ) from None
 
 
 def check_dns_server(text: str) -> None:
