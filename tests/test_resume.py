@@ -209,6 +209,83 @@ def test_mismatched_content_range_restarts_from_zero(server: TestServer, out_dir
         server.unroute("/cr.bin")
 
 
+_V1 = bytes(range(256)) * 8192  # 2 MiB
+_V2 = bytes(reversed(range(256))) * 8192
+
+
+def _bad_answer(kind: str, start: int) -> bytes:
+    """A reply to ``Range: bytes=START-`` that must not be spliced onto our part."""
+    rest = len(_V1) - start
+    content_range = f"Content-Range: bytes {start}-{len(_V1) - 1}/{len(_V1)}\r\n"
+    head = "HTTP/1.1 206 Partial Content\r\n" + content_range
+    if kind == "short-length":  # its own length disagrees with its range
+        return f'{head}Content-Length: 1000\r\nETag: "v1"\r\n\r\n'.encode() + _V1[start:][:1000]
+    if kind in ("short-close", "long-close"):  # framed by the close: stops early, or runs on
+        body = _V1[start:][:1000] if kind == "short-close" else _V1[start:] + b"extra"
+        return f'{head}ETag: "v1"\r\nConnection: close\r\n\r\n'.encode() + body
+    if kind == "new-etag":  # ignores If-Range: the rest of the new version
+        return f'{head}Content-Length: {rest}\r\nETag: "v2"\r\n\r\n'.encode() + _V2[start:]
+    assert kind == "416"
+    return b"HTTP/1.1 416 Range Not Satisfiable\r\nContent-Length: 0\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("kind", "final"),
+    [
+        ("short-length", _V1),
+        ("short-close", _V1),
+        ("long-close", _V1),
+        ("new-etag", _V2),
+        ("416", _V1),
+    ],
+)
+def test_a_206_is_spliced_on_only_when_it_is_the_rest_of_the_same_file(
+    server: TestServer, out_dir: Path, kind: str, final: bytes
+) -> None:
+    # A short 206 was published as a whole file, a 206 of another version was
+    # spliced onto our part, a 416 failed the row on every rerun.
+    requests: list[bytes] = []
+
+    def handler(request: bytes, conn: ScriptedConnection) -> None:
+        requests.append(request)
+        ranged = [r for r in requests if b"\r\nrange:" in r.lower()]
+        if len(requests) == 1:  # cut halfway: the part is kept, with validator "v1"
+            conn.send(
+                f'HTTP/1.1 200 OK\r\nContent-Length: {len(_V1)}\r\nETag: "v1"\r\n\r\n'.encode()
+            )
+            conn.send(_V1[: len(_V1) // 2])
+            conn.close()
+        elif request in ranged:
+            start = int(request.lower().split(b"range: bytes=")[1].split(b"-")[0])
+            if len(ranged) == 1:
+                conn.send(_bad_answer(kind, start))
+                conn.close()
+            else:  # a well-behaved 206
+                conn.send(
+                    f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-"
+                    f"{len(_V1) - 1}/{len(_V1)}\r\nContent-Length: {len(_V1) - start}\r\n"
+                    f'ETag: "v1"\r\n\r\n'.encode()
+                    + _V1[start:]
+                )
+        else:  # from zero: the version the server has now
+            etag = "v2" if final is _V2 else "v1"
+            head = f'HTTP/1.1 200 OK\r\nContent-Length: {len(final)}\r\nETag: "{etag}"\r\n\r\n'
+            conn.send(head.encode() + final)
+
+    server.route("/splice.bin", handler)
+    try:
+        url = server.url("/splice.bin")
+        assert run([url], out_dir).failed == 1
+        assert part_for(out_dir, url).stat().st_size == len(_V1) // 2
+        report = run([url], out_dir, retries=1)
+        assert report.ok == 1, report.failures
+        assert (out_dir / "splice.bin").read_bytes() == final
+    finally:
+        server.unroute("/splice.bin")
+    assert server.errors == []
+    assert parts(out_dir) == []
+
+
 def test_checksums_and_sizes_are_verified_while_streaming(
     server: TestServer, out_dir: Path
 ) -> None:

@@ -442,6 +442,10 @@ class Engine(ConnectionOwner):
         writer = transfer.writer
         assert writer is not None
         row = job.row
+        end = verdict.end
+        if end is not None and writer.written != end:
+            self._partial_ended_wrong(transfer, writer.written, end)
+            return
         try:
             writer.verify(row.size, row.expected_digests())
             writer.finish()
@@ -458,6 +462,22 @@ class Engine(ConnectionOwner):
         # Rows finished in this loop turn are published together: see _end_turn.
         self._to_publish.append((transfer, result))
         self._end_turn_soon()
+
+    def _partial_ended_wrong(self, transfer: Transfer, written: int, end: int) -> None:
+        """A 206 whose body (close-delimited or chunked) did not end where its
+        ``Content-Range`` said: short, it is a cut (the part is kept, to go on
+        from); long, the server's ranges cannot be trusted: again from zero."""
+        if written < end:
+            error = TransferError(
+                ErrorCode.TRUNCATED, f"the partial response ended at byte {written} of {end}"
+            )
+            self._keep_or_drop_part(transfer)
+            self._failed(transfer, error, 206)
+            return
+        self._drop_writer(transfer, keep=False)
+        transfer.start = 0
+        transfer.retry = transfer.retry.forgiven(RESTART)
+        self.loop.call_soon(self._submit, transfer, True)
 
     def _follow(self, transfer: Transfer, target: str) -> None:
         job = transfer.job

@@ -93,6 +93,11 @@ class Transfer:
         return f"<Transfer {self.job.url} [{self.start}, {self.end})>"
 
 
+def content_range_end(value: bytes) -> int:
+    """The byte after LAST of a ``Content-Range`` that :func:`content_range_ok` accepted."""
+    return int(value[6:].partition(b"/")[0].partition(b"-")[2]) + 1
+
+
 def content_range_ok(value: bytes | None, start: int, end: int | None = None) -> bool:
     """Does ``Content-Range: bytes FIRST-LAST/TOTAL`` answer a request for ``[start, end)``?
 

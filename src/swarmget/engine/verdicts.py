@@ -5,11 +5,14 @@ it, and returns a :class:`Verdict`:
 
 * ``ACCEPT``: the body is ours; write it from byte ``start`` (0, or the start
   of the range we asked for when the server answered 206 with a matching
-  ``Content-Range``);
+  ``Content-Range``, the same validator and a length that agrees; the body
+  must then reach ``end``, the byte after the range's last);
 * ``REDIRECT``: follow ``location`` (already checked: http(s), within the hop
   limit, no silent https -> http downgrade);
-* ``RESTART``: a ranged request got a 206 for other bytes: ask again from zero;
-  not the server's failure, so it does not count as an attempt;
+* ``RESTART``: a ranged request got a 206 for other bytes, of another version
+  of the file (its ETag or Last-Modified is not the one we sent in
+  ``If-Range``), or a 416 (the file is shorter than our part now): ask again
+  from zero; not the server's failure, so it does not count as an attempt;
 * ``FAIL``: the row fails with ``error`` (an HTTP error status, too large, a
   protocol violation), retried or not by the retry policy.
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from swarmget.engine.job import Transfer, content_range_ok
+from swarmget.engine.job import Transfer, content_range_end, content_range_ok
 from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
 from swarmget.engine.retry import parse_retry_after
 from swarmget.errors import ErrorCode, TransferError, http_code
@@ -44,6 +47,7 @@ PROXY_AUTH_HINT: Final = " (Proxy Authentication Required: give user:password in
 class Verdict:
     __slots__ = (
         "discard",
+        "end",
         "error",
         "kind",
         "location",
@@ -59,6 +63,7 @@ class Verdict:
         status: int,
         *,
         start: int = 0,
+        end: int | None = None,
         error: TransferError | None = None,
         location: str | None = None,
         retry_after: float | None = None,
@@ -68,6 +73,7 @@ class Verdict:
         self.kind = kind
         self.status = status
         self.start = start  # ACCEPT: the byte the body begins at
+        self.end = end  # ACCEPT of a 206: the byte the body must reach
         self.error = error  # FAIL, RESTART
         self.location = location  # REDIRECT
         self.retry_after = retry_after  # FAIL: the server's Retry-After, in seconds
@@ -93,6 +99,15 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
         if too_large is not None:
             return Verdict(FAIL, status, error=too_large)
         return Verdict(ACCEPT, status)
+    if status == 416 and transfer.ranged:
+        # Our part is longer than the file now (it changed on a server that
+        # ignores If-Range, or shrank): asking for the rest again would fail
+        # the same way on every rerun.
+        error = TransferError(
+            ErrorCode.PROTOCOL,
+            f"416 Range Not Satisfiable for Range: {transfer.range_header()}",
+        )
+        return Verdict(RESTART, status, error=error)
     discard = head.chunked or (
         head.content_length is not None and head.content_length <= MAX_DISCARD
     )
@@ -125,11 +140,37 @@ def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> 
             f"Content-Range {content_range!r} does not answer Range: {transfer.range_header()}",
         )
         return Verdict(RESTART, 206, error=error)
+    assert content_range is not None
+    end = content_range_end(content_range)
     length = head.content_length
-    too_large = _too_large(None if length is None else transfer.start + length, options)
+    if length is not None and length != end - transfer.start:
+        error = TransferError(
+            ErrorCode.PROTOCOL,
+            f"Content-Length {length} does not match Content-Range {content_range!r}",
+        )
+        return Verdict(RESTART, 206, error=error)
+    changed = _changed(transfer.job.validator, head)
+    if changed is not None:
+        return Verdict(RESTART, 206, error=changed)
+    too_large = _too_large(end, options)
     if too_large is not None:
         return Verdict(FAIL, 206, error=too_large)
-    return Verdict(ACCEPT, 206, start=transfer.start)
+    return Verdict(ACCEPT, 206, start=transfer.start, end=end)
+
+
+def _changed(validator: str | None, head: ResponseHead) -> TransferError | None:
+    """A 206 from another version of the file than our part's: a server that ignores
+    ``If-Range`` sends the rest of what it has now, and the two would be spliced."""
+    if validator is None:
+        return None
+    name = b"etag" if validator.startswith('"') else b"last-modified"
+    now = head.get(name)
+    if now is None or now.strip().decode("latin-1") == validator:
+        return None
+    return TransferError(
+        ErrorCode.PROTOCOL,
+        f"the file changed on the server ({name.decode()} {validator!r} -> {now!r})",
+    )
 
 
 def _too_large(total: int | None, options: Options) -> TransferError | None:
