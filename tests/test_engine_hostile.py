@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import swarmget
-from swarmget.testing import TestServer, expected_body
+from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import parts
 
 
@@ -221,3 +221,88 @@ def test_names_collide_deterministically_and_paths_are_confined(
         [".swarmget", "same.jpg", "same-1.jpg", "deep", "index"]
     )
     assert (out_dir / "index").read_bytes() == expected_body("..", 14)
+
+
+def _trickle(conn: ScriptedConnection, head: bytes, pieces: int) -> None:
+    conn.send(head)
+    for _ in range(pieces):
+        conn.send(b"1\r\nx\r\n")
+        conn.sleep(0.3)
+
+
+@pytest.mark.parametrize(
+    ("script", "error"),
+    [
+        # Chunked error pages were read to the end to keep the connection, at any
+        # size and any pace: a trickle failed the row as `timeout`, a cut one as
+        # `truncated` (both retried, after downloading the page again).
+        ("404-trickle", "http_404"),
+        ("404-stall", "http_404"),
+        ("404-huge-cut", "http_404"),
+        ("302-stall", None),
+        ("302-trickle", None),
+    ],
+)
+def test_a_status_is_judged_by_its_head_not_by_how_its_dropped_body_ends(
+    server: TestServer, out_dir: Path, script: str, error: str | None
+) -> None:
+    def handler(request: bytes, conn: ScriptedConnection) -> None:
+        if b" /judge/final " in request:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            return
+        status, _, how = script.partition("-")
+        head = f"HTTP/1.1 {status} X\r\n".encode()
+        if status == "302":
+            head += b"Location: /judge/final\r\n"
+        if how == "trickle":
+            _trickle(conn, head + b"Transfer-Encoding: chunked\r\n\r\n", 30)
+        elif how == "stall":
+            conn.send(head + b"Content-Length: 100\r\n\r\n" + b"x" * 10)
+            conn.sleep(30)
+        else:
+            conn.send(head + b"Transfer-Encoding: chunked\r\n\r\n")
+            conn.send(b"100000\r\n" + b"x" * 0x100000 + b"\r\n")
+            conn.close()
+
+    server.route("/judge/file.bin", handler)
+    server.route("/judge/final", handler)
+    try:
+        seen = len(server.requests)
+        report = run([server.url("/judge/file.bin")], out_dir, retries=2, timeout=20)
+        (record,) = manifest(out_dir)
+        requests = server.requests[seen:]
+    finally:
+        server.unroute("/judge/file.bin")
+        server.unroute("/judge/final")
+    assert record["error"] == error, record
+    assert record["attempts"] == 1
+    assert len(requests) == (2 if error is None else 1)  # no retry
+    assert report.ok == (1 if error is None else 0)
+
+
+def test_the_deadline_is_the_files_not_each_requests(server: TestServer, out_dir: Path) -> None:
+    # Each hop of a redirect chain (and each retry) started the clock again:
+    # five 0.8 s hops passed a 2 s deadline.
+    def handler(request: bytes, conn: ScriptedConnection) -> None:
+        hop = int(request.split(b" ")[1].rsplit(b"/", 1)[1])
+        conn.sleep(0.8)
+        if hop < 5:
+            conn.send(
+                b"HTTP/1.1 302 Found\r\nLocation: /chain/%d\r\nContent-Length: 0\r\n\r\n"
+                % (hop + 1)
+            )
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    for hop in range(6):
+        server.route(f"/chain/{hop}", handler)
+    try:
+        seen = len(server.requests)
+        run([server.url("/chain/0")], out_dir, deadline=2)
+        requests = len(server.requests) - seen
+    finally:
+        for hop in range(6):
+            server.unroute(f"/chain/{hop}")
+    (record,) = manifest(out_dir)
+    assert record["error"] == "timeout" and "deadline" in record["message"], record
+    assert requests <= 3

@@ -52,7 +52,14 @@ from swarmget.engine.job import Transfer
 from swarmget.engine.owner import ConnectionOwner
 from swarmget.engine.pool import HostPool, PooledConnection
 from swarmget.engine.retry import Stalled
-from swarmget.engine.verdicts import ACCEPT, FAIL, Verdict, judge
+from swarmget.engine.verdicts import (
+    ACCEPT,
+    FAIL,
+    MAX_DISCARD,
+    MAX_DISCARD_SECONDS,
+    Verdict,
+    judge,
+)
 from swarmget.errors import ErrorCode, ProtocolError, TransferError
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.connect import connect_result
@@ -85,6 +92,7 @@ class HTTPConnection(PooledConnection):
     __slots__ = (
         "_pending_out",
         "_queued",
+        "discarded",
         "fd",
         "last_activity",
         "owner",
@@ -112,6 +120,7 @@ class HTTPConnection(PooledConnection):
         self.transfer: Transfer | None = transfer
         self.parser: ResponseParser | None = None
         self.verdict: Verdict | None = None  # judged from the head of the current response
+        self.discarded = 0  # body bytes of the current response read only to be dropped
         self.writer: Writer | None = None  # where the current body goes (its transfer's)
         self.served = 0  # responses completed on this connection
         self._pending_out: memoryview | None = None
@@ -182,6 +191,7 @@ class HTTPConnection(PooledConnection):
         )
         self.verdict = None
         self.writer = None
+        self.discarded = 0
         now = owner.loop.now
         self.started = self.last_activity = self.window_start = now
         self.window_bytes = 0
@@ -298,6 +308,13 @@ class HTTPConnection(PooledConnection):
             limit = self.owner.options.max_size
             if limit is not None and writer.written > limit:
                 raise TransferError(ErrorCode.TOO_LARGE, f"body exceeds --max-size {limit}")
+            return
+        # An error page or a redirect's body, read only to keep the connection:
+        # past MAX_DISCARD (a chunked one has no length to judge by) it is
+        # cheaper to close.
+        self.discarded += len(data)
+        if self.discarded > MAX_DISCARD:
+            raise _Abandon
 
     # -- outcomes -----------------------------------------------------------------
 
@@ -335,6 +352,13 @@ class HTTPConnection(PooledConnection):
 
     def _fail(self, error: TransferError) -> None:
         """The current transfer failed on this connection; the connection is not reused."""
+        verdict = self.verdict
+        if verdict is not None and verdict.kind != ACCEPT:
+            # The head decided already (an error status, a redirect): its body
+            # was only being read to keep the connection, and how that ends --
+            # stalled, cut -- changes nothing but the connection.
+            self._end(verdict)
+            return
         parser = self.parser
         head = parser.head if parser is not None else None
         # On a reused connection, a close or junk before our response's head
@@ -344,7 +368,6 @@ class HTTPConnection(PooledConnection):
             isinstance(error, ConnectionClosed)
             or (isinstance(error, ProtocolError) and head is None)
         )
-        verdict = self.verdict
         status = head.status if head is not None else 0
         retry_after = verdict.retry_after if verdict is not None else None
         self._end(Verdict(FAIL, status, error=error, retry_after=retry_after, stale=stale))
@@ -377,10 +400,19 @@ class HTTPConnection(PooledConnection):
                     TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {options.timeout:g}s")
                 )
             return
+        verdict = self.verdict
+        if verdict is not None and verdict.kind != ACCEPT:
+            if now - self.started > MAX_DISCARD_SECONDS:
+                self._end(verdict)  # a body read only to be dropped: not worth the wait
+            return
         if now - self.last_activity > options.timeout:
             self._fail(Stalled(f"no data for {options.timeout:g}s"))
             return
-        if now - self.started > options.deadline:
+        # The deadline is the file's, from its first attempt: not this request's
+        # (a chain of slow redirects, or retries, each got the whole deadline).
+        transfer = self.transfer
+        began = transfer.job.first_start if transfer is not None else 0.0
+        if now - (began or self.started) > options.deadline:
             self._fail(
                 TransferError(ErrorCode.TIMEOUT, f"deadline of {options.deadline:g}s exceeded")
             )

@@ -41,6 +41,8 @@ FAIL: Final = 3
 # An error response body larger than this is not worth reading to keep the
 # connection: we close it instead.
 MAX_DISCARD: Final = 256 * 1024
+# ... nor one that takes longer than this after the request began (a trickle).
+MAX_DISCARD_SECONDS: Final = 1.0
 PROXY_AUTH_HINT: Final = " (Proxy Authentication Required: give user:password in the proxy URL)"
 
 
