@@ -48,14 +48,26 @@ def write_list(server: ProcessServer, path: Path) -> dict[str, int]:
     return names
 
 
-def swarmget(urls: Path, out: Path) -> subprocess.Popen[bytes]:
+def swarmget(urls: Path, out: Path, *more: str, group: bool = False) -> subprocess.Popen[bytes]:
     env = child_env()
+    command = [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "-q"]
     return subprocess.Popen(
-        [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "-q", "--concurrency", "16"],
+        [*command, "--concurrency", "16", *more],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         env=env,
+        start_new_session=group,  # its own process group, as a job under `timeout` has
     )
+
+
+def children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(child) for child in text.split()]
+
+
+def records_of(out: Path) -> list[dict[str, object]]:
+    text = (out / ".swarmget/manifest.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def check_complete(out: Path, names: dict[str, int]) -> None:
@@ -137,6 +149,57 @@ def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
     again.communicate(timeout=60)
     assert again.returncode == 0
     assert (out / name).read_bytes() == expected_body(name, size)
+
+
+def test_sigterm_to_the_whole_process_group_stops_as_sigterm(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # `timeout` and batch schedulers signal the process group: the workers told
+    # the driver they had been stopped before its own handler had run, and the
+    # run ended as Ctrl-C does (130, "interrupted").
+    urls = tmp_path / "urls.txt"
+    lines = [server.file_url(f"g{i}.bin", size=5000, latency=0.2) for i in range(40)]
+    lines.append(server.file_url("group.bin", size=4 << 20, fault="stall", times=1))
+    urls.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    proc = swarmget(urls, out, "--workers", "2", group=True)
+    part = part_for(out, lines[-1])
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not part.exists():
+        time.sleep(0.01)
+    time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 143, stderr.decode()
+    assert b"stopped by SIGTERM" in stderr
+
+
+def test_a_worker_stopped_alone_fails_its_rows_as_crashed_and_the_run_goes_on(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # SIGTERM to one worker (a stray kill, an OOM killer's) stopped the whole
+    # run as if Ctrl-C had been pressed, and its rows got no record.
+    urls = tmp_path / "urls.txt"
+    names = {f"w{i}.bin": 3000 for i in range(120)}
+    lines = [server.file_url(name, size=size, latency=0.3) for name, size in names.items()]
+    urls.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    proc = swarmget(urls, out, "--workers", "2", "--concurrency", "4")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(children(proc.pid)) < 2:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    os.kill(children(proc.pid)[0], signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1, stderr.decode()
+    records = records_of(out)
+    assert sorted(r["index"] for r in records) == list(range(len(names)))  # type: ignore[type-var]
+    failed = [r for r in records if r["status"] != "ok"]
+    assert failed and {r["error"] for r in failed} == {"crashed"}
+    again = swarmget(urls, out)
+    again.communicate(timeout=60)
+    assert again.returncode == 0
+    check_complete(out, names)
 
 
 def test_ctrl_c_keeps_small_parts_too_and_the_rerun_overwrites_them(

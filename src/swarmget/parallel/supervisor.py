@@ -332,10 +332,19 @@ class Supervisor:
             worker.gone = True
             worker.active = worker.in_flight = 0
         elif isinstance(event, Stopped):
-            worker.gone = True
-            if event.error is None:
-                raise KeyboardInterrupt  # stopped from outside: so is the run
-            self._fatal = self._fatal or event.error
+            if event.error is not None:
+                worker.gone = True
+                self._fatal = self._fatal or event.error
+                return
+            # Stopped by a signal.  Sent to the whole process group (Ctrl-C,
+            # `timeout`, `kill -TERM -PGID`), it reached us too: our handler,
+            # deferred to the end of this turn, says how the run stops (130 or
+            # 143), so run it now.
+            self._interrupts.check()
+            # Only the worker was signalled (a stray kill, an OOM killer's
+            # SIGTERM): as if it had died, its rows fail as `crashed` and
+            # another worker takes its place; the run goes on.
+            self._died(event.worker, None, "it was stopped by a signal")
         elif isinstance(event, Died):
             self._died(event.worker, event.exitcode, event.why)
 
