@@ -650,3 +650,30 @@ def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
     )
     # The one row that finished is on record.
     assert [r["url"] for r in read_manifest(out_dir) if r["status"] == "ok"] == [urls[-1]]
+
+
+@pytest.mark.parametrize(
+    ("redirect", "flags"),
+    [(">/dev/full", ["--json"]), (">&-", []), ("| true", ["--json"]), ("2>&- >&-", [])],
+)
+def test_a_stdout_that_cannot_take_the_summary_is_one_line_not_a_traceback(
+    tmp_path: Path, redirect: str, flags: list[str]
+) -> None:
+    # A full disk, a closed stdout or a reader that is gone raised a traceback
+    # (BrokenPipeError, AttributeError on None, ENOSPC) after every row was done.
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        urls = [srv.file_url(f"s{i}.bin", size=100) for i in range(3)]
+        command = [sys.executable, "-m", "swarmget", "-o", str(tmp_path / "out"), *flags, *urls]
+        script = " ".join(f"'{word}'" for word in command) + f" {redirect}; exit ${{PIPESTATUS[0]}}"
+        done = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, env=child_env(), timeout=60
+        )
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
+    if "2>&-" not in redirect:
+        assert (
+            done.stderr.strip().splitlines()[-1].startswith("swarmget: error: cannot write the")
+        ), done.stderr
+    assert len(swarmget.read_manifest(tmp_path / "out")) == 3

@@ -17,6 +17,7 @@ fails in milliseconds instead of after the progress display has come up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -137,7 +138,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
-            sys.stderr.write(message)
+            say(message, sys.stderr)
         raise _Exit(status)
 
 
@@ -160,7 +161,7 @@ class _VersionAction(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         build = "compiled" if swarmget.compiled() else "pure Python"
-        sys.stdout.write(f"swarmget {__version__} ({build})\n")
+        say(f"swarmget {__version__} ({build})\n", sys.stdout)
         parser.exit()
 
 
@@ -451,19 +452,40 @@ def download_with_display(
 
 
 def print_outcome(
-    report: Report, dest: str, *, quiet: bool, as_json: bool, stdout: IO[str]
-) -> None:
+    report: Report, dest: str, *, quiet: bool, as_json: bool, stdout: IO[str] | None
+) -> bool:
+    """The summary (or ``--json``) on ``stdout``; False if it could not be written."""
     if as_json:
-        stdout.write(json.dumps(report.to_json()) + "\n")
-    elif not quiet:
+        return say(json.dumps(report.to_json()) + "\n", stdout)
+    if not quiet:
         manifest = os.path.join(dest, MANIFEST)
-        stdout.write("\n".join(summary_lines(report, manifest=manifest)) + "\n")
-    stdout.flush()
+        return say("\n".join(summary_lines(report, manifest=manifest)) + "\n", stdout)
+    return True
+
+
+def say(text: str, stream: IO[str] | None) -> bool:
+    """Write ``text`` to a standard stream; False if it cannot take it: closed
+    (``>&-`` makes it None), its reader gone (``| head``), its disk full.  A
+    message is not worth a traceback, and the downloads are done either way."""
+    if stream is None:
+        return False
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):  # ValueError: a closed file object
+        # Python flushes the stream again at exit; failing there too would print
+        # "Exception ignored ..." and exit 120.  Its bytes go nowhere now.
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        return False
+    return True
 
 
 def fail(message: str, status: int = EXIT_USAGE, prog: str = "swarmget") -> int:
     """Print the one-line error and return the exit status."""
-    sys.stderr.write(f"{prog}: error: {' '.join(message.split())}\n")
+    say(f"{prog}: error: {' '.join(message.split())}\n", sys.stderr)
     return status
 
 
@@ -494,17 +516,19 @@ def _download_command(argv: list[str]) -> int:
         manifest = os.path.join(args.output, MANIFEST)
         signum = interrupts.stopped_by
         how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
-        sys.stderr.write(
+        say(
             f"swarmget: {how}; rows that finished are listed in {manifest}; "
-            "run the same command again to resume\n"
+            "run the same command again to resume\n",
+            sys.stderr,
         )
         return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
         manifest = os.path.join(args.output, MANIFEST)
-        sys.stderr.write(
+        say(
             f"swarmget: error: {exc.message}; the run stopped. Rows that finished are "
-            f"listed in {manifest}; fix the cause and run the same command again to resume\n"
+            f"listed in {manifest}; fix the cause and run the same command again to resume\n",
+            sys.stderr,
         )
         if args.json and isinstance(exc.report, Report):
             print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
@@ -513,8 +537,14 @@ def _download_command(argv: list[str]) -> int:
         if previous == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, previous)
     if report.total + report.skipped == 0:
-        sys.stderr.write("swarmget: warning: the input has no rows: nothing to download\n")
-    print_outcome(report, args.output, quiet=args.quiet, as_json=args.json, stdout=sys.stdout)
+        say("swarmget: warning: the input has no rows: nothing to download\n", sys.stderr)
+    if not print_outcome(
+        report, args.output, quiet=args.quiet, as_json=args.json, stdout=sys.stdout
+    ):
+        # As coreutils do: the files are there, but what was asked for on
+        # stdout is lost, and a script reading it must not take silence for it.
+        what = "the JSON summary" if args.json else "the summary"
+        return fail(f"cannot write {what} to stdout", EXIT_FAILED)
     return EXIT_OK if report.failed == 0 else EXIT_FAILED
 
 
@@ -533,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(str(exc))
     except KeyboardInterrupt:
         # Ctrl-C outside the run itself (while parsing, or in the demo's setup).
-        sys.stderr.write("swarmget: interrupted\n")
+        say("swarmget: interrupted\n", sys.stderr)
         return EXIT_INTERRUPTED
     except SwarmgetError as exc:
         return fail(str(exc), EXIT_FAILED)
