@@ -100,6 +100,115 @@ def test_on_error_raise_raises_at_that_item(server: TestServer) -> None:
     assert seen == [0, 1, 2]
 
 
+def test_on_error_raise_lets_the_loop_go_on_past_a_caught_error(server: TestServer) -> None:
+    # stream() closed itself on the error: the loop that caught it got a few
+    # more items, then a silent end (astream went on).
+    urls = [server.file_url(f"g{i}.bin", size=10) for i in range(200)]
+    urls[3] = server.file_url("g404.bin", status=404)
+
+    def collect(items: Iterator[Item]) -> tuple[list[int], list[str]]:
+        seen, errors = [], []
+        while True:
+            try:
+                seen.append(next(items).index)
+            except swarmget.TransferError as exc:
+                errors.append(exc.code)
+            except StopIteration:
+                return seen, errors
+
+    with swarmget.stream(urls, on_error="raise", retries=0) as items:
+        seen, errors = collect(items)
+    assert errors == ["http_404"] and sorted(seen) == [i for i in range(200) if i != 3]
+
+    async def collect_async() -> tuple[list[int], list[str]]:
+        seen, errors = [], []
+        async with swarmget.astream(urls, on_error="raise", retries=0) as items:
+            while True:
+                try:
+                    seen.append((await items.__anext__()).index)
+                except swarmget.TransferError as exc:
+                    errors.append(exc.code)
+                except StopAsyncIteration:
+                    return seen, errors
+
+    seen, errors = asyncio.run(collect_async())
+    assert errors == ["http_404"] and sorted(seen) == [i for i in range(200) if i != 3]
+
+
+def test_an_astream_wait_that_times_out_loses_no_item(server: TestServer) -> None:
+    # The thread waiting for the next item went on after the caller's timeout,
+    # took that item, and dropped it.
+    urls = [server.file_url(f"w{i}.bin", size=10, latency=0.15) for i in range(10)]
+
+    async def poll() -> tuple[list[int], int]:
+        got, timeouts = [], 0
+        async with swarmget.astream(urls, ordered=True, concurrency=2) as items:
+            while True:
+                try:
+                    item = await asyncio.wait_for(items.__anext__(), 0.05)
+                except TimeoutError:
+                    timeouts += 1
+                    continue
+                except StopAsyncIteration:
+                    return got, timeouts
+                got.append(item.index)
+
+    got, timeouts = asyncio.run(poll())
+    assert timeouts > 0
+    assert got == list(range(10))
+
+
+class _Abort(BaseException):
+    pass
+
+
+class _BadText(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ broke")
+
+
+def _raises_odd_things(item: Item) -> int:
+    if item.index == 3:
+        raise _BadText
+    if item.index == 4:
+        raise _Abort("stop")
+    return item.index
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_map_exception_of_any_kind_fails_only_its_item(server: TestServer, workers: int) -> None:
+    # A BaseException of the caller's, or an exception whose str() raises, ended
+    # the whole stream (one process) or crashed its worker (two).
+    urls = [server.file_url(f"o{i}.bin", size=10) for i in range(8)]
+    with swarmget.stream(urls, map=_raises_odd_things, workers=workers, ordered=True) as items:
+        got = [(item.index, item.ok, item.error, item.message) for item in items]
+    assert [row[:3] for row in got if not row[1]] == [
+        (3, False, "map_error"),
+        (4, False, "map_error"),
+    ]
+    assert got[3][3].startswith("_BadText: ") and got[4][3] == "_Abort: stop"
+    assert [row[0] for row in got if row[1]] == [0, 1, 2, 5, 6, 7]
+
+
+def _sleeps(item: Item) -> int:
+    time.sleep(30)
+    return 0
+
+
+def test_leaving_a_one_process_stream_does_not_wait_for_a_running_map(
+    server: TestServer,
+) -> None:
+    # With one process, map runs on the stream's thread and cannot be cut
+    # short; leaving waited 15 s for it.
+    urls = [server.file_url(f"z{i}.bin", size=10) for i in range(4)]
+    stream = swarmget.stream(urls, map=_sleeps, workers=1)
+    started = time.monotonic()
+    with stream, contextlib.suppress(TimeoutError):
+        stream.ready()
+        time.sleep(0.3)  # map is running now
+    assert time.monotonic() - started < 5
+
+
 def test_map_runs_in_the_worker_processes(server: TestServer) -> None:
     urls = [server.file_url(f"m{i}.bin", size=2000, latency=0.02) for i in range(80)]
     with swarmget.stream(urls, map=_pid_of, workers=2, concurrency=20) as items:
@@ -269,19 +378,22 @@ def test_prefetch_bounds_what_runs_ahead_of_a_slow_consumer(server: TestServer) 
     assert len(rest) == 200
 
 
+@pytest.mark.parametrize(("workers", "prefetch"), [(1, 1), (2, 1), (1, 4), (2, 4)])
 def test_a_small_prefetch_does_not_wait_a_report_interval_per_round_trip(
-    server: TestServer,
+    server: TestServer, workers: int, prefetch: int
 ) -> None:
     # Worker processes send their results every REPORT_INTERVAL (0.1 s) unless
     # a batch fills; with a prefetch window of 4 the driver dealt 4 rows, then
     # heard of them 0.1 s later: 160 rows took >= 4 s whatever the network
     # (W1 without map ran at 0.17x the CLI).  Workers now report once a
     # quarter of what they hold is done, so this takes a fraction of that floor.
+    # And the driver waited for room to read more rows until its own poll timed
+    # out (0.1 s): the caller taking an item now wakes it.
     urls = [server.file_url(f"q{i}.bin", size=100) for i in range(160)]
     started = time.monotonic()
-    with swarmget.stream(urls, prefetch=4, workers=2) as items:
+    with swarmget.stream(urls, prefetch=prefetch, workers=workers) as items:
         assert sum(item.ok for item in items) == 160
-    floor_with_the_interval = 160 / 4 * 0.1
+    floor_with_the_interval = 160 / prefetch * 0.1
     assert time.monotonic() - started < floor_with_the_interval / 2
 
 

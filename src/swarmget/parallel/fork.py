@@ -20,6 +20,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
@@ -62,6 +63,14 @@ class ForkBackend:
         self._slots: list[_Slot | None] = [None] * workers
         self._pending: list[Event] = []  # drained by stop(), returned by the next poll
         self._started = False
+        # wake(): a byte here ends a poll() at once (a stream's caller made room
+        # for more rows; a deferred Ctrl-C).  Non-blocking: a full pair is awake.
+        # Socket objects, not raw descriptors: a wake() from another thread after
+        # close() fails on the closed object, never writing into a descriptor
+        # number reused meanwhile.
+        self._wake_read, self._wake_write = socket.socketpair()
+        self._wake_read.setblocking(False)
+        self._wake_write.setblocking(False)
 
     def start(self) -> None:
         if self._started:
@@ -115,22 +124,25 @@ class ForkBackend:
         return True
 
     def wake(self) -> None:
-        # Nothing to do: poll() waits on the workers' pipes for at most its
-        # timeout (the supervisor's tick, 0.1 s), and a deferred Ctrl-C may wait
-        # that long.  Deferring it keeps it from cutting a report in half.
-        pass
+        # Safe in a signal handler and from any thread: one write of one byte.
+        with contextlib.suppress(OSError):  # full: already awake
+            self._wake_write.send(b"\0")
 
     def poll(self, timeout: float) -> list[Event]:
         if self._pending:
             events, self._pending = self._pending, []
             return events
-        live = {slot.conn: worker for worker, slot in self._live()}
+        live: dict[Connection, int] = {slot.conn: worker for worker, slot in self._live()}
         if not live:
             return []
         received: list[Event] = []
-        for conn in wait(list(live), timeout=timeout):
-            assert isinstance(conn, Connection)
-            self._receive(live[conn], received)
+        for ready in wait([*live, self._wake_read], timeout=timeout):
+            if ready is self._wake_read:
+                with contextlib.suppress(OSError):
+                    self._wake_read.recv(4096)
+                continue
+            assert isinstance(ready, Connection)
+            self._receive(live[ready], received)
         return received
 
     def _live(self) -> list[tuple[int, _Slot]]:
@@ -209,3 +221,5 @@ class ForkBackend:
                 slot.process.kill()
                 slot.process.join()
             slot.conn.close()
+        self._wake_read.close()
+        self._wake_write.close()

@@ -42,7 +42,7 @@ from swarmget.parallel.backend import (
 from swarmget.parallel.deathsig import parent_death_signal
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Sink
-from swarmget.sinks.memory import map_failed
+from swarmget.sinks.memory import describe, map_failed
 
 REPORT_INTERVAL: Final = 0.1  # seconds between Progress messages
 REPORT_BATCH: Final = 512  # results that make a Progress message go at once
@@ -186,7 +186,7 @@ def _sendable(result: FileResult) -> None:
         map_failed(
             result,
             "map returned a value that cannot be sent back from the worker process "
-            f"(it must pickle): {type(exc).__name__}: {exc}",
+            f"(it must pickle): {describe(exc)}",
         )
 
 

@@ -436,6 +436,15 @@ def map_failed(result: FileResult, message: str) -> None:
     result.payload = None
 
 
+def describe(exc: BaseException) -> str:
+    """``"Name: text"`` for an exception of the caller's, whose ``__str__`` may raise too."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        text = f"(its text could not be made: {type(inner).__name__})"
+    return f"{type(exc).__name__}: {text}"
+
+
 class MemorySink(Sink):
     """Bodies for the streaming iterator (see the module docstring)."""
 
@@ -506,8 +515,10 @@ class MemorySink(Sink):
         try:
             self.mapping = True  # inside the try: a stop signal here still cleans up
             result.payload = (VALUE, fn(item))
-        except (Exception, SystemExit) as exc:  # sys.exit() in fn must not end a worker
-            map_failed(result, f"{type(exc).__name__}: {exc}")
+        except KeyboardInterrupt:
+            raise  # Ctrl-C, or the driver stopping this worker (parallel/worker.py)
+        except BaseException as exc:  # sys.exit() or a BaseException of the caller's own:
+            map_failed(result, describe(exc))  # that item fails, not the worker
         finally:
             self.mapping = False
             item.close()

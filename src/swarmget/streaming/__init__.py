@@ -33,6 +33,10 @@ class AsyncStream(AsyncIterator[Item]):
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
+        # The thread waiting for the next item.  A caller's timeout or cancel
+        # stops the await, not the thread: what it takes is the next item, kept
+        # here for the next __anext__ (it was lost).
+        self._waiting: asyncio.Future[Item | None] | None = None
 
     async def __aenter__(self) -> AsyncStream:
         await asyncio.to_thread(self._stream.__enter__)  # forking can take a moment
@@ -50,10 +54,29 @@ class AsyncStream(AsyncIterator[Item]):
         return self
 
     async def __anext__(self) -> Item:
-        item = self._stream.ready()
-        if item is NOT_YET:
+        waiting = self._waiting
+        if waiting is None:
+            item = self._stream.ready()
+            if item is not NOT_YET:
+                if item is None:
+                    raise StopAsyncIteration
+                assert isinstance(item, Item)
+                return item
             # StopIteration cannot cross a Future: the thread says None instead.
-            item = await asyncio.to_thread(next, self._stream, None)
+            waiting = asyncio.ensure_future(asyncio.to_thread(next, self._stream, None))
+            waiting.add_done_callback(_retrieved)
+            self._waiting = waiting
+        try:
+            # shield: cancelling this await (a timeout) leaves the thread's future be.
+            item = await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            if waiting.cancelled():  # the future itself (the loop shutting down)
+                self._waiting = None
+            raise
+        except BaseException:
+            self._waiting = None  # the run's error, or a failed item's (on_error="raise")
+            raise
+        self._waiting = None
         if item is None:
             raise StopAsyncIteration
         assert isinstance(item, Item)
@@ -70,3 +93,9 @@ class AsyncStream(AsyncIterator[Item]):
 def astream(urls: Iterable[str | Row], **kwargs: Any) -> AsyncStream:
     """:func:`stream` as an async iterator; the same arguments."""
     return AsyncStream(stream(urls, **kwargs))
+
+
+def _retrieved(future: asyncio.Future[Item | None]) -> None:
+    """Mark an outcome nobody awaited (the caller stopped) as seen: no warning at exit."""
+    if not future.cancelled():
+        future.exception()

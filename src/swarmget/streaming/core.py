@@ -54,7 +54,10 @@ from swarmget.sources.rows import Row
 from swarmget.streaming.delivery import ON_ERROR, Delivery
 from swarmget.streaming.items import Item, body_item
 
-STOP_WAIT: Final = 15.0  # seconds close() waits for the run's thread
+# Seconds close() waits for the run's thread.  With one process, ``map`` runs on
+# that thread and a call already running cannot be cut short: close() returns
+# after this, and the thread ends (a daemon) as soon as that call returns.
+STOP_WAIT: Final = 2.0
 _open_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 
 
@@ -285,15 +288,20 @@ class Stream(Iterator[Item]):
             self._end_run()  # spilled files stay until the items (or the stream) go
             raise StopIteration
         assert isinstance(item, Item)
-        return item
+        # on_error="raise": this item's error, and the stream goes on if the
+        # caller catches it (it used to close, and the loop ended silently).
+        return delivery.raise_failed(item)
 
     def ready(self) -> Item | object | None:
         """The next item if one is ready now, without waiting (NOT_YET otherwise)."""
         self._start()
-        assert self._delivery is not None
-        item = self._delivery.take(block=False)
+        delivery = self._delivery
+        assert delivery is not None
+        item = delivery.take(block=False)
         if item is None:
             self._end_run()
+        if isinstance(item, Item):
+            return delivery.raise_failed(item)
         return item
 
     # -- ending -------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class Delivery:
         self._consumed = 0  # outcomes the caller took (or skipped)
         self._closing = False
         self._done = False
+        self._starved = False  # room() found none: the supervisor waits for the caller
         self._error: BaseException | None = None
         self.report: Report | None = None  # the run's totals, once it has ended
 
@@ -74,7 +75,9 @@ class Delivery:
     def room(self, taken: int) -> int:
         """``taken``: rows the supervisor has read from the input so far."""
         self._copy_waiting()
-        return max(0, self._prefetch - (taken - self._consumed))
+        room = max(0, self._prefetch - (taken - self._consumed))
+        self._starved = room == 0
+        return room
 
     def deliver(self, results: list[FileResult]) -> None:
         items: list[tuple[int, Item]] = []
@@ -180,19 +183,24 @@ class Delivery:
 
     def take(self, block: bool = True) -> Item | object | None:
         """The next item for the caller (None: there are no more; NOT_YET: none is
-        ready and ``block`` is False); raises the run's error, or the item's with
-        ``on_error="raise"``."""
+        ready and ``block`` is False); raises the run's error.  A failed item is
+        returned with ``on_error="raise"`` too: the caller raises it (see
+        :func:`raise_failed`), and the stream goes on if the caller does."""
         with self._cond:
             while True:
                 item = self._pop()
                 if item is not None:
                     self._consumed += 1
+                    if self._starved:
+                        # The supervisor waits for room to read more rows: tell it
+                        # now, not at the end of its 0.1 s poll (a small prefetch
+                        # cost ~0.1 s an item).
+                        self._starved = False
+                        self._backend.wake()
                     self._give_back(item)
-                    if item.ok or self._on_error == "yield":
+                    if item.ok or self._on_error != "skip":
                         return item
-                    if self._on_error == "raise":
-                        raise TransferError(item.error or "error", item.message or "")
-                    continue  # "skip"
+                    continue
                 if self._error is not None:
                     error, self._error = self._error, None
                     raise error
@@ -201,6 +209,12 @@ class Delivery:
                 if not block:
                     return NOT_YET
                 self._cond.wait(0.1)  # a timeout keeps Ctrl-C prompt
+
+    def raise_failed(self, item: Item) -> Item:
+        """``item``, or with ``on_error="raise"`` and a failed item, its error."""
+        if not item.ok and self._on_error == "raise":
+            raise TransferError(item.error or "error", item.message or "")
+        return item
 
     def _pop(self) -> Item | None:
         if self._ordered:
