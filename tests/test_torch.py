@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -56,17 +57,60 @@ def test_map_values_and_failures_are_skipped_and_counted(server: TestServer) -> 
 
 
 def test_set_epoch_gives_a_reproducible_new_order(server: TestServer) -> None:
-    urls = [server.file_url(f"s{i}.bin", size=10) for i in range(30)]
-
-    def order(epoch: int) -> list[int]:
-        dataset = URLDataset(urls, shuffle=True, seed=7, ordered=True)
+    # As the README writes it (no ordered=True) the samples came in completion
+    # order: the same seed and epoch gave another order when the server's
+    # timing differed.
+    def order(epoch: int, slow: int) -> list[int]:
+        urls = [
+            server.file_url(f"s{i}.bin", size=10, latency=0.04 if i % 3 == slow else 0)
+            for i in range(30)
+        ]
+        dataset = URLDataset(urls, shuffle=True, seed=7)
         dataset.set_epoch(epoch)
         return [sample["index"] for sample in dataset]
 
-    first = order(0)
+    first = order(0, slow=0)
     assert sorted(first) == list(range(30)) and first != list(range(30))
-    assert order(0) == first  # the same seed and epoch: the same order
-    assert order(1) != first
+    assert order(0, slow=1) == first  # the same seed and epoch: the same order
+    assert order(1, slow=2) != first
+
+
+def _loader_order(dataset: URLDataset, **loader: Any) -> Iterator[list[int]]:
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        yield [int(sample["index"]) for sample in DataLoader(dataset, **loader)]
+
+
+def test_set_epoch_reaches_persistent_loader_workers(server: TestServer) -> None:
+    # Loader workers that persist between epochs hold their own copy of the
+    # dataset: set_epoch in the main process never reached them, and every
+    # epoch came out in the first one's order.
+    urls = [server.file_url(f"p{i}.bin", size=10, latency=0.01 * (i % 3)) for i in range(24)]
+    dataset = URLDataset(urls, shuffle=True, seed=3)
+    loader = DataLoader(dataset, num_workers=2, batch_size=None, persistent_workers=True)
+    persistent = []
+    for epoch in range(3):
+        dataset.set_epoch(epoch)
+        persistent.append([int(sample["index"]) for sample in loader])
+    fresh = list(
+        _loader_order(URLDataset(urls, shuffle=True, seed=3), num_workers=2, batch_size=None)
+    )
+    assert persistent == fresh
+    assert len({tuple(order) for order in persistent}) == 3
+    assert all(sorted(order) == list(range(24)) for order in persistent)
+
+
+def test_failures_are_counted_across_loader_workers(server: TestServer) -> None:
+    # The count lived in each loader process: the main process read 0.
+    urls = [server.file_url(f"f{i}.bin", size=10) for i in range(12)]
+    for i in (1, 4, 7, 10):
+        urls[i] = server.file_url(f"gone{i}.bin", status=404)
+    dataset = URLDataset(urls, map=_size, retries=0)
+    with warnings.catch_warnings():  # raised in the loader processes, as they fork
+        warnings.simplefilter("ignore", RuntimeWarning)
+        values = list(DataLoader(dataset, num_workers=2, batch_size=None))
+    assert len(values) == 8
+    assert dataset.failed == 4
 
 
 def test_shuffle_needs_a_list() -> None:

@@ -18,18 +18,28 @@ loader process too.
 ``shuffle=True`` orders the rows by a permutation drawn from ``seed`` and the
 epoch (:meth:`URLDataset.set_epoch`): reproducible, and new every epoch.  It
 needs the whole list (a sequence); without shuffling any iterable works, read
-lazily.
+lazily.  A shuffled epoch streams with ``ordered=True`` (unless asked
+otherwise): completion order would make it neither reproducible nor the drawn
+permutation.
 
-Failed items are skipped and counted (``dataset.failed``, per process); the
-first few failures are logged through :mod:`warnings` so they are not lost.
+The epoch and the count of failures live in shared memory
+(:mod:`multiprocessing` values, inherited by the loader processes whether
+forked or spawned): ``set_epoch`` in the main process reaches loader workers
+that persist between epochs (``persistent_workers=True``), and
+``dataset.failed`` in the main process counts the failures of every loader
+worker of this machine.  Failed items are skipped; the first few are also
+reported through :mod:`warnings`, per process.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import random
+import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 from swarmget.errors import UsageError
@@ -68,18 +78,39 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         self.map = map
         self.shuffle = shuffle
         self.seed = seed
-        self.epoch = 0
-        self.failed = 0
         self._options = stream_options
+        self._shared: Any = multiprocessing.Value("q", 0)  # the epoch (see the docstring)
+        self._failures: Any = multiprocessing.Value("q", 0)
+        self._warned = 0  # failures reported through warnings by this process
+
+    @property
+    def epoch(self) -> int:
+        return int(self._shared.value)
+
+    @property
+    def failed(self) -> int:
+        """Items skipped because they failed, in every loader worker of this machine."""
+        return int(self._failures.value)
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (with ``shuffle=True``) from the next iteration on."""
-        self.epoch = epoch
+        self._shared.value = epoch
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        if get_spawning_popen() is None:
+            # Pickled for anything but a new process (copy.deepcopy, pickle.dumps):
+            # shared memory cannot go there; a copy of its values can.
+            state["_shared"] = _Number(self.epoch)
+            state["_failures"] = _Number(self.failed)
+        return state
 
     def __iter__(self) -> Iterator[Any]:
         share, count = _share()
         rows = self._rows(share, count)
-        with stream(rows, map=self.map, workers=1, **self._options) as items:
+        options = dict(self._options)
+        options.setdefault("ordered", self.shuffle)
+        with stream(rows, map=self.map, workers=1, **options) as items:
             for item in items:
                 if not item.ok:
                     self._failed(item)
@@ -107,13 +138,33 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
                 yield _row(i, url)
 
     def _failed(self, item: Item) -> None:
-        self.failed += 1
-        if self.failed <= WARN_FAILURES:
+        with self._failures.get_lock():
+            self._failures.value += 1
+        self._warned += 1
+        if self._warned <= WARN_FAILURES:
             warnings.warn(
                 f"swarmget.torch: skipped {item.url}: {item.error}: {item.message}",
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+class _Number:
+    """A shared value's stand-in in a copy that cannot share memory."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+        self._lock = threading.Lock()
+
+    def get_lock(self) -> threading.Lock:
+        return self._lock
+
+    def __getstate__(self) -> int:
+        return self.value
+
+    def __setstate__(self, value: int) -> None:
+        self.value = value
+        self._lock = threading.Lock()
 
 
 def _row(index: int, url: str | Row) -> Row:
