@@ -254,3 +254,18 @@ def test_a_path_thousands_of_levels_deep_is_made_without_recursion(
             if level.is_dir():
                 level.rmdir()
             level = level.parent
+
+
+def test_urls_read_from_a_file_object_keep_no_line_ends(server: TestServer, tmp_path: Path) -> None:
+    # The "\n" stayed in the URL: the files were named "a.bin_" ("a.bin__" for CRLF).
+    urls = tmp_path / "urls.txt"
+    a, b = server.file_url("fa.bin", size=10), server.file_url("fb.tar.gz", size=20)
+    urls.write_bytes(f"{a}\n  {b}\r\n".encode())
+    with open(urls) as lines:
+        report = swarmget.download(lines, tmp_path / "out", workers=1)
+    assert report.ok == 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name != ".swarmget") == [
+        "fa.bin",
+        "fb.tar.gz",
+    ]
+    assert [r["url"] for r in records(tmp_path / "out")] == [a, b]

@@ -376,3 +376,18 @@ def test_a_plan_log_line_reads_back_as_the_plans_without_their_urls(
     assert json.loads(line) == [[k, i, None, p, m] for k, i, _u, p, m in plans]
     folded = _logged_plans(line.encode("utf-8", "surrogatepass"))
     assert folded == [(k, i, p, m) for k, i, _u, p, m in plans]
+
+
+def test_a_url_with_a_nul_cannot_take_another_rows_identity() -> None:
+    # "U\x005:p.bin\x000" as a plain URL hashed to the key of (U, "p.bin", 0):
+    # two rows, one record, one part file.
+    url = "http://h/a.jpg"
+    pairs = [
+        ((url, "p.bin", 0), (f"{url}\x005:p.bin\x000", None, 0)),
+        ((url, None, 1), (f"{url}\x000:\x001", None, 0)),
+        ((url, "p.bin", 0), (f"{url}\x005:p.bin", None, 0)),
+    ]
+    for first, second in pairs:
+        assert row_key(*first) != row_key(*second)
+    keys = {row_key(f"{url}\x00{n}", path, 0) for n in range(3) for path in (None, "x")}
+    assert len(keys) == 6

@@ -60,7 +60,9 @@ def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
         yield row
     for offset, item in enumerate(urls, start):
         if isinstance(item, str):
-            yield Row(offset, item)
+            # Surrounding whitespace is never part of a URL, and lines read from
+            # a file object keep their "\n": the default name became "a.jpg_".
+            yield Row(offset, item.strip())
         elif isinstance(item, Row):
             yield item
         else:
@@ -77,14 +79,14 @@ def _row_of(index: int, item: object) -> Row:
     furl...) are taken by their str(); None, numbers and containers fail the row
     (``bad_row``) with a message naming what they are."""
     if isinstance(item, bytes | bytearray | memoryview):
-        return Row(index, bytes(item).decode("utf-8", "surrogateescape"))
+        return Row(index, bytes(item).decode("utf-8", "surrogateescape").strip())
     if isinstance(item, _NOT_URLS):
         text = repr(item)
         shown = text if len(text) <= 200 else text[:197] + "..."
         what = "None" if item is None else f"of type {type(item).__name__}"
         problem = f"input item {index} is {what}, not a URL (a str, bytes or swarmget.Row)"
         return Row(index, shown, problem=problem)
-    return Row(index, str(item))
+    return Row(index, str(item).strip())
 
 
 def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
