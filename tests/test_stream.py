@@ -713,3 +713,43 @@ def test_memory_stays_within_twice_the_budget_with_a_slow_consumer(
     assert done.returncode == 0, done.stderr
     start, peak = (int(x) for x in done.stdout.split())
     assert peak - start < 2 * 64 * 1024, (start, peak)
+
+
+def test_an_item_closed_or_mapped_has_no_body_to_read(server: TestServer, tmp_path: Path) -> None:
+    # read() after close() returned b"" (in memory, still ok=True) or raised
+    # FileNotFoundError (spilled); with map it returned b"" too.
+    urls = [server.file_url(f"c{i}.bin", size=1000) for i in range(4)]
+    for budget in (1 << 20, 0):  # in memory; spilled
+        with swarmget.stream(urls, max_buffer_bytes=budget, workers=1, spill_dir=tmp_path) as items:
+            for item in items:
+                assert item.read() == expected_body(f"c{item.index}.bin", 1000)
+                item.close()
+                assert item.path is None
+                with pytest.raises(ValueError, match="no body"):
+                    item.read()
+    with swarmget.stream(urls, map=_pid_of, workers=1) as items:
+        for item in items:
+            with pytest.raises(ValueError, match="map took it"):
+                item.read()
+    empty = server.file_url("empty.bin", size=0)
+    with swarmget.stream([empty], workers=1) as items:
+        assert [item.read() for item in items] == [b""]
+
+
+def test_bad_workers_and_spill_dirs_are_usage_errors_and_nothing_is_left(
+    server: TestServer, tmp_path: Path
+) -> None:
+    for workers in (2.5, "2", True):
+        with pytest.raises(swarmget.UsageError, match="workers"):
+            swarmget.stream([], workers=workers)
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with (
+        pytest.raises(swarmget.UsageError, match="spill_dir"),
+        swarmget.stream([server.file_url("sd.bin", size=10)], spill_dir=a_file),
+    ):
+        pass
+    new = tmp_path / "new"
+    with swarmget.stream([server.file_url("sd.bin", size=10)], spill_dir=new) as items:
+        assert [item.ok for item in items] == [True]
+    assert new.is_dir() and list(new.iterdir()) == []  # the caller's folder; ours is gone

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+import numbers
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -66,6 +67,10 @@ class Options:
         object.__setattr__(self, "dns_servers", servers)
         for server in self.dns_servers:
             check_dns_server(server)
+        for name in _WHOLE_FIELDS:
+            value = getattr(self, name)
+            if value is not None or name != "max_size":
+                object.__setattr__(self, name, _whole(name, value))
         if not isinstance(self.headers, Mapping):
             raise UsageError("headers must be a mapping of names to values")
         for name, value in (*self.headers.items(), ("User-Agent", self.user_agent)):
@@ -79,7 +84,12 @@ class Options:
         ):
             # NaN passes every "< 0" test and then compares false with everything:
             # a NaN timeout never fired, a NaN --max-size refused every file.
-            if number is not None and not math.isfinite(number):
+            given: object = number  # as the caller passed it: not narrowed by the types
+            if given is None:
+                continue
+            if isinstance(given, bool) or not isinstance(given, numbers.Real):
+                raise UsageError(f"{flag} must be a number, not {given!r}")
+            if not math.isfinite(given):
                 raise UsageError(f"{flag} must be a finite number, not {number!r}")
         if self.concurrency < 1:
             raise UsageError("--concurrency must be at least 1")
@@ -126,6 +136,29 @@ class Options:
         if unknown:
             raise UsageError(f"unknown option(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+
+# Counts and sizes: whole numbers (a numpy integer, or a float such as 1e6 that is one).
+_WHOLE_FIELDS = (
+    "concurrency",
+    "per_host",
+    "min_speed",
+    "max_size",
+    "retries",
+    "host_failures",
+    "workers",
+    "max_redirects",
+)
+
+
+def _whole(name: str, value: object) -> int:
+    if not isinstance(value, bool):  # True is an int, but not a count
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    flag = "--" + name.replace("_", "-")
+    raise UsageError(f"{flag} must be a whole number, not {value!r}")
 
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token

@@ -361,10 +361,14 @@ def _whole(value: object) -> bool:
 
 
 def _make_spill_dir(parent: str | None) -> str:
-    """A folder of our own for spilled bodies (under ``parent`` when given)."""
-    if parent is not None:
-        os.makedirs(parent, exist_ok=True)
-    return tempfile.mkdtemp(prefix="swarmget-stream-", dir=parent)
+    """A folder of our own for spilled bodies (under ``parent`` when given, made
+    if missing and then left, as the caller's)."""
+    try:
+        if parent is not None:
+            os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(prefix="swarmget-stream-", dir=parent)
+    except OSError as exc:  # a file there, no permission
+        raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
 
 
 @atexit.register

@@ -69,14 +69,18 @@ class Item:
             return self.data
         if self.path is not None:
             return self.path.read_bytes()
-        return b""
+        # Not b"": an empty body is data == b"".  Silence here was a wrong answer.
+        raise ValueError(
+            "this item has no body: it was closed, or map took it (only map's value comes back)"
+        )
 
     def close(self) -> None:
-        """Let go of the body now: the spill file goes, ``data`` is dropped."""
+        """Let go of the body now: the spill file goes, ``data`` and ``path`` are dropped."""
         self.data = None
         if self._remove is not None:
             self._remove()
             self._remove = None
+            self.path = None
 
     def __len__(self) -> int:
         if self.data is not None:
