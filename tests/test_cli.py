@@ -677,3 +677,30 @@ def test_a_stdout_that_cannot_take_the_summary_is_one_line_not_a_traceback(
             done.stderr.strip().splitlines()[-1].startswith("swarmget: error: cannot write the")
         ), done.stderr
     assert len(swarmget.read_manifest(tmp_path / "out")) == 3
+
+
+def test_a_low_open_files_limit_scales_concurrency_or_is_a_usage_error(tmp_path: Path) -> None:
+    # With `ulimit -n 64` a fixed reserve of 64 descriptors left room for one
+    # connection (40 files at 0.2 s took 8 s); below what a run needs at all,
+    # the error blamed the input list ("cannot read input: Too many open files").
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        urls = [srv.file_url(f"u{i}.bin", size=100, latency=0.2) for i in range(40)]
+        quoted = " ".join(f"'{url}'" for url in urls)
+        runs = {}
+        for limit in (64, 20):
+            out = tmp_path / str(limit)
+            command = (
+                f"ulimit -n {limit}; exec '{sys.executable}' -m swarmget -q -o '{out}' {quoted}"
+            )
+            runs[limit] = subprocess.run(
+                ["bash", "-c", command], capture_output=True, text=True, env=child_env(), timeout=60
+            )
+    fits = runs[64]
+    assert fits.returncode == 0, fits.stderr
+    match = re.search(r"using --concurrency (\d+)", fits.stderr)
+    assert match and int(match.group(1)) >= 16
+    assert len(swarmget.read_manifest(tmp_path / "64")) == 40
+    assert runs[20].returncode == 2
+    assert "the limit of open files is 20" in runs[20].stderr

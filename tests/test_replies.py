@@ -120,6 +120,10 @@ REPLIES = [
     Reply("two-spaces-before-code", head(CL, status=b"HTTP/1.1  200 OK") + BODY, PROTOCOL),
     Reply("four-digit-code", head(CL, status=b"HTTP/1.1 2000 OK") + BODY, PROTOCOL),
     Reply("http10-until-close", head(status=b"HTTP/1.0 200 OK") + BODY, BODY, close=True),
+    # llhttp reads these protocols too; not a reply to an HTTP/1.x request (curl agrees).
+    Reply("rtsp", head(CL, status=b"RTSP/1.0 200 OK") + BODY, PROTOCOL),
+    Reply("ice", head(CL, status=b"ICE/1.0 200 OK") + BODY, PROTOCOL),
+    Reply("http09-status-line", head(CL, status=b"HTTP/0.9 200 OK") + BODY, PROTOCOL),
     # -- transfer codings other than chunked: undone, or the row fails --------
     Reply("gzip-chunked", coded(b"gzip, chunked", chunked(GZ, 7)), BODY),
     Reply("x-gzip-chunked", coded(b"x-gzip, chunked", chunked(GZ)), BODY),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -29,6 +30,7 @@ from swarmget.sources.rows import Row
 # the rest is for the loop, the journal, DNS and pipes.
 FDS_PER_CONNECTION = 2
 FDS_SPARE = 64
+FDS_MINIMUM = 32
 
 
 def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) -> Iterator[Row]:
@@ -95,12 +97,23 @@ def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
     limit = raise_nofile_limit(wanted)
     if limit >= wanted:
         return options
-    fits = max(1, (limit - FDS_SPARE) // FDS_PER_CONNECTION)
+    if limit < FDS_MINIMUM:
+        # Not even the journal, the pipes and one connection: say so now, not as
+        # "cannot read input: Too many open files" from whatever fails first.
+        raise UsageError(
+            f"the limit of open files is {limit} (ulimit -n); swarmget needs at least {FDS_MINIMUM}"
+        )
+    # The spare is for the journal, pipes, the resolver and the standard streams:
+    # a fixed 64 of a small limit (64 or less) left room for one connection.
+    spare = min(FDS_SPARE, max(FDS_MINIMUM // 2, limit // 4))
+    fits = max(1, (limit - spare) // FDS_PER_CONNECTION)
     out = warn_to if warn_to is not None else sys.stderr
-    out.write(
-        f"swarmget: warning: --concurrency {options.concurrency} needs {wanted} file "
-        f"descriptors but the limit is {limit} (ulimit -n); using --concurrency {fits}\n"
-    )
+    if out is not None:
+        with contextlib.suppress(OSError, ValueError):
+            out.write(
+                f"swarmget: warning: --concurrency {options.concurrency} needs {wanted} file "
+                f"descriptors but the limit is {limit} (ulimit -n); using --concurrency {fits}\n"
+            )
     return dataclasses.replace(options, concurrency=fits, per_host=min(options.per_host, fits))
 
 

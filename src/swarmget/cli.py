@@ -65,7 +65,7 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.BAD_REDIRECT: "redirect with no usable Location, or to a non-http(s) URL",
     ErrorCode.CHECKSUM: "the body did not match the row's sha256/md5",
     ErrorCode.SIZE_MISMATCH: "the body length did not match the row's size",
-    ErrorCode.CANCELLED: "the run was interrupted before this row finished",
+    ErrorCode.CANCELLED: "(--dedupe) the row this copy shares did not finish",
     ErrorCode.BAD_ROW: "a malformed input row; its line number is in the message",
     ErrorCode.CRASHED: "the worker process downloading the row died (a rerun retries it)",
     "http_<status>": "the final HTTP status was not a success, e.g. http_404 "
@@ -180,6 +180,8 @@ sizes:
 output:
   Files go under DIR.  Every input row, ok or failed, gets one record in
   DIR/{MANIFEST.replace(os.sep, "/")}, with its error code when it failed.
+  An interrupted run records the rows that finished (and, as "partial", those
+  whose part it kept); running the same command again does the rest.
 
 exit status:
   0    every file was downloaded

@@ -32,7 +32,7 @@ class ErrorCode:
     BAD_REDIRECT: Final = "bad_redirect"
     CHECKSUM: Final = "checksum"
     SIZE_MISMATCH: Final = "size_mismatch"
-    CANCELLED: Final = "cancelled"  # the run was interrupted before this row finished
+    CANCELLED: Final = "cancelled"  # --dedupe: the row this copy shares did not finish
     BAD_ROW: Final = "bad_row"  # a malformed input row (its line number is in the message)
     CRASHED: Final = "crashed"  # the worker process downloading the row died
 

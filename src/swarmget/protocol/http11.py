@@ -645,6 +645,11 @@ class ResponseParser:
             self._head_len = len(block)
             parser, fields, block = _reread(parser, block, exc)
             repaired = True
+        if block[:7] != b"HTTP/1." and block.lstrip(b"\r\n")[:7] != b"HTTP/1.":
+            # llhttp also reads RTSP/1.0, ICE/1.0 and HTTP/0.9 status lines: not
+            # an HTTP/1.x reply to our request (curl refuses them too).
+            line = bytes(block.lstrip(b"\r\n").split(b"\n", 1)[0][:40])
+            raise ProtocolError(f"not an HTTP/1.x status line: {line!r}")
         # Lines, not distinct names: repeated fields count too.  The status
         # line and the empty line make two of them.
         if block.count(b"\n") - 2 > MAX_HEADER_FIELDS:
