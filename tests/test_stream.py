@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import multiprocessing
 import os
 import signal
@@ -753,3 +754,39 @@ def test_bad_workers_and_spill_dirs_are_usage_errors_and_nothing_is_left(
     with swarmget.stream([server.file_url("sd.bin", size=10)], spill_dir=new) as items:
         assert [item.ok for item in items] == [True]
     assert new.is_dir() and list(new.iterdir()) == []  # the caller's folder; ours is gone
+
+
+_ASTREAM_CHILD = """
+import asyncio, json, os, sys
+import swarmget
+
+def pid(item):
+    return os.getpid()
+
+async def main():
+    async with swarmget.astream(json.loads(sys.argv[1]), map=pid, concurrency=8) as items:
+        return [item.value async for item in items]
+
+print(json.dumps({"me": os.getpid(), "pids": asyncio.run(main())}))
+"""
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: one process by default")
+def test_astream_uses_worker_processes_by_default(tmp_path: Path) -> None:
+    # It started the stream from a helper thread, so the program always had two
+    # threads and never forked: map ran in the caller's process, on its GIL.
+    from swarmget.testing import serve_in_subprocess
+
+    with serve_in_subprocess() as srv:
+        urls = [srv.file_url(f"p{i}.bin", size=1000, latency=0.02) for i in range(40)]
+        env = child_env()
+        env.pop("SWARMGET_WORKERS", None)  # the default: one per CPU
+        done = subprocess.run(
+            [sys.executable, "-c", _ASTREAM_CHILD, json.dumps(urls)],
+            capture_output=True, text=True, env=env, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    pids = set(result["pids"])
+    assert len(result["pids"]) == 40
+    assert result["me"] not in pids and len(pids) >= 2

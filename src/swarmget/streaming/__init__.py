@@ -39,7 +39,12 @@ class AsyncStream(AsyncIterator[Item]):
         self._waiting: asyncio.Future[Item | None] | None = None
 
     async def __aenter__(self) -> AsyncStream:
-        await asyncio.to_thread(self._stream.__enter__)  # forking can take a moment
+        # Started here, on the loop's thread, as stream() starts on the caller's:
+        # its worker processes are forked now (a few milliseconds), where the
+        # program may still have one thread.  Started from a helper thread, the
+        # program always had two, so it never forked: map ran in this process,
+        # and a map holding the GIL stalled the event loop.
+        self._stream.__enter__()
         return self
 
     async def __aexit__(
