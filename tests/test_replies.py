@@ -112,6 +112,9 @@ REPLIES = [
     Reply("length-conflict", head(CL, b"Content-Length: 14") + BODY, PROTOCOL),
     Reply("length-list-conflict", head(b"Content-Length: 13, 12") + BODY, PROTOCOL),
     Reply("length-not-a-number", head(b"Content-Length: 13, x") + BODY, PROTOCOL),
+    # llhttp takes up to 2**64 - 1; past 2**63 - 1 it failed as `truncated` (retried).
+    Reply("length-2-63", head(b"Content-Length: 9223372036854775808") + BODY, PROTOCOL),
+    Reply("length-2-64-minus-1", head(b"Content-Length: 18446744073709551615") + BODY, PROTOCOL),
     # -- status lines ---------------------------------------------------------
     Reply("no-reason", head(CL, status=b"HTTP/1.1 200") + BODY, BODY),
     Reply("no-reason-space", head(CL, status=b"HTTP/1.1 200 ") + BODY, BODY),

@@ -248,9 +248,12 @@ def _framing(block: bytes | bytearray, headers: dict[bytes, bytes], repaired: bo
 def _length(value: bytes) -> int:
     """A Content-Length llhttp has accepted (digits, maybe with whitespace) as a number."""
     try:
-        return int(value)
+        length = int(value)
     except ValueError:
         raise ProtocolError(f"invalid Content-Length {value[:40]!r}") from None
+    if length > MAX_CONTENT_LENGTH:  # llhttp takes up to 2**64 - 1
+        raise ProtocolError(f"Content-Length {length} is too large")
+    return length
 
 
 class _StopParsing(Exception):
