@@ -122,6 +122,9 @@ REPLIES = [
     Reply("reason-spaces", head(CL, status=b"HTTP/1.1 200  All  OK ") + BODY, BODY),
     Reply("two-spaces-before-code", head(CL, status=b"HTTP/1.1  200 OK") + BODY, PROTOCOL),
     Reply("four-digit-code", head(CL, status=b"HTTP/1.1 2000 OK") + BODY, PROTOCOL),
+    # Was http_0 with no http_status in the record.
+    Reply("status-000", head(CL, status=b"HTTP/1.1 000 Zero") + BODY, PROTOCOL),
+    Reply("status-099", head(CL, status=b"HTTP/1.1 099 Low") + BODY, PROTOCOL),
     Reply("http10-until-close", head(status=b"HTTP/1.0 200 OK") + BODY, BODY, close=True),
     # llhttp reads these protocols too; not a reply to an HTTP/1.x request (curl agrees).
     Reply("rtsp", head(CL, status=b"RTSP/1.0 200 OK") + BODY, PROTOCOL),

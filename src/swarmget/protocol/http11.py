@@ -658,6 +658,8 @@ class ResponseParser:
         if block.count(b"\n") - 2 > MAX_HEADER_FIELDS:
             raise ProtocolError(f"response has more than {MAX_HEADER_FIELDS} header fields")
         status = parser.get_status_code()
+        if status < 100:  # "000", "099": no class to read it by (RFC 9110 15)
+            raise ProtocolError(f"invalid status code {status:03d}")
         if 100 <= status < 200:
             self._interim(status)
             return None
