@@ -90,11 +90,15 @@ def test_a_redirect_to_an_invalid_url_is_a_bad_redirect(server: TestServer, tmp_
     urls = [
         server.file_url("r0.bin", redirect=2, to="http://[zz]/x"),  # urlsplit raised here
         server.file_url("r1.bin", redirect=2, to="http://a b/x"),
+        server.file_url("r2.bin", redirect=2, to="http://h:99999/x"),
+        server.file_url("r3.bin", redirect=2, to="ftp://h/x"),
     ]
     report = swarmget.download(urls, tmp_path, retries=0, workers=1)
-    assert report.failed == 2
-    errors = [r["error"] for r in swarmget.read_manifest(tmp_path)]
-    assert errors == ["bad_redirect", "bad_redirect"]
+    assert report.failed == 4
+    records = swarmget.read_manifest(tmp_path)
+    assert [r["error"] for r in records] == ["bad_redirect"] * 4
+    # Each with the status of the redirect it refused (r2's had none).
+    assert [r["http_status"] for r in records] == [302] * 4
 
 
 @pytest.mark.skipif(not socket.has_ipv6, reason="this machine has no IPv6")

@@ -426,7 +426,7 @@ class Engine(ConnectionOwner):
         elif kind == REDIRECTED:
             location = verdict.location
             assert location is not None
-            self._follow(transfer, location)
+            self._follow(transfer, location, verdict.status)
         elif kind == RESTARTED:
             self._drop_writer(transfer, keep=False)
             transfer.start = 0
@@ -479,12 +479,12 @@ class Engine(ConnectionOwner):
         transfer.retry = transfer.retry.forgiven(RESTART)
         self.loop.call_soon(self._submit, transfer, True)
 
-    def _follow(self, transfer: Transfer, target: str) -> None:
+    def _follow(self, transfer: Transfer, target: str, status: int) -> None:
         job = transfer.job
         try:
             location = split_url(target)
-        except TransferError as exc:
-            self._failed(transfer, TransferError(ErrorCode.BAD_REDIRECT, exc.message))
+        except TransferError as exc:  # recorded with the redirect's status, as other bad_redirects
+            self._failed(transfer, TransferError(ErrorCode.BAD_REDIRECT, exc.message), status)
             return
         job.move_to(target, location)
         transfer.start = 0
