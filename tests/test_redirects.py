@@ -180,6 +180,37 @@ def test_credentials_stay_with_the_first_origin(
     assert b"x-custom: kept" in to_other[0]
 
 
+def _fields(request: bytes, name: bytes) -> list[bytes]:
+    return [
+        line.split(b":", 1)[1].strip()
+        for line in request.split(b"\r\n")[1:]
+        if line.split(b":", 1)[0].strip().lower() == name
+    ]
+
+
+def test_a_host_header_of_the_users_replaces_ours_on_the_first_origin(
+    server: TestServer, other: TestServer, out_dir: Path
+) -> None:
+    # It went out beside ours (two Host fields: servers answer 400), and so did
+    # a "user-agent" spelled otherwise than ours.  As curl: the user's Host
+    # goes to each row's own origin, and ours after a redirect leaves it.
+    headers = {"Host": "vhost.test", "user-agent": "mine/1", "accept": "image/*"}
+    plain = server.file_url("vh.bin", size=5)
+    cross = server.file_url("vx.bin", size=5, redirect=302, to=other.file_url("vo.bin", size=5))
+    before_server, before_other = len(server.requests), len(other.requests)
+    report = run([plain, cross], out_dir, headers=headers, concurrency=1)
+    assert report.ok == 2
+    to_server = server.requests[before_server:]
+    (to_other,) = other.requests[before_other:]
+    assert len(to_server) == 2
+    for request in to_server:
+        assert _fields(request, b"host") == [b"vhost.test"]
+    assert _fields(to_other, b"host") == [f"127.0.0.1:{other.port}".encode()]
+    for request in [*to_server, to_other]:
+        assert _fields(request, b"user-agent") == [b"mine/1"]
+        assert _fields(request, b"accept") == [b"image/*"]
+
+
 def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
     from swarmget.engine.job import Job
     from swarmget.engine.redirects import redirect_target

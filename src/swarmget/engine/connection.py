@@ -197,12 +197,14 @@ class HTTPConnection(PooledConnection):
         self.window_bytes = 0
         self.speed_window = transfer.speed_window or owner.options.min_speed_window
         job = transfer.job
+        template = self.pool.template
         credentials = b""
         if not job.cross_origin:
             credentials = owner.credentials
+        elif template.host_omitted:
+            credentials = template.own_host  # the user's Host was for the first origin
         if job.authorization is not None:
             credentials += f"Authorization: {job.authorization}\r\n".encode("latin-1")
-        template = self.pool.template
         if transfer.ranged:
             self._queued = template.render(
                 job.target,

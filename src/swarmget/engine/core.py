@@ -102,13 +102,17 @@ def _request_headers(options: Options) -> tuple[bytes, dict[str, str]]:
     Credentials go only to the first origin of each job (see Job.move_to).
     """
     user_headers = dict(options.headers)
-    credentials = {k: v for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS}
-    headers = {
-        "User-Agent": options.user_agent,
-        "Accept": "*/*",
-        "Accept-Encoding": "identity",
-        **{k: v for k, v in user_headers.items() if k not in credentials},
-    }
+    # A Host of the user's first (it replaces ours, see RequestTemplate), then
+    # the credentials: both only for each job's first origin.
+    credentials = {k: v for k, v in user_headers.items() if k.lower() == "host"}
+    credentials.update((k, v) for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS)
+    headers = {"User-Agent": options.user_agent, "Accept": "*/*", "Accept-Encoding": "identity"}
+    for name, value in user_headers.items():
+        if name not in credentials:
+            # The user's spelling replaces ours ("user-agent" sent a second one).
+            for ours in [k for k in headers if k.lower() == name.lower()]:
+                del headers[ours]
+            headers[name] = value
     return header_lines(credentials), headers
 
 
@@ -148,6 +152,7 @@ class Engine(ConnectionOwner):
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self._split = UrlSplitter().split
         self.credentials, self._headers = _request_headers(options)
+        self._own_host = not any(k.lower() == "host" for k in options.headers)
         self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)
         self._rows: deque[Assignment] = deque()
@@ -285,18 +290,28 @@ class Engine(ConnectionOwner):
         scheme, host, port = origin
         proxy = self.proxies.for_origin(scheme, host, port) if self.proxies is not None else None
         if proxy is None:
-            return HostPool(origin, RequestTemplate(host_header, self._headers), DIRECT)
+            return HostPool(origin, self._template(host_header), DIRECT)
         if scheme == "https":
-            return HostPool(origin, RequestTemplate(host_header, self._headers), TUNNEL, proxy)
+            return HostPool(origin, self._template(host_header), TUNNEL, proxy)
         # Plain http through the proxy: the proxy reads the absolute-form target
         # and our Proxy-Authorization; the Host header stays the origin's.
-        template = RequestTemplate(
+        template = self._template(
             host_header,
-            self._headers,
             target_prefix=f"http://{host_header}",
             proxy_authorization=proxy.authorization,
         )
         return HostPool(origin, template, FORWARD_PROXY, proxy)
+
+    def _template(
+        self, host_header: str, target_prefix: str = "", proxy_authorization: str | None = None
+    ) -> RequestTemplate:
+        return RequestTemplate(
+            host_header,
+            self._headers,
+            target_prefix=target_prefix,
+            proxy_authorization=proxy_authorization,
+            omit_host=not self._own_host,
+        )
 
     # -- carrying out the scheduler's actions -----------------------------------------
 

@@ -8,7 +8,8 @@ varies per request goes in front of the final blank line:
 * ``Range`` (and ``If-Range``, so a continued part is only continued if the
   entity is unchanged) for a transfer of a byte range;
 * credentials: the user's ``Authorization``/``Cookie`` headers and a URL's
-  ``user:password@``, sent only to the origin they were meant for;
+  ``user:password@``, sent only to the origin they were meant for (and so is
+  a ``Host`` header of the user's, in place of ours);
 * ``Proxy-Authorization`` for an http proxy that forwards our requests
   (fixed per origin, so it is part of the tail).
 
@@ -22,7 +23,7 @@ from collections.abc import Mapping
 
 
 class RequestTemplate:
-    __slots__ = ("_tail", "_tail_open", "target_prefix")
+    __slots__ = ("_tail", "_tail_open", "host_omitted", "own_host", "target_prefix")
 
     def __init__(
         self,
@@ -31,8 +32,14 @@ class RequestTemplate:
         *,
         target_prefix: str = "",
         proxy_authorization: str | None = None,
+        omit_host: bool = False,
     ) -> None:
-        lines = [" HTTP/1.1", f"Host: {host_header}"]
+        # omit_host: the user gave a Host header of their own.  It goes with the
+        # credentials (to a job's first origin only, as curl sends it); a
+        # request that a redirect took elsewhere sends ``own_host`` instead.
+        self.own_host = f"Host: {host_header}\r\n".encode("latin-1")
+        self.host_omitted = omit_host
+        lines = [" HTTP/1.1"] if omit_host else [" HTTP/1.1", f"Host: {host_header}"]
         lines.extend(f"{name}: {value}" for name, value in headers.items())
         if proxy_authorization is not None:
             lines.append(f"Proxy-Authorization: {proxy_authorization}")
