@@ -3,10 +3,15 @@ no failed file is ever left at its final name (nor as a stray ``.part``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
+import subprocess
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +20,7 @@ import pytest
 import swarmget
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import parts
+from swarmget.testing.process import child_env
 
 
 @pytest.fixture(scope="module")
@@ -306,3 +312,51 @@ def test_the_deadline_is_the_files_not_each_requests(server: TestServer, out_dir
     (record,) = manifest(out_dir)
     assert record["error"] == "timeout" and "deadline" in record["message"], record
     assert requests <= 3
+
+
+def _serve_once(handler: Callable[[socket.socket], None]) -> tuple[int, threading.Thread]:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def accept() -> None:
+        with listener:
+            conn, _ = listener.accept()
+            with conn, contextlib.suppress(OSError):
+                conn.recv(65536)  # the request
+                handler(conn)
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+def test_a_firehose_neither_outlives_its_deadline_nor_stalls_the_others(tmp_path: Path) -> None:
+    # A body arriving faster than it is parsed kept the loop reading it for as
+    # long as it came: the deadline went by (the row failed at 17 s of a 6 s
+    # deadline, as "no data"), and a slow, steady download beside it starved.
+    def firehose(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000000\r\n\r\n")
+        chunk = b"x" * (1 << 20)
+        ends = time.monotonic() + 15
+        while time.monotonic() < ends:
+            conn.sendall(chunk)
+
+    def steady(conn: socket.socket) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n")
+        for _ in range(10):
+            time.sleep(0.3)
+            conn.sendall(b"y" * 100)
+
+    fast, fast_thread = _serve_once(firehose)
+    slow, slow_thread = _serve_once(steady)
+    urls = [f"http://127.0.0.1:{slow}/steady.bin", f"http://127.0.0.1:{fast}/fast.bin"]
+    command = [sys.executable, "-m", "swarmget", "-q", "-o", str(tmp_path / "out"), *urls]
+    options = ["--timeout", "2", "--deadline", "5", "--retries", "0", "--workers", "1"]
+    started = time.monotonic()
+    subprocess.run([*command, *options], env=child_env(), timeout=60, capture_output=True)
+    took = time.monotonic() - started
+    records = {r["index"]: r for r in swarmget.read_manifest(tmp_path / "out")}
+    assert records[0]["status"] == "ok", records[0]
+    assert records[1]["error"] == "timeout" and "deadline" in records[1]["message"], records[1]
+    assert took < 10, took
+    fast_thread.join(20)
+    slow_thread.join(5)

@@ -88,6 +88,13 @@ class _Abandon(Exception):
     """Unwinds the parser after a verdict that ends the transfer at its head."""
 
 
+# Full buffers read for one readable event before the loop's other connections
+# and its clock get a turn (2 MiB): a body arriving faster than we parse it held
+# the loop for seconds, past --deadline, stalling every other transfer.
+# (epoll is level-triggered: what is left is reported again at once.)
+MAX_READS_PER_EVENT: Final = 8
+
+
 class HTTPConnection(PooledConnection):
     __slots__ = (
         "_pending_out",
@@ -267,7 +274,7 @@ class HTTPConnection(PooledConnection):
         buffer = owner.recv_view
         parser = self.parser
         assert parser is not None
-        while True:
+        for _ in range(MAX_READS_PER_EVENT):
             try:
                 n = self.sock.recv_into(buffer)
             except BlockingIOError:

@@ -44,7 +44,14 @@ import ssl
 from collections.abc import Callable
 
 from swarmget.engine.classify import EXCHANGE, HANDSHAKE
-from swarmget.engine.connection import ACTIVE, CONNECTING, HANDSHAKING, IDLE, HTTPConnection
+from swarmget.engine.connection import (
+    ACTIVE,
+    CONNECTING,
+    HANDSHAKING,
+    IDLE,
+    MAX_READS_PER_EVENT,
+    HTTPConnection,
+)
 from swarmget.engine.job import Transfer
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.loop import EVENT_READ, EVENT_WRITE
@@ -150,7 +157,7 @@ class HTTPSConnection(HTTPConnection):
         read = self._read
         size = len(buffer)
         room = size - _MAX_RECORD
-        while True:
+        for _ in range(MAX_READS_PER_EVENT):  # then the other connections' turn
             # Decrypt records side by side into the buffer, then parse and write
             # them in one go (see the module docstring for when reading stops).
             expected = _still_expected(parser)
