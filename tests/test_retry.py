@@ -53,6 +53,11 @@ def test_retry_after_parsing() -> None:
     assert parse_retry_after(email.utils.formatdate(now - 30, usegmt=True).encode(), now) == 0
     assert parse_retry_after(b"soon") is None
     assert parse_retry_after(None) is None
+    # These raised (ValueError, OverflowError) while the head was judged: the
+    # row failed as `protocol` instead of being retried as the 503 it was.
+    assert parse_retry_after(b"\xb2") is None  # a digit to str.isdigit(), not to float()
+    assert parse_retry_after(b"Wed, 21 Oct 99999999999 07:28:00 GMT") is None
+    assert parse_retry_after(b"Wed, 21 Oct 9999 07:28:00 GMT") is not None
 
 
 @pytest.fixture(scope="module")

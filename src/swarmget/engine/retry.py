@@ -142,12 +142,14 @@ def parse_retry_after(value: bytes | None, now: float | None = None) -> float | 
     if not value:
         return None
     text = value.decode("latin-1").strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # not "\xb2": a digit to isdigit(), not to float()
         return float(text)
     import email.utils  # ~14 ms to import, and HTTP-dates are rare here: only now
 
+    # A header the server got wrong is ignored, never our error: this runs
+    # while the head is judged, where any exception failed the row as protocol.
     try:
         when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    except (TypeError, ValueError, IndexError, OverflowError, OSError):
         return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
