@@ -268,6 +268,25 @@ def test_connection_close_header_is_honoured() -> None:
     assert done and not c.parser.reusable
 
 
+@pytest.mark.parametrize(
+    ("head", "reusable"),
+    [
+        # llhttp completes an empty body with its head and then says "close":
+        # every empty 200 or 302 cost a new connection (and a TLS handshake).
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", True),
+        (b"HTTP/1.1 302 Found\r\nLocation: /x\r\nContent-Length: 0\r\n\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length:  0\r\nX: y\r\n\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.1 200 OK\r\nconnection: Keep-Alive, Close\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n", False),
+        (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n", True),
+    ],
+)
+def test_an_empty_body_keeps_the_connection_by_the_usual_rules(head: bytes, reusable: bool) -> None:
+    done, c = feed(head)
+    assert done and c.parser.reusable is reusable
+
+
 def test_no_body_statuses() -> None:
     done, c = feed(b"HTTP/1.1 204 No Content\r\n\r\n")
     assert done and c.heads[0].status == 204 and not c.body

@@ -245,6 +245,22 @@ def _framing(block: bytes | bytearray, headers: dict[bytes, bytes], repaired: bo
     return framing
 
 
+def _persistent(parser: httptools.HttpResponseParser, headers: dict[bytes, bytes]) -> bool:
+    """Is the connection kept after this response (RFC 9112 9.3)?  For an empty
+    body: llhttp completes that message with its head, and ``should_keep_alive()``
+    answers False once a message is complete (every empty 200 or 302 cost a new
+    connection, and over https a handshake)."""
+    tokens = {
+        token.strip()
+        for name, value in headers.items()
+        if name.lower() == b"connection"
+        for token in value.lower().split(b",")
+    }
+    if b"close" in tokens:
+        return False
+    return parser.get_http_version() != "1.0" or b"keep-alive" in tokens
+
+
 def _length(value: bytes) -> int:
     """A Content-Length llhttp has accepted (digits, maybe with whitespace) as a number."""
     try:
@@ -671,11 +687,15 @@ class ResponseParser:
             # The usual case.  llhttp has checked that the value is one number,
             # and that there is no Transfer-Encoding with it.
             length = _length(content_length)
-            return ResponseHead(status, headers, length, False, parser.should_keep_alive())
+            keep_alive = parser.should_keep_alive() if length else _persistent(parser, headers)
+            return ResponseHead(status, headers, length, False, keep_alive)
         framing = _framing(block, headers, repaired)
         self._codings = framing.codings
         self._simple_chunked = framing.simple
-        keep_alive = framing.reusable and bool(parser.should_keep_alive())
+        if framing.length == 0:
+            keep_alive = framing.reusable and _persistent(parser, headers)
+        else:
+            keep_alive = framing.reusable and bool(parser.should_keep_alive())
         return ResponseHead(status, headers, framing.length, framing.chunked, keep_alive)
 
     def _interim(self, status: int) -> None:
