@@ -211,6 +211,16 @@ def test_a_host_header_of_the_users_replaces_ours_on_the_first_origin(
         assert _fields(request, b"accept") == [b"image/*"]
 
 
+def test_credentials_in_a_same_origin_location_are_sent(server: TestServer, out_dir: Path) -> None:
+    # They were dropped (the row failed 401); curl sends them.
+    final = server.file_url("uf.bin", size=5).replace("http://", "http://bob:s3cret@")
+    seen = len(server.requests)
+    report = run([server.file_url("us.bin", redirect=302, to=final)], out_dir)
+    assert report.ok == 1
+    last = server.requests[seen:][-1]
+    assert _fields(last, b"authorization") == [b"Basic Ym9iOnMzY3JldA=="]
+
+
 def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
     from swarmget.engine.job import Job
     from swarmget.engine.redirects import redirect_target

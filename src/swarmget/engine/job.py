@@ -50,6 +50,8 @@ class Job:
         if location.origin != self.origin:
             self.cross_origin = True  # credentials stay with the first origin
             self.authorization = location.authorization
+        elif location.authorization is not None:
+            self.authorization = location.authorization  # user:password@ of its own, as curl
         self.redirects += 1
         self.url = url
         self.origin = location.origin
