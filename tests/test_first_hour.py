@@ -269,3 +269,27 @@ def test_urls_read_from_a_file_object_keep_no_line_ends(server: TestServer, tmp_
         "fb.tar.gz",
     ]
     assert [r["url"] for r in records(tmp_path / "out")] == [a, b]
+
+
+def test_dedupe_never_skips_a_rows_own_checksums_or_size(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # A copy took the first row's file whatever its own sha256 or size said.
+    import hashlib
+
+    url = server.file_url("dv.bin", size=700)
+    good = hashlib.sha256(expected_body("dv.bin", 700)).hexdigest()
+    rows = [
+        Row(0, url, path="lead.bin"),
+        Row(1, url, path="badsha.bin", sha256="0" * 64),
+        Row(2, url, path="badsize.bin", size=5),
+        Row(3, url, path="goodcopy.bin", sha256=good, size=700),
+        Row(4, url, path="plaincopy.bin"),
+    ]
+    report = swarmget.download(rows, tmp_path, workers=1, dedupe=True, retries=0)
+    by_path = {r["index"]: r for r in records(tmp_path)}
+    assert (by_path[1]["error"], by_path[2]["error"]) == ("checksum", "size_mismatch")
+    assert not (tmp_path / "badsha.bin").exists() and not (tmp_path / "badsize.bin").exists()
+    for name in ("lead.bin", "goodcopy.bin", "plaincopy.bin"):
+        assert (tmp_path / name).read_bytes() == expected_body("dv.bin", 700)
+    assert (report.ok, report.failed) == (3, 2)

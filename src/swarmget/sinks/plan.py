@@ -274,7 +274,11 @@ class FilePlanner:
             skips.append((key, row.index))
             return
         plans.append((key, row.index, url, path, True))
-        if self.options.dedupe and self._follows(row, key, url, path, batch):
+        # A row with checks of its own (sha256, md5, size) is downloaded and
+        # verified itself: a copy of another row's file skipped them ("ok" for
+        # a file its own checksum refuses).
+        checked = row.sha256 is not None or row.md5 is not None or row.size is not None
+        if self.options.dedupe and not checked and self._follows(row, key, url, path, batch):
             return
         resume_from, validator = 0, None
         if ours and not overwrite and previous is not None and previous.validator:
