@@ -293,3 +293,43 @@ def test_dedupe_never_skips_a_rows_own_checksums_or_size(
     for name in ("lead.bin", "goodcopy.bin", "plaincopy.bin"):
         assert (tmp_path / name).read_bytes() == expected_body("dv.bin", 700)
     assert (report.ok, report.failed) == (3, 2)
+
+
+class _Listener:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.bytes: list[int] = []
+
+    def start(self) -> None:
+        self.calls.append("start")
+
+    def update(self, snapshot: Snapshot) -> None:
+        self.bytes.append(snapshot.bytes)
+
+    def finish(self, report: Report) -> None:
+        self.calls.append("finish")
+
+
+def test_a_progress_listener_is_finished_however_the_run_ends(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # finish() came only after a run that ended well: not after the input
+    # raised, a fatal error or Ctrl-C.
+    def rows() -> Iterator[str]:
+        yield server.file_url("pf0.bin", size=10)
+        raise RuntimeError("the caller's list broke")
+
+    listener = _Listener()
+    with pytest.raises(RuntimeError, match="list broke"):
+        swarmget.download(rows(), tmp_path / "a", workers=1, progress=listener)
+    assert listener.calls == ["start", "finish"]
+
+
+def test_progress_bytes_never_go_down(server: TestServer, tmp_path: Path) -> None:
+    # A transfer cut halfway left the in-flight sum, and its retry (from zero,
+    # the server ignores Range) waited 0.5 s for its answer: 1.5 MiB -> 0.
+    url = server.file_url("pb.bin", size=3 << 20, fault="stall", times=1, norange=1, latency=0.5)
+    listener = _Listener()
+    report = swarmget.download([url], tmp_path, workers=1, retries=2, timeout=1, progress=listener)
+    assert report.ok == 1
+    assert listener.bytes == sorted(listener.bytes) and listener.bytes[-1] == 3 << 20

@@ -133,6 +133,7 @@ class Supervisor:
         self._backend = backend
         self._backlog_limit = backlog_limit
         self._progress = progress
+        self._bytes_shown = 0  # Snapshot.bytes never goes down (see _tick)
         self._delivery: Delivery = delivery if delivery is not None else NoDelivery()
         self._workers = [_Worker() for _ in range(backend.workers)]
         self.report = Report()
@@ -176,14 +177,18 @@ class Supervisor:
                 self._fatal = self._fatal or exc
                 self._stop()
             finally:
-                self._finish(interrupted)
+                try:
+                    self._finish(interrupted)
+                finally:
+                    # Once, however the run ended (interrupted, a fatal error,
+                    # the input raising): a listener's start has its finish.
+                    if self._progress is not None:
+                        self._progress.finish(self.report)
         if self._fatal is not None:
             self._fatal.report = self.report  # what finished before the run stopped
             raise self._fatal
         if self._input_error is not None:
             raise self._input_error
-        if self._progress is not None:
-            self._progress.finish(self.report)
         return self.report
 
     def _loop(self) -> None:
@@ -401,11 +406,16 @@ class Supervisor:
             return
         report = self.report
         workers = self._workers
+        # The highest so far: bytes of a transfer that fails (then is retried, or
+        # resumed from its part) leave the in-flight sum, and a display's byte
+        # rate went below zero.
+        received = report.bytes + sum(w.in_flight for w in workers)
+        self._bytes_shown = max(self._bytes_shown, received)
         self._progress.update(
             Snapshot(
                 done=report.total + report.skipped,  # skipped rows are finished rows too
                 failed=report.failed,
-                bytes=report.bytes + sum(w.in_flight for w in workers),
+                bytes=self._bytes_shown,
                 elapsed=now - self._started,
                 rows_seen=self._seen,
                 input_done=self._input_done,
