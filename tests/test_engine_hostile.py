@@ -360,3 +360,28 @@ def test_a_firehose_neither_outlives_its_deadline_nor_stalls_the_others(tmp_path
     assert took < 10, took
     fast_thread.join(20)
     slow_thread.join(5)
+
+
+def test_a_host_that_resets_some_connections_is_not_given_up(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Connections reset before answering (here: each URL's first): the first
+    # burst's resets counted as failures "in a row" and the host was given up.
+    seen: set[bytes] = set()
+
+    def flaky(request: bytes, conn: ScriptedConnection) -> None:
+        target = request.split(b" ")[1]
+        if target not in seen:
+            seen.add(target)
+            conn.reset()
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+            conn.close()
+
+    server.route("/flaky.bin", flaky)
+    try:
+        urls = [server.url(f"/flaky.bin?n={i}") for i in range(40)]
+        report = run(urls, out_dir, retries=2, host_failures=2, concurrency=16, per_host=16)
+    finally:
+        server.unroute("/flaky.bin")
+    assert report.ok == 40, report.error_counts()

@@ -17,6 +17,7 @@ from swarmget.engine.scheduler import (
 )
 from swarmget.engine.urls import split_url
 from swarmget.errors import ErrorCode, TransferError
+from swarmget.protocol import ConnectionClosed
 from swarmget.protocol.request import RequestTemplate
 from swarmget.sinks.base import Assignment
 
@@ -184,6 +185,15 @@ def test_http_errors_do_not_trip_the_breaker() -> None:
     scheduler = Scheduler(concurrency=10, per_host=2, host_failures=1)
     p = pool()
     assert scheduler.host_failed(p, TransferError("http_503", "HTTP 503")) == []
+    assert p.given_up is None
+
+
+def test_connections_the_host_accepted_then_closed_do_not_trip_the_breaker() -> None:
+    # A burst of parallel connections reset at once counted "in a row": a host
+    # resetting half its connections was given up (264 of 300 rows failed).
+    scheduler = Scheduler(concurrency=10, per_host=2, host_failures=1)
+    p = pool()
+    assert scheduler.host_failed(p, ConnectionClosed("connection closed before the response")) == []
     assert p.given_up is None
 
 

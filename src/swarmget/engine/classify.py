@@ -13,9 +13,12 @@ CONNECT / TUNNEL       OSError                                     ``connect``
 HANDSHAKE              certificate refused                         ``tls_verify``
 HANDSHAKE              other SSLError                              ``tls``
 EXCHANGE               reset/EOF after the response began          ``truncated``
-EXCHANGE               reset/EOF before it, on a reused connection ``connect``
-                                                                   (stale: retried
-                                                                   once, free)
+EXCHANGE               reset/EOF before it                         ``connect``
+                                                                   (not counted by
+                                                                   --host-failures;
+                                                                   on a reused
+                                                                   connection stale:
+                                                                   retried once, free)
 EXCHANGE               other OSError before the response           ``connect``
 EXCHANGE               other SSLError                              ``tls``
 any                    any other exception (a bug, odd input)      ``protocol``
@@ -80,8 +83,13 @@ def _os_failure(
         return TransferError(ErrorCode.CONNECT, f"connection to proxy {via} failed: {reason}")
     if started:
         return TransferError(ErrorCode.TRUNCATED, f"connection lost mid-response: {reason}")
-    if reused and exc.errno in _STALE_ERRNOS:
-        return ConnectionClosed(f"kept-alive connection was closed: {reason}")
+    if exc.errno in _STALE_ERRNOS:
+        # Reset after the TCP handshake: the host is up (the scheduler's circuit
+        # breaker does not count these), and on a reused connection most likely
+        # closed as we sent.
+        if reused:
+            return ConnectionClosed(f"kept-alive connection was closed: {reason}")
+        return ConnectionClosed(f"connection closed before the response: {reason}")
     return TransferError(ErrorCode.CONNECT, f"connection failed: {reason}")
 
 

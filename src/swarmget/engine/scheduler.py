@@ -44,6 +44,7 @@ from swarmget.engine.job import Transfer
 from swarmget.engine.pool import HostPool, PooledConnection
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.net.address import Address
+from swarmget.protocol import ConnectionClosed
 
 CONNECT_SLICE: Final = 32
 # Failures that count towards giving up a host: it does not answer.
@@ -211,6 +212,11 @@ class Scheduler:
     def host_failed(self, pool: HostPool, error: TransferError) -> list[Action]:
         """A transfer on ``pool`` failed; maybe give the host up (the circuit breaker)."""
         if error.code not in BREAKER_CODES or pool.given_up is not None:
+            return []
+        if isinstance(error, ConnectionClosed):
+            # Accepted, then closed or reset before answering: a host that is up
+            # and drops some connections (a burst of parallel ones failing at
+            # once gave a flaky host up) is not a dead one.
             return []
         pool.consecutive_failures += 1
         if not self.host_failures or pool.consecutive_failures < self.host_failures:
