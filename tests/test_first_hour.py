@@ -89,6 +89,8 @@ def test_dedupe_passes_a_failure_on_to_every_copy(server: TestServer, tmp_path: 
     report = swarmget.download([bad, bad, bad], tmp_path, workers=1, dedupe=True, retries=0)
     assert report.failed == 3
     assert report.error_counts() == {"http_404": 3}
+    # Each copy's record says the status beside its error, as the first row's does.
+    assert [r["http_status"] for r in records(tmp_path)] == [404, 404, 404]
 
 
 def test_a_reordered_list_reruns_cleanly(server: TestServer, tmp_path: Path) -> None:

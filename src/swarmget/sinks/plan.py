@@ -352,7 +352,8 @@ class FilePlanner:
                 key=follower.key,
             )
         error = leader.error or ErrorCode.CANCELLED
-        return _failed_follower(follower, error, f"{note}, which failed: {leader.message}")
+        message = f"{note}, which failed: {leader.message}"
+        return _failed_follower(follower, error, message, leader.http_status)
 
     def _done(self, previous: Previous) -> bool:
         """Was the row finished by an earlier run, and is its file still whole?"""
@@ -591,12 +592,14 @@ def _outcome_of(result: FileResult) -> Outcome:
     )
 
 
-def _failed_follower(follower: Follower, code: str, message: str) -> FileResult:
+def _failed_follower(
+    follower: Follower, code: str, message: str, http_status: int | None = None
+) -> FileResult:
     return FileResult(
         follower.url,
         None,
         "failed",
-        None,
+        http_status,  # the leader's, beside its error (an http_404 said null)
         0,
         code,
         0,
