@@ -664,7 +664,7 @@ class ResponseParser:
             self._head_len = len(block)
             parser, fields, block = _reread(parser, block, exc)
             repaired = True
-        if block[:7] != b"HTTP/1." and block.lstrip(b"\r\n")[:7] != b"HTTP/1.":
+        if not block.startswith(b"HTTP/1.") and not block.lstrip(b"\r\n").startswith(b"HTTP/1."):
             # llhttp also reads RTSP/1.0, ICE/1.0 and HTTP/0.9 status lines: not
             # an HTTP/1.x reply to our request (curl refuses them too).
             line = bytes(block.lstrip(b"\r\n").split(b"\n", 1)[0][:40])

@@ -274,11 +274,7 @@ class FilePlanner:
             skips.append((key, row.index))
             return
         plans.append((key, row.index, url, path, True))
-        # A row with checks of its own (sha256, md5, size) is downloaded and
-        # verified itself: a copy of another row's file skipped them ("ok" for
-        # a file its own checksum refuses).
-        checked = row.sha256 is not None or row.md5 is not None or row.size is not None
-        if self.options.dedupe and not checked and self._follows(row, key, url, path, batch):
+        if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
         resume_from, validator = 0, None
         if ours and not overwrite and previous is not None and previous.validator:
@@ -590,6 +586,13 @@ def _outcome_of(result: FileResult) -> Outcome:
         result.error,
         result.message,
     )
+
+
+def _checked(row: Row) -> bool:
+    """Does the row have checks of its own (sha256, md5, size)?  Then --dedupe
+    downloads and verifies it itself: a copy of another row's file skipped
+    them ("ok" for a file its own checksum refuses)."""
+    return row.sha256 is not None or row.md5 is not None or row.size is not None
 
 
 def _failed_follower(
