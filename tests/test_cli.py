@@ -704,3 +704,42 @@ def test_a_low_open_files_limit_scales_concurrency_or_is_a_usage_error(tmp_path:
     assert len(swarmget.read_manifest(tmp_path / "64")) == 40
     assert runs[20].returncode == 2
     assert "the limit of open files is 20" in runs[20].stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_rows_from_a_slow_producer_start_as_they_come(tmp_path: Path, workers: str) -> None:
+    # `crawler | swarmget -o out -`: nothing started until 256 lines or the end
+    # of the input came (the supervisor waited in next() for a whole batch).
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        urls = [srv.file_url(f"slow{i}.bin", size=10) for i in range(5)]
+        out = tmp_path / "out"
+        command = [
+            sys.executable,
+            "-m",
+            "swarmget",
+            "-q",
+            "-o",
+            str(out),
+            "--workers",
+            workers,
+            "-",
+        ]
+        proc = subprocess.Popen(command, stdin=subprocess.PIPE, env=child_env())
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write("".join(url + "\n" for url in urls).encode())
+            proc.stdin.flush()
+            deadline = time.monotonic() + 20
+            names = [f"slow{i}.bin" for i in range(5)]
+            while time.monotonic() < deadline and not all((out / n).exists() for n in names):
+                time.sleep(0.02)
+            assert all((out / n).exists() for n in names)  # with the pipe still open
+            assert proc.poll() is None
+            proc.stdin.write((srv.file_url("last.bin", size=10) + "\n").encode())
+        finally:
+            proc.stdin.close()
+            proc.wait(30)
+    assert proc.returncode == 0
+    assert len(swarmget.read_manifest(out)) == 6

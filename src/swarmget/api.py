@@ -24,6 +24,7 @@ from swarmget.parallel.workers import worker_count, worker_options
 from swarmget.report import ProgressListener, Report
 from swarmget.sinks.files import FileSink
 from swarmget.sinks.plan import FilePlanner
+from swarmget.sources.background import BackgroundRows, private_stdin
 from swarmget.sources.rows import Row
 
 # Each connection is a file descriptor, and so is each file being written;
@@ -45,9 +46,14 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     if sources:
         if isinstance(sources, str | bytes):
             raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
-        from swarmget.sources.reader import read_rows
+        from swarmget.sources.reader import STDIN, read_rows
 
-        rows = read_rows(list(sources))
+        stdin = private_stdin() if STDIN in sources else None
+        rows = read_rows(list(sources), stdin=stdin)
+        if stdin is not None:
+            # A pipe or a terminal: its writer may be slow, and the run must
+            # not wait for a batch of lines to start (sources/background.py).
+            rows = BackgroundRows(rows, owned=stdin)
     if urls is not None:
         rows = _then(rows, urls)
     return rows

@@ -43,6 +43,7 @@ from swarmget.report import FileResult, ProgressListener, Report, Snapshot
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.files import OutputError
 from swarmget.sinks.plan import PlanBatch
+from swarmget.sources.background import BackgroundRows
 from swarmget.sources.rows import Row
 
 BATCH: Final = 256  # rows per message: big enough to amortise pickling, small for balance
@@ -154,7 +155,7 @@ class Supervisor:
         # Bad input fails here, before any process starts (a stream's workers
         # may be running already: they are stopped).
         try:
-            self._first = self._take(min(BATCH, self._delivery.room(0)))
+            self._first = self._take(min(BATCH, self._delivery.room(0)), wait=True)
         except BaseException:  # Ctrl-C while the input was read
             self._abandon()
             raise
@@ -267,11 +268,12 @@ class Supervisor:
                 rows, self._first = self._first, []
             else:
                 rows = self._take(min(BATCH, self._delivery.room(self._seen)))
-            if rows:
-                batch = self._planner.plan(rows)
-                self.report.skipped += batch.skipped
-                self._add_results(batch.results)
-                self._send(batch.assignments)
+            if not rows:
+                break  # none has arrived yet from a slow producer (or the input ended)
+            batch = self._planner.plan(rows)
+            self.report.skipped += batch.skipped
+            self._add_results(batch.results)
+            self._send(batch.assignments)
         if self._input_done:
             for index, worker in enumerate(self._workers):
                 if not worker.ended and not worker.gone:
@@ -282,11 +284,26 @@ class Supervisor:
         live = [w.backlog for w in self._workers if not w.gone]
         return min(live, default=self._backlog_limit)
 
-    def _take(self, count: int) -> list[Row]:
-        rows: list[Row] = []
+    def _take(self, count: int, wait: bool = False) -> list[Row]:
+        """Up to ``count`` rows.  From a slow producer (BackgroundRows) only what
+        has arrived, waiting (``wait``) only for the first row of the run."""
+        source = self._rows
+        if isinstance(source, BackgroundRows):
+            try:
+                rows = source.take(count, wait=wait)
+            except StopIteration:
+                rows = []
+                self._input_done = True
+            except Exception as exc:
+                rows = []
+                self._input_error = exc
+                self._input_done = True
+            self._seen += len(rows)
+            return rows
+        rows = []
         while len(rows) < count:
             try:
-                row = next(self._rows)
+                row = next(source)
             except StopIteration:
                 self._input_done = True
                 break

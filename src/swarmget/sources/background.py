@@ -1,0 +1,121 @@
+"""Rows from a slow producer, read on a thread so the run never waits for them.
+
+A list on stdin may come from a pipe whose writer is slow (a crawler, ``tail
+-f``): the supervisor used to take a batch of 256 rows with blocking
+``next()`` calls, so the first downloads waited for 256 lines (or the end of
+the input), and a producer that waits for our output never got it.
+
+:class:`BackgroundRows` reads the rows on a daemon thread into a bounded
+queue (memory stays bounded: a fast producer waits for the run), and
+:meth:`~BackgroundRows.take` hands the supervisor whatever has arrived.
+
+Forking with this thread alive: the worker processes are forked before the
+thread starts (the first :meth:`take` reads its row in the caller's thread,
+before the backend starts; the thread starts with the second), but a worker
+that dies is replaced by a fork later.  That child inherits a copy of the
+lock of whatever the thread was blocked reading, so the thread never reads
+``sys.stdin`` (which a forked child closes, taking its lock): it reads a
+reader of its own on a duplicate of the descriptor (:func:`private_stdin`),
+which no child touches.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import queue
+import stat
+import sys
+import threading
+from collections.abc import Iterator
+from typing import BinaryIO, Final
+
+from swarmget.sources.rows import Row
+
+QUEUE_ROWS: Final = 4096  # rows read ahead of the run, at most
+
+
+class _End:
+    """The input is over (with ``error``, if reading it failed)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+
+
+class BackgroundRows(Iterator[Row]):
+    """``rows``, read on a thread of their own (see the module docstring)."""
+
+    def __init__(self, rows: Iterator[Row], owned: BinaryIO | None = None) -> None:
+        self._rows = rows
+        self._owned = owned  # closed when the rows are read
+        self._queue: queue.Queue[Row | _End] = queue.Queue(QUEUE_ROWS)
+        self._thread: threading.Thread | None = None
+        self._over: _End | None = None
+
+    def take(self, count: int, *, wait: bool) -> list[Row]:
+        """Up to ``count`` rows that have arrived.  ``wait``: block for the first
+        one (read here, in the caller's thread, while it is the only one).
+        Raises StopIteration at the end, or the input's error."""
+        if self._thread is None and wait:
+            return [next(self._rows)]
+        self._start()
+        rows: list[Row] = []
+        while len(rows) < count:
+            try:
+                item = self._queue.get_nowait() if self._over is None else self._over
+            except queue.Empty:
+                break
+            if isinstance(item, _End):
+                self._over = item
+                if rows:
+                    break  # the end (or the error) comes with the next take
+                if item.error is not None:
+                    raise item.error
+                raise StopIteration
+            rows.append(item)
+        return rows
+
+    def __next__(self) -> Row:
+        self._start()
+        item = self._over or self._queue.get()
+        if isinstance(item, _End):
+            self._over = item
+            if item.error is not None:
+                raise item.error
+            raise StopIteration
+        return item
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._pump, name="swarmget-input", daemon=True)
+            self._thread.start()
+
+    def _pump(self) -> None:
+        end = _End()
+        try:
+            for row in self._rows:
+                self._queue.put(row)
+        except Exception as exc:  # bad input: raised where the rows are taken
+            end = _End(exc)
+        finally:
+            if self._owned is not None:
+                self._owned.close()
+            self._queue.put(end)
+
+
+def private_stdin() -> BinaryIO | None:
+    """A reader of our own on a duplicate of descriptor 0, when stdin is a pipe,
+    a terminal or a socket (something that may be slow to write); None for a
+    regular file (read at once) or no stdin at all."""
+    stdin = sys.stdin
+    if stdin is None:
+        return None
+    try:
+        fd = stdin.fileno()
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return open(os.dup(fd), "rb")
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return None
