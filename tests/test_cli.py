@@ -743,3 +743,40 @@ def test_rows_from_a_slow_producer_start_as_they_come(tmp_path: Path, workers: s
             proc.wait(30)
     assert proc.returncode == 0
     assert len(swarmget.read_manifest(out)) == 6
+
+
+def test_the_demo_never_writes_into_a_directory_with_files(tmp_path: Path) -> None:
+    # It ran with --overwrite: a file of the user's named 000000.bin was
+    # replaced; run twice into one directory, it named its files around the
+    # last run's (000000-1.bin) and checked the old ones.
+    mine = tmp_path / "000000.bin"
+    mine.write_bytes(b"precious")
+    assert cli.main(["demo", "--files", "2", "--size", "100", "-o", str(tmp_path), "-q"]) == 2
+    assert mine.read_bytes() == b"precious" and sorted(os.listdir(tmp_path)) == ["000000.bin"]
+
+
+@pytest.mark.timeout(60)
+def test_sigterm_stops_the_demo_cleanly() -> None:
+    # The demo had no SIGTERM handler: tracebacks from every worker, and its
+    # temporary directory (on tmpfs: memory) left behind.
+    env = child_env()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarmget", "demo", "--files", "2000000", "--size", "100"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    banner = proc.stdout.readline()
+    dest = banner.rsplit(" into ", 1)[1].strip()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in err and "Traceback" not in err
+    assert not os.path.exists(dest)
+
+
+def test_an_output_directory_that_cannot_be_made_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "afile").write_text("x")
+    for dest in (tmp_path / "afile" / "sub", "/proc/swarmget-cannot"):
+        assert cli.main(["-q", "-o", str(dest), "http://127.0.0.1:9/x"]) == 2

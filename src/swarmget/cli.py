@@ -25,7 +25,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import IO, Any, NoReturn
@@ -416,6 +415,12 @@ def check_sources(sources: Sequence[str]) -> None:
 def check_output(dest: str) -> None:
     if not dest:
         raise UsageError("-o '': the output directory is an empty string")
+    try:
+        os.makedirs(dest, exist_ok=True)  # now: a path no directory can be made at is a usage error
+    except FileExistsError:
+        pass  # a file there: said below
+    except OSError as exc:
+        raise UsageError(f"-o {dest!r}: cannot create the directory: {exc.strerror}") from None
     if os.path.exists(dest) and not os.path.isdir(dest):
         raise UsageError(f"-o {dest!r} exists and is not a directory")
 
@@ -500,20 +505,16 @@ def _download_command(argv: list[str]) -> int:
     # does: the manifest is written and the parts are kept for the rerun.
     # (Only the main thread may set a handler; and a SIGTERM the parent made us
     # ignore stays ignored.)
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if in_main else None
-    if previous == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, interrupts.terminate_like_interrupt)
-    interrupts.stopped_by = None
     try:
-        report = download_with_display(
-            None,
-            args.output,
-            sources=args.sources,
-            options=options,
-            quiet=args.quiet,
-            stderr=sys.stderr,
-        )
+        with interrupts.SigtermLikeInterrupt():
+            report = download_with_display(
+                None,
+                args.output,
+                sources=args.sources,
+                options=options,
+                quiet=args.quiet,
+                stderr=sys.stderr,
+            )
     except KeyboardInterrupt:
         manifest = os.path.join(args.output, MANIFEST)
         signum = interrupts.stopped_by
@@ -535,9 +536,6 @@ def _download_command(argv: list[str]) -> int:
         if args.json and isinstance(exc.report, Report):
             print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
         return EXIT_FAILED
-    finally:
-        if previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, previous)
     if report.total + report.skipped == 0:
         say("swarmget: warning: the input has no rows: nothing to download\n", sys.stderr)
     if not print_outcome(
@@ -564,8 +562,10 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        # Ctrl-C outside the run itself (while parsing, or in the demo's setup).
-        say("swarmget: interrupted\n", sys.stderr)
-        return EXIT_INTERRUPTED
+        # Ctrl-C outside the run itself (while parsing), or the demo's (SIGTERM too).
+        signum = interrupts.stopped_by
+        how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
+        say(f"swarmget: {how}\n", sys.stderr)
+        return 128 + signum if signum else EXIT_INTERRUPTED
     except SwarmgetError as exc:
         return fail(str(exc), EXIT_FAILED)

@@ -33,6 +33,7 @@ from swarmget.cli import (
 )
 from swarmget.errors import UsageError
 from swarmget.options import Options
+from swarmget.parallel import interrupts
 from swarmget.progress import format_bytes, summary_lines
 from swarmget.report import Report
 from swarmget.sources.rows import Row
@@ -85,7 +86,8 @@ def build_parser() -> ArgumentParser:
         "--output",
         metavar="DIR",
         help=(
-            "download into DIR and keep it (default: a temporary directory, on tmpfs "
+            "download into DIR, which must be empty or new, and keep it (default: a "
+            "temporary directory, on tmpfs "
             "when there is room, removed afterwards)"
         ),
     )
@@ -164,6 +166,17 @@ def verify(dest: str, files: int, size: int, *, failed: set[str], sample: int | 
     return problems
 
 
+def _check_empty(dest: str) -> None:
+    """The demo writes its own files, under names of its own, into ``-o DIR``:
+    into a directory with files in it, it would replace the user's (it ran with
+    --overwrite) or, run again, name its files around the last run's
+    (``000000-1.bin``) and check the old ones."""
+    if not dest:
+        raise UsageError("-o '': the output directory is an empty string")
+    if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
+        raise UsageError(f"-o {dest!r}: the demo needs an empty or new directory")
+
+
 def failed_names(report: Report) -> set[str]:
     return {failure.url.rsplit("/", 1)[-1].split("?", 1)[0] for failure in report.failures}
 
@@ -172,13 +185,15 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     if args.files < 1:
         raise UsageError("--files must be at least 1")
-    options: dict[str, Any] = {"concurrency": args.concurrency, "overwrite": True}
+    options: dict[str, Any] = {"concurrency": args.concurrency}
     Options.from_kwargs(options)
+    if args.output is not None:
+        _check_empty(args.output)
     talk = not (args.quiet or args.json)
     dest = args.output or scratch_dir(args.files * args.size)
     remove = args.output is None and not args.keep
     try:
-        with serve_in_subprocess() as server:
+        with interrupts.SigtermLikeInterrupt(), serve_in_subprocess() as server:
             if talk:
                 print(
                     f"swarmget demo: {args.files} files of {format_bytes(args.size)} "

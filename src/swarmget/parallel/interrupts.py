@@ -38,6 +38,33 @@ def terminate_like_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+class SigtermLikeInterrupt:
+    """For a command's run (``with SigtermLikeInterrupt():``): SIGTERM stops it as
+    Ctrl-C does, and :data:`stopped_by` says which it was.  Only the main thread
+    may set a handler, and a SIGTERM the parent made us ignore stays ignored."""
+
+    def __init__(self) -> None:
+        self._previous: Any = None
+
+    def __enter__(self) -> SigtermLikeInterrupt:
+        global stopped_by
+        stopped_by = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.getsignal(signal.SIGTERM)
+            if self._previous == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, terminate_like_interrupt)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._previous == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _DEFERRABLE = (signal.default_int_handler, terminate_like_interrupt)
 
