@@ -226,7 +226,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "workers",
         "processes, each with its own event loop and its share of --concurrency and "
-        "--per-host (default: $SWARMGET_WORKERS, else one per CPU)",
+        "--per-host; 0: one per CPU (default: $SWARMGET_WORKERS, else one per CPU)",
         "N",
     ),
     Flag("per_host", "connections open at once to one host (default: {default})", "N"),
