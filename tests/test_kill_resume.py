@@ -145,6 +145,10 @@ def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
         json.loads(line) for line in (out / ".swarmget/manifest.jsonl").read_text().splitlines()
     ]
     assert [r["status"] for r in records] == ["partial"]
+    # Every field a manifest line has (it had url, path and status only), and
+    # no path: the file is not there yet.
+    assert {"http_status", "bytes", "error", "attempts", "elapsed_ms"} <= set(records[0])
+    assert records[0]["path"] is None and records[0]["validator"]
     again = swarmget(urls, out)
     again.communicate(timeout=60)
     assert again.returncode == 0

@@ -381,7 +381,20 @@ class Journal:
         """A large body of the row began: its part may be continued with ``validator``."""
         self.changed = True
         key, index, url, path, mine = plan
-        record = _DUMPS({"url": storable(url), "path": path, "status": "partial"})
+        # Every field of a manifest line, as for any row (readers index them);
+        # no file is at its path yet: null, as for a failed row.
+        record = _DUMPS(
+            {
+                "url": storable(url),
+                "path": None,
+                "status": "partial",
+                "http_status": None,
+                "bytes": 0,
+                "error": None,
+                "attempts": 0,
+                "elapsed_ms": 0,
+            }
+        )
         with self._guard("write"):
             self._db.execute(
                 "INSERT INTO rows (key, run, idx, path, mine, status, validator, record) "
