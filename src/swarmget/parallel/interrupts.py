@@ -55,12 +55,7 @@ class SigtermLikeInterrupt:
                 signal.signal(signal.SIGTERM, terminate_like_interrupt)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         if self._previous == signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._previous)
 
