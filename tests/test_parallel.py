@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import threading
@@ -19,6 +21,7 @@ from swarmget.parallel.backend import Stopped
 from swarmget.report import Report, Snapshot
 from swarmget.sinks.base import Assignment
 from swarmget.sources.rows import Row
+from swarmget.streaming import Stream
 from swarmget.testing import ProcessServer, TestServer, expected_body, serve_in_subprocess
 
 
@@ -251,3 +254,51 @@ def test_dealing_levels_the_backlogs() -> None:
 def test_level_shares(backlogs: list[int], rows: int, start: int, shares: list[int]) -> None:
     assert supervisor.level_shares(backlogs, rows, start) == shares
     assert sum(shares) == rows
+
+
+def _pipes() -> int:
+    fds = os.listdir("/proc/self/fd")
+    links = []
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return sum(link.startswith("pipe:") for link in links)
+
+
+def test_runs_with_worker_processes_leave_no_descriptors_for_the_collector(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Each multiprocessing Process object (in a reference cycle) kept its
+    # sentinel pipe open until the collector ran: with gc off, +4 a run.
+    urls = [server.file_url(f"gc{i}.bin", size=100) for i in range(10)]
+    gc.collect()
+    gc.disable()
+    try:
+        before = _pipes()
+        for run in range(3):
+            assert swarmget.download(urls, tmp_path / f"o{run}", workers=2).ok == 10
+            with swarmget.stream(urls, workers=2) as items:
+                assert sum(item.ok for item in items) == 10
+        after = _pipes()
+    finally:
+        gc.enable()
+    assert after == before
+
+
+def test_a_stream_outlives_the_thread_that_started_it(server: ProcessServer) -> None:
+    # Linux ties the parent-death signal to the thread that forked the workers:
+    # when that thread ended, they were stopped and the rows failed as crashed.
+    urls = [server.file_url(f"th{i}.bin", size=100, latency=0.05) for i in range(40)]
+    started: list[Stream] = []
+
+    def start() -> None:
+        stream = swarmget.stream(urls, workers=2, concurrency=4)
+        stream.__enter__()
+        started.append(stream)
+
+    thread = threading.Thread(target=start)
+    thread.start()
+    thread.join()
+    with started[0] as items:
+        got = [(item.index, item.ok, item.error) for item in items]
+    assert len(got) == 40 and all(ok for _, ok, _ in got), [g for g in got if not g[1]]

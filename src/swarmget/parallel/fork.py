@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
@@ -92,6 +93,7 @@ class ForkBackend:
                 worker,
                 self._make_sink,
                 self._options,
+                threading.current_thread() is threading.main_thread(),
             ),
             daemon=True,
         )
@@ -100,6 +102,8 @@ class ForkBackend:
         old = self._slots[worker]
         if old is not None:
             old.conn.close()
+            with contextlib.suppress(ValueError):  # still running: the collector's
+                old.process.close()
         self._slots[worker] = _Slot(process, parent_end)
 
     def send(self, worker: int, rows: list[Assignment]) -> bool:
@@ -221,5 +225,9 @@ class ForkBackend:
                 slot.process.kill()
                 slot.process.join()
             slot.conn.close()
+            # Its own pipes (the sentinel's) close now: the Process object sits in
+            # a reference cycle, and a program that turns the collector off got
+            # four descriptors more with every run.
+            slot.process.close()
         self._wake_read.close()
         self._wake_write.close()

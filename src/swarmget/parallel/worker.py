@@ -121,6 +121,7 @@ def worker_main(
     worker: int,
     make_sink: Callable[[int], Sink],
     options: Options,
+    forked_by_main_thread: bool = True,
 ) -> None:
     global _wake, _sink
     # A forked worker holds copies of the driver's pipe ends (its own and its
@@ -137,7 +138,7 @@ def worker_main(
     engine: Engine | None = None
     message: Finished | Stopped
     try:
-        _terminate_with_parent()
+        _terminate_with_parent(forked_by_main_thread)
         engine = Engine(
             make_sink(worker), options, events, warn_to=io.StringIO()
         )  # the driver warns
@@ -234,14 +235,18 @@ def _stop_dropping_parts(signum: int, frame: FrameType | None) -> None:
     _stop(signum, frame)
 
 
-def _terminate_with_parent() -> None:
+def _terminate_with_parent(forked_by_main_thread: bool) -> None:
     """Ask Linux for SIGTERM when the driver dies (even by SIGKILL, even mid-transfer).
 
     The pipe's EOF tells us too, but only when the loop looks at it; a worker
     that outlived its driver would race the user's next run in the same dir.
+    Linux ties the request to the thread that forked us, not to the process:
+    forked by another thread (a stream started in a thread that then ended),
+    the signal came when that thread ended, the driver alive, and the stream's
+    rows failed as crashed.  Then the pipe's EOF alone tells us.
     """
-    ask = parent_death_signal()
-    if ask is not None:  # not Linux: the pipe's EOF still stops us
+    ask = parent_death_signal() if forked_by_main_thread else None
+    if ask is not None:  # not Linux, or not the main thread: the pipe's EOF stops us
         ask()
     parent = multiprocessing.parent_process()
     if parent is not None and os.getppid() != parent.pid:  # it died before we asked
