@@ -190,7 +190,7 @@ class OutputDir:
         level (a path 2,000 levels deep raised ``RecursionError``)."""
         missing: list[str] = []
         existing = parent
-        while existing != self.root and not os.path.isdir(existing):  # follows links
+        while existing != self.root and existing and not os.path.isdir(existing):  # follows links
             missing.append(existing)
             existing = existing.rpartition("/")[0]
         self._check_inside(existing)
