@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import swarmget
-from swarmget.engine.urls import UrlSplitter, split_url
+from swarmget.engine.urls import UrlSplitter, ipv4_normalize, split_url
 from swarmget.errors import TransferError
 from swarmget.testing import TestServer
 
@@ -153,3 +153,37 @@ def test_port_zero_is_a_bad_url_not_the_default_port(url: str) -> None:
     with pytest.raises(TransferError) as caught:
         split_url(url)
     assert caught.value.code == "bad_url" and "port 0" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("host", "address"),
+    [
+        ("127.1", "127.0.0.1"),
+        ("0x7f.0.0.1", "127.0.0.1"),
+        ("0177.0.0.1", "127.0.0.1"),  # octal, as curl: the resolver read 177.0.0.1
+        ("2130706433", "127.0.0.1"),
+        ("0x7F000001", "127.0.0.1"),
+        ("010.0.0.1", "8.0.0.1"),
+        ("1.65535", "1.0.255.255"),
+        ("256.0.0.1", None),  # not an address: a name, as curl has it
+        ("08.0.0.1", None),
+        ("1.2.3.4.5", None),
+        ("127.0.0.1.", None),
+        ("4294967296", None),
+    ],
+)
+def test_numeric_hosts_are_read_as_curl_reads_them(host: str, address: str | None) -> None:
+    assert ipv4_normalize(host) == address
+    if address is not None:
+        location = split_url(f"http://{host}:81/x")
+        assert location.origin == ("http", address, 81)
+        assert location.host_header == f"{address}:81"
+
+
+def test_a_numeric_host_never_reaches_the_resolver(
+    server: TestServer, tmp_path: Path, nxdomain_dns: str
+) -> None:
+    # "127.1" went to DNS (here: NXDOMAIN) and failed as `dns`.
+    url = server.file_url("n.bin", size=10).replace("127.0.0.1", "127.1")
+    report = swarmget.download([url], tmp_path, workers=1, retries=0, dns_servers=[nxdomain_dns])
+    assert report.ok == 1, report.error_counts()

@@ -167,7 +167,41 @@ def wire_host(host: str, url: str) -> str:
             ErrorCode.BAD_URL,
             f"host {host!r} holds {bad.group()!r}, which no host name can: {redact(url)!r}",
         )
-    return host
+    return ipv4_normalize(host) or host
+
+
+_IPV4_PART = re.compile(r"0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*")
+
+
+def ipv4_normalize(host: str) -> str | None:
+    """``host`` as a dotted-quad IPv4 address if it is one in any of the forms
+    curl reads (``127.1``, ``0x7f.0.0.1``, ``0177.0.0.1``, ``2130706433``: one to
+    four parts, each decimal, octal with a leading 0 or hex with 0x, the last
+    filling the bytes left), else None: a name.
+
+    The resolver read these otherwise (c-ares takes ``0177`` as decimal 177): the
+    same URL reached another machine than with curl, and ``127.1`` went to DNS.
+    """
+    parts = host.split(".")
+    if len(parts) > 4:
+        return None
+    values: list[int] = []
+    for part in parts:
+        if not _IPV4_PART.fullmatch(part):
+            return None
+        if part[:2] in ("0x", "0X"):
+            values.append(int(part[2:], 16))
+        elif len(part) > 1 and part[0] == "0":
+            values.append(int(part, 8))
+        else:
+            values.append(int(part))
+    *leading, last = values
+    if any(value > 0xFF for value in leading) or last >= 1 << (8 * (4 - len(leading))):
+        return None  # curl: then it is a name
+    address = last
+    for place, value in enumerate(leading):
+        address |= value << (8 * (3 - place))
+    return str(ipaddress.IPv4Address(address))
 
 
 def redact(url: str) -> str:
