@@ -417,12 +417,10 @@ def check_output(dest: str) -> None:
         raise UsageError("-o '': the output directory is an empty string")
     try:
         os.makedirs(dest, exist_ok=True)  # now: a path no directory can be made at is a usage error
-    except FileExistsError:
-        pass  # a file there: said below
+    except FileExistsError:  # with exist_ok: something other than a directory is there
+        raise UsageError(f"-o {dest!r} exists and is not a directory") from None
     except OSError as exc:
         raise UsageError(f"-o {dest!r}: cannot create the directory: {exc.strerror}") from None
-    if os.path.exists(dest) and not os.path.isdir(dest):
-        raise UsageError(f"-o {dest!r} exists and is not a directory")
 
 
 def run_engine(

@@ -28,6 +28,7 @@ from swarmget.cli import (
     EXIT_OK,
     ArgumentParser,
     add_output_flags,
+    check_output,
     download_with_display,
     parse_size,
 )
@@ -171,9 +172,8 @@ def _check_empty(dest: str) -> None:
     into a directory with files in it, it would replace the user's (it ran with
     --overwrite) or, run again, name its files around the last run's
     (``000000-1.bin``) and check the old ones."""
-    if not dest:
-        raise UsageError("-o '': the output directory is an empty string")
-    if os.path.exists(dest) and (not os.path.isdir(dest) or os.listdir(dest)):
+    check_output(dest)  # named, and a directory (made if it was not there)
+    if os.listdir(dest):
         raise UsageError(f"-o {dest!r}: the demo needs an empty or new directory")
 
 

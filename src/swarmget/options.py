@@ -78,15 +78,12 @@ class Options:
         for flag, number in (
             ("--timeout", self.timeout),
             ("--deadline", self.deadline),
-            ("--min-speed", self.min_speed),
             ("min_speed_window", self.min_speed_window),
-            ("--max-size", self.max_size),
         ):
             # NaN passes every "< 0" test and then compares false with everything:
-            # a NaN timeout never fired, a NaN --max-size refused every file.
+            # a NaN timeout never fired.  (Counts and sizes are whole numbers by
+            # now, see _whole: a NaN --max-size refused every file.)
             given: object = number  # as the caller passed it: not narrowed by the types
-            if given is None:
-                continue
             if isinstance(given, bool) or not isinstance(given, numbers.Real):
                 raise UsageError(f"{flag} must be a number, not {given!r}")
             if not math.isfinite(given):

@@ -79,13 +79,13 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         self.shuffle = shuffle
         self.seed = seed
         self._options = stream_options
-        self._shared: Any = multiprocessing.Value("q", 0)  # the epoch (see the docstring)
+        self._epoch: Any = multiprocessing.Value("q", 0)  # shared memory (see the docstring)
         self._failures: Any = multiprocessing.Value("q", 0)
         self._warned = 0  # failures reported through warnings by this process
 
     @property
     def epoch(self) -> int:
-        return int(self._shared.value)
+        return int(self._epoch.value)
 
     @property
     def failed(self) -> int:
@@ -94,14 +94,14 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` (with ``shuffle=True``) from the next iteration on."""
-        self._shared.value = epoch
+        self._epoch.value = epoch
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         if get_spawning_popen() is None:
             # Pickled for anything but a new process (copy.deepcopy, pickle.dumps):
             # shared memory cannot go there; a copy of its values can.
-            state["_shared"] = _Number(self.epoch)
+            state["_epoch"] = _Number(self.epoch)
             state["_failures"] = _Number(self.failed)
         return state
 

@@ -443,10 +443,7 @@ class Engine(ConnectionOwner):
             assert location is not None
             self._follow(transfer, location, verdict.status)
         elif kind == RESTARTED:
-            self._drop_writer(transfer, keep=False)
-            transfer.start = 0
-            transfer.retry = transfer.retry.forgiven(RESTART)
-            self.loop.call_soon(self._submit, transfer, True)
+            self._restart(transfer)
         else:
             self._transfer_failed(pool, transfer, verdict)
 
@@ -489,6 +486,11 @@ class Engine(ConnectionOwner):
             self._keep_or_drop_part(transfer)
             self._failed(transfer, error, 206)
             return
+        self._restart(transfer)
+
+    def _restart(self, transfer: Transfer) -> None:
+        """Again from byte zero, without a Range; not the server's failure, so not
+        counted as an attempt."""
         self._drop_writer(transfer, keep=False)
         transfer.start = 0
         transfer.retry = transfer.retry.forgiven(RESTART)

@@ -288,33 +288,21 @@ class Supervisor:
         """Up to ``count`` rows.  From a slow producer (BackgroundRows) only what
         has arrived, waiting (``wait``) only for the first row of the run."""
         source = self._rows
-        if isinstance(source, BackgroundRows):
-            try:
+        rows: list[Row] = []
+        try:
+            if isinstance(source, BackgroundRows):
                 rows = source.take(count, wait=wait)
-            except StopIteration:
-                rows = []
-                self._input_done = True
-            except Exception as exc:
-                rows = []
-                self._input_error = exc
-                self._input_done = True
-            self._seen += len(rows)
-            return rows
-        rows = []
-        while len(rows) < count:
-            try:
-                row = next(source)
-            except StopIteration:
-                self._input_done = True
-                break
-            except Exception as exc:
-                # Bad input mid-stream (ours: a UsageError naming the line; or
-                # whatever the caller's iterable raised): finish what is in
-                # flight, then raise it, as the iterable itself would have.
-                self._input_error = exc
-                self._input_done = True
-                break
-            rows.append(row)
+            else:
+                while len(rows) < count:
+                    rows.append(next(source))
+        except StopIteration:
+            self._input_done = True
+        except Exception as exc:
+            # Bad input mid-stream (ours: a UsageError naming the line; or
+            # whatever the caller's iterable raised): finish what is in
+            # flight, then raise it, as the iterable itself would have.
+            self._input_error = exc
+            self._input_done = True
         self._seen += len(rows)
         return rows
 

@@ -197,9 +197,8 @@ class OutputDir:
         for directory in reversed(missing):
             try:
                 os.mkdir(directory)
-            except FileExistsError:
+            except FileExistsError as exc:
                 if not os.path.isdir(directory):  # a file where a directory must go
-                    exc = OSError(errno.EEXIST, os.strerror(errno.EEXIST))
                     raise io_error("create directory", directory, exc) from None
             except OSError as exc:
                 raise io_error("create directory", directory, exc) from None
