@@ -195,6 +195,19 @@ class Journal:
                     found[key] = Previous(run, path, bool(mine), status, size, validator)
         return found
 
+    def digests(self, keys: list[int]) -> dict[int, tuple[str | None, str | None]]:
+        """The sha256 and md5 recorded for each of ``keys`` (a row done without one:
+        None for it; a key with no record: absent)."""
+        found: dict[int, tuple[str | None, str | None]] = {}
+        for chunk in _chunks(keys, 500):
+            marks = ",".join("?" * len(chunk))
+            query = f"SELECT key, record FROM rows WHERE key IN ({marks}) AND record IS NOT NULL"
+            with self._guard("read"):
+                for key, text in self._db.execute(query, chunk):
+                    record = json.loads(text)
+                    found[key] = (record.get("sha256"), record.get("md5"))
+        return found
+
     def taken(self, paths: list[str]) -> set[str]:
         """Which of ``paths`` some row has claimed (in this run or an earlier one)."""
         taken: set[str] = set()

@@ -224,8 +224,13 @@ class FilePlanner:
         candidates = self._prefetch_names(rows, previous, keys)
         plans: list[PlanEntry] = []
         skips: list[tuple[int, int]] = []
+        digests = self._recorded_digests(rows, keys, previous)
         for row, key, candidate in zip(rows, keys, candidates, strict=True):
-            self._plan_row(row, key, previous.get(key), candidate, batch, plans, skips)
+            known = previous.get(key)
+            if known is not None and not self._checks_hold(row, known, digests.get(key)):
+                self._unpublish(known)
+                known = dataclasses.replace(known, status=FAILED)
+            self._plan_row(row, key, known, candidate, batch, plans, skips)
         journal = self.journal
         journal.log_plans(plans)  # the claim, before any of these rows goes out
         for plan in plans:
@@ -350,6 +355,46 @@ class FilePlanner:
         error = leader.error or ErrorCode.CANCELLED
         message = f"{note}, which failed: {leader.message}"
         return _failed_follower(follower, error, message, leader.http_status)
+
+    def _recorded_digests(
+        self, rows: list[Row], keys: list[int], previous: dict[int, Previous]
+    ) -> dict[int, tuple[str | None, str | None]]:
+        """The digests recorded for the rows done before that come with a sha256 or
+        md5 of their own now (one query for the batch; most batches: none)."""
+        wanted = [
+            key
+            for row, key in zip(rows, keys, strict=True)
+            if (row.sha256 is not None or row.md5 is not None)
+            and key in previous
+            and previous[key].status == OK
+        ]
+        return self.journal.digests(wanted) if wanted else {}
+
+    @staticmethod
+    def _checks_hold(
+        row: Row, previous: Previous, digests: tuple[str | None, str | None] | None
+    ) -> bool:
+        """Did the file done before pass the checks this row comes with now?  A
+        list that gained (or changed) a size, sha256 or md5 column since must not
+        skip a file those were never checked against: the row is done again, and
+        its download verified."""
+        if previous.status != OK:
+            return True  # not done: nothing to skip
+        if row.size is not None and row.size != previous.bytes:
+            return False
+        if row.sha256 is None and row.md5 is None:
+            return True
+        sha256, md5 = digests if digests is not None else (None, None)
+        if row.sha256 is not None and row.sha256.lower() != sha256:
+            return False
+        return row.md5 is None or row.md5.lower() == md5
+
+    def _unpublish(self, previous: Previous) -> None:
+        """A file done before that this row's checks do not vouch for is not left in
+        place: whatever its redo gives, the file is verified or absent."""
+        if previous.mine and previous.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(f"{self.root}/{previous.path}")
 
     def _done(self, previous: Previous) -> bool:
         """Was the row finished by an earlier run, and is its file still whole?"""
