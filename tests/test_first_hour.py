@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -82,6 +83,20 @@ def test_dedupe_fetches_each_url_once_and_links_the_rest(
     again = swarmget.download(urls, tmp_path, workers=workers, dedupe=True)
     assert (again.ok, again.skipped) == (0, 5)
     assert len(server.requests) == seen
+
+
+def test_dedupe_copies_record_what_their_file_was_checked_and_fetched_as(
+    server: TestServer, tmp_path: Path
+) -> None:
+    """A copy's record has the digests --hash recorded and where redirects led,
+    as the row that fetched the file has: every record of a file says the same."""
+    url = server.file_url("dh.bin", size=4000, redirect=2)
+    report = swarmget.download([url, url], tmp_path, workers=1, dedupe=True, hash="sha256")
+    assert report.ok == 2
+    first, copy = records(tmp_path)
+    assert first["sha256"] == hashlib.sha256(expected_body("dh.bin", 4000)).hexdigest()
+    assert first["final_url"] != url
+    assert (copy["sha256"], copy["final_url"]) == (first["sha256"], first["final_url"])
 
 
 def test_dedupe_passes_a_failure_on_to_every_copy(server: TestServer, tmp_path: Path) -> None:

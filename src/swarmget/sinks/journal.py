@@ -103,6 +103,8 @@ class Outcome:
     bytes: int
     error: str | None
     message: str | None
+    digests: dict[str, str] | None = None  # what --hash recorded
+    final_url: str | None = None
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -237,9 +239,10 @@ class Journal:
             return None
         index, path, status, size, text = row
         record = json.loads(text) if text else {}
+        digests = {name: record[name] for name in ("sha256", "md5") if name in record}
         return Outcome(
             index, path, status, record.get("http_status"), size, record.get("error"),
-            record.get("message"),
+            record.get("message"), digests or None, record.get("final_url"),
         )  # fmt: skip
 
     # -- --dedupe ----------------------------------------------------------------------

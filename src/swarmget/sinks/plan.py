@@ -349,6 +349,8 @@ class FilePlanner:
                 0,
                 0,
                 f"{note} ({leader.path}): linked",
+                leader.digests,
+                leader.final_url,
                 index=follower.index,
                 key=follower.key,
             )
@@ -630,6 +632,8 @@ def _outcome_of(result: FileResult) -> Outcome:
         result.bytes,
         result.error,
         result.message,
+        result.digests,
+        result.final_url,
     )
 
 
