@@ -9,11 +9,13 @@ which trustme cannot make (its leaves always have an issuing CA).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -324,6 +326,100 @@ def test_bad_certificates_fail_with_tls_verify(
     assert_nothing_left(out_dir, "a.bin")
 
 
+@pytest.mark.parametrize("pinned", ["intermediate", "leaf"])
+def test_a_cacert_may_be_an_intermediate_or_the_servers_own_certificate(
+    tmp_path: Path, out_dir: Path, pinned: str
+) -> None:
+    """The chain may end at whatever certificate the user trusts, as curl lets it."""
+    root = trustme.CA()
+    intermediate = root.create_child_ca()
+    leaf = intermediate.issue_cert("127.0.0.1")
+    trusted = tmp_path / f"{pinned}.pem"
+    if pinned == "intermediate":
+        intermediate.cert_pem.write_to_path(str(trusted))
+    else:
+        leaf.cert_chain_pems[0].write_to_path(str(trusted))
+    with TLSServer(server_context(leaf), serve_keep_alive) as server:
+        report = swarmget.download([server.url("a.bin")], out_dir, cacert=str(trusted), retries=0)
+        other = swarmget.download(  # trusting the root of another chain still verifies
+            [server.url("b.bin")], out_dir, cacert=str(trusted_root(tmp_path)), retries=0
+        )
+    assert (report.ok, report.failed) == (1, 0), report.failures
+    assert (out_dir / "a.bin").read_bytes() == BODY
+    assert [f.error for f in other.failures] == ["tls_verify"]
+
+
+def trusted_root(directory: Path) -> Path:
+    path = directory / "unrelated-root.pem"
+    trustme.CA().cert_pem.write_to_path(str(path))
+    return path
+
+
+def test_a_fully_qualified_host_name_is_checked_and_sent_without_its_dot(
+    certs: Certs, tmp_path: Path, out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 plain.test plain.test.\n")  # c-ares reads it literally
+    monkeypatch.setenv("CARES_HOSTS", str(hosts))
+    names: list[str | None] = []
+    context = server_context(certs.ca.issue_cert("plain.test"))
+    context.sni_callback = lambda sock, name, ctx: names.append(name)  # type: ignore[func-returns-value]
+    with TLSServer(context, serve_keep_alive) as server:
+        url = f"https://plain.test.:{server.port}/a.bin"
+        report = swarmget.download([url], out_dir, cacert=str(certs.ca_pem), retries=0)
+    assert (report.ok, report.failed) == (1, 0), report.failures
+    assert names == ["plain.test"]
+
+
+def test_a_slow_link_is_not_silence_while_a_record_is_still_coming(
+    certs: Certs, out_dir: Path
+) -> None:
+    """Bytes of a record not yet whole are activity: a 16 KiB record over a
+    ~10 KB/s link takes more than --timeout to complete, and it is no stall."""
+    with (
+        TLSServer(certs.contexts["good"], serve_keep_alive) as server,
+        Throttle(server.port, piece=200, interval=0.02) as throttle,
+    ):
+        url = f"https://127.0.0.1:{throttle.port}/slow.bin"
+        report = swarmget.download(
+            [url], out_dir, cacert=str(certs.ca_pem), retries=0, timeout=0.5, min_speed=0
+        )
+    assert (report.ok, report.failed) == (1, 0), report.failures
+    assert (out_dir / "slow.bin").read_bytes() == BODY
+
+
+class Throttle:
+    """A TCP relay to ``port`` that passes the server's bytes on ``piece`` at a time."""
+
+    def __init__(self, port: int, *, piece: int, interval: float) -> None:
+        self._target, self._piece, self._interval = port, piece, interval
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+
+    def __enter__(self) -> Throttle:
+        threading.Thread(target=self._relay, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._listener.close()
+
+    def _relay(self) -> None:
+        with contextlib.suppress(OSError):
+            client, _ = self._listener.accept()
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            threading.Thread(target=self._pass_up, args=(client, upstream), daemon=True).start()
+            with client, upstream:
+                while data := upstream.recv(self._piece):
+                    client.sendall(data)
+                    time.sleep(self._interval)
+
+    @staticmethod
+    def _pass_up(client: socket.socket, upstream: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                upstream.sendall(data)
+
+
 @pytest.mark.parametrize("kind", ["expired", "self_signed", "wrong_host", "unknown_ca"])
 def test_insecure_accepts_any_certificate_and_warns_once(
     certs: Certs, out_dir: Path, kind: str, capsys: pytest.CaptureFixture[str]
@@ -432,6 +528,33 @@ def test_a_server_that_hangs_up_during_the_handshake_is_a_tls_error(out_dir: Pat
     (failure,) = report.failures
     assert failure.error == "tls"
     assert failure.message is not None and "closed" in failure.message
+
+
+def test_a_server_that_resets_the_handshake_is_a_tls_error(out_dir: Path) -> None:
+    """A reset where a close is ``tls`` is ``tls`` too (curl: exit 35), not a
+    connection closed before the response, retried as if the server were busy."""
+    accepted = 0
+
+    def reset() -> None:
+        nonlocal accepted
+        listener.settimeout(2)
+        with contextlib.suppress(OSError):
+            while True:
+                raw, _ = listener.accept()
+                accepted += 1
+                raw.recv(4096)  # the ClientHello
+                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                raw.close()  # RST
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=reset, daemon=True)
+        thread.start()
+        port = listener.getsockname()[1]
+        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=2)
+    (failure,) = report.failures
+    assert failure.error == "tls", failure.message
+    assert failure.message is not None and "handshake" in failure.message
+    assert accepted == 1
 
 
 def test_a_silent_handshake_times_out(out_dir: Path) -> None:

@@ -11,7 +11,7 @@ stage                  failure                                      code
 any                    TransferError (parser, verdict, sink)       its own
 CONNECT / TUNNEL       OSError                                     ``connect``
 HANDSHAKE              certificate refused                         ``tls_verify``
-HANDSHAKE              other SSLError                              ``tls``
+HANDSHAKE              other SSLError, or OSError (a reset)        ``tls``
 EXCHANGE               reset/EOF after the response began          ``truncated``
 EXCHANGE               reset/EOF before it                         ``connect``
                                                                    (not counted by
@@ -68,12 +68,12 @@ def classify(
     if isinstance(exc, ssl.SSLError):
         return _tls_failure(exc, stage, host=host, started=started, received=received)
     if isinstance(exc, OSError):
-        return _os_failure(exc, stage, started=started, reused=reused, via=via)
+        return _os_failure(exc, stage, host=host, started=started, reused=reused, via=via)
     return ProtocolError(f"unexpected {type(exc).__name__} while reading the reply: {exc}")
 
 
 def _os_failure(
-    exc: OSError, stage: int, *, started: bool, reused: bool, via: str
+    exc: OSError, stage: int, *, host: str, started: bool, reused: bool, via: str
 ) -> TransferError:
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if stage == CONNECT:
@@ -81,6 +81,11 @@ def _os_failure(
         return TransferError(ErrorCode.CONNECT, f"connect{where} failed: {reason}")
     if stage == TUNNEL:
         return TransferError(ErrorCode.CONNECT, f"connection to proxy {via} failed: {reason}")
+    if stage == HANDSHAKE:
+        # A reset in the middle of the handshake is the handshake failing, as a
+        # close there is (curl: exit 35), whatever layer noticed it first.
+        where = f" (through proxy {via})" if via else ""
+        return TransferError(ErrorCode.TLS, f"TLS handshake with {host}{where} failed: {reason}")
     if started:
         return TransferError(ErrorCode.TRUNCATED, f"connection lost mid-response: {reason}")
     if exc.errno in _STALE_ERRNOS:
@@ -109,5 +114,5 @@ def _tls_failure(
 def connect_failure(err: int, via: str = "") -> TransferError:
     """``connect``: a TCP connect failed with errno ``err``."""
     return _os_failure(
-        OSError(err, os.strerror(err)), CONNECT, started=False, reused=False, via=via
+        OSError(err, os.strerror(err)), CONNECT, host="", started=False, reused=False, via=via
     )

@@ -157,6 +157,9 @@ class HTTPSConnection(HTTPConnection):
         read = self._read
         size = len(buffer)
         room = size - _MAX_RECORD
+        # Bytes came: that is activity, even when they are only part of a record
+        # (a 16 KiB record over a slow link takes many events to decrypt).
+        self.last_activity = owner.loop.now
         for _ in range(MAX_READS_PER_EVENT):  # then the other connections' turn
             # Decrypt records side by side into the buffer, then parse and write
             # them in one go (see the module docstring for when reading stops).
@@ -180,11 +183,7 @@ class HTTPSConnection(HTTPConnection):
                     break  # the response is all in, or most likely the server's burst is
                 last = n
             try:
-                if filled:
-                    self.last_activity = owner.loop.now
-                    done = parser.feed(buffer[:filled])
-                else:
-                    done = False
+                done = parser.feed(buffer[:filled]) if filled else False
                 if not done and eof:
                     done = parser.feed_eof()
             except Exception as exc:

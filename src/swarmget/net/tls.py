@@ -89,6 +89,11 @@ def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.
     if insecure:
         context.check_hostname = False  # must come before verify_mode = CERT_NONE
         context.verify_mode = ssl.CERT_NONE
+    else:
+        # A trusted certificate may be an intermediate or the server's own (a
+        # pinned leaf given with --cacert): the chain ends there, as curl and
+        # Python 3.13's default context let it.
+        context.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(ALPN_PROTOCOLS)
     # A ragged EOF must stay an error: it is how we tell a cut body from a whole one.
@@ -170,6 +175,11 @@ class ClientTLS:
         not fit.
         """
         host = bare_host(host)  # an IPv6 zone id names our interface, not the server's address
+        if host.endswith(".") and len(host) > 1:
+            # A fully qualified name: the certificate names the host without the
+            # root's dot, and SNI must not carry one (RFC 6066 section 3); curl
+            # strips it for both.
+            host = host[:-1]
         context = self.context
         construct = None if self.public_api else getattr(context, "_wrap_socket", None)
         if construct is not None:
@@ -216,7 +226,7 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
         return TransferError(
             ErrorCode.TLS_VERIFY, f"certificate verification failed for {host}: {detail}"
         )
-    where = "TLS handshake with" if handshake else "TLS error from"
+    where = "TLS handshake with" if handshake else "TLS connection to"
     if isinstance(exc, ssl.SSLEOFError):
         return TransferError(ErrorCode.TLS, f"{where} {host}: connection closed by the server")
     return TransferError(ErrorCode.TLS, f"{where} {host} failed: {describe(exc)}")
