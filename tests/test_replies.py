@@ -130,6 +130,16 @@ REPLIES = [
     Reply("rtsp", head(CL, status=b"RTSP/1.0 200 OK") + BODY, PROTOCOL),
     Reply("ice", head(CL, status=b"ICE/1.0 200 OK") + BODY, PROTOCOL),
     Reply("http09-status-line", head(CL, status=b"HTTP/0.9 200 OK") + BODY, PROTOCOL),
+    # Not HTTP at all (an SSH banner, an HTTP/0.9 body): refused as such at
+    # once, not a head cut short (`truncated`, retried).
+    Reply("ssh-banner", b"SSH-2.0-OpenSSH_9.2p1\r\n", PROTOCOL, close=True),
+    Reply("http09-body", b"<html>hello</html>\n", PROTOCOL, close=True),
+    # Two Location fields that disagree are refused whatever their spelling.
+    Reply(
+        "locations-in-two-spellings",
+        head(b"Location: /one", b"LocatioN: /two", CL, status=b"HTTP/1.1 200 OK") + BODY,
+        PROTOCOL,
+    ),
     # -- transfer codings other than chunked: undone, or the row fails --------
     Reply("gzip-chunked", coded(b"gzip, chunked", chunked(GZ, 7)), BODY),
     Reply("x-gzip-chunked", coded(b"x-gzip, chunked", chunked(GZ)), BODY),
@@ -144,6 +154,18 @@ REPLIES = [
     Reply("gzip-twice", coded(b"gzip, gzip, chunked", chunked(gzip.compress(GZ))), BODY),
     Reply("identity-and-length", coded(b"identity", BODY, CL), BODY),
     Reply("unknown-coding", coded(b"br, chunked", chunked(BODY)), PROTOCOL),
+    # Two fields whose names differ in case only are two fields all the same:
+    # the gzip was skipped, and the still-gzipped bytes saved as ok.
+    Reply(
+        "codings-in-two-spellings",
+        head(b"TRANSFER-ENCODING: gzip", b"Transfer-Encoding: chunked") + chunked(GZ),
+        BODY,
+    ),
+    Reply(
+        "unknown-coding-in-another-spelling",
+        head(b"transfer-encoding: br", b"Transfer-Encoding: chunked") + chunked(BODY),
+        PROTOCOL,
+    ),
     Reply("chunked-not-last", coded(b"chunked, gzip", chunked(GZ)), PROTOCOL),
     Reply("too-many-codings", coded(b"gzip, " * 5 + b"chunked", b"0\r\n\r\n"), PROTOCOL),
     Reply("bad-gzip", coded(b"gzip, chunked", chunked(b"not gzip at all")), PROTOCOL),
@@ -392,6 +414,33 @@ def test_a_zip_bomb_fails_with_too_large_end_to_end(out_dir: Path) -> None:
         report = swarmget.download([srv.url("/bomb")], out_dir, retries=0, max_size=1 << 20)
     assert report.failures[0].error == ErrorCode.TOO_LARGE
     assert not (out_dir / "bomb").exists()
+
+
+def test_a_206_to_a_plain_get_is_saved_only_when_it_is_the_whole_file(out_dir: Path) -> None:
+    """A server that answers every GET with 206: a Content-Range that covers the
+    whole entity is the file (curl saves it); any other part is refused."""
+    ranges = {
+        "whole": (b"bytes 0-12/13", BODY),
+        "part": (b"bytes 0-4/13", BODY[:5]),
+        "unknown-length": (b"bytes 0-12/*", BODY),
+        "not-from-0": (b"bytes 2-12/13", BODY[2:]),
+    }
+    with TestServer() as srv:
+        for name, (content_range, body) in ranges.items():
+            raw = head(
+                b"Content-Range: " + content_range,
+                b"Content-Length: %d" % len(body),
+                status=b"HTTP/1.1 206 Partial Content",
+            )
+            srv.route(f"/{name}", replay(raw + body, close=False))
+        report = swarmget.download([srv.url(f"/{name}") for name in ranges], out_dir, retries=0)
+    assert (out_dir / "whole").read_bytes() == BODY
+    assert sorted(f.url.rsplit("/", 1)[1] for f in report.failures) == [
+        "not-from-0",
+        "part",
+        "unknown-length",
+    ]
+    assert {f.error for f in report.failures} == {ErrorCode.PROTOCOL}
 
 
 @pytest.mark.parametrize(("name", "connections"), [("crlf", 1), ("chunked-and-length", 2)])

@@ -132,10 +132,12 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
 
 
 def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> Verdict:
-    if not transfer.ranged:
+    content_range = head.get(b"content-range")
+    if not transfer.ranged and not _whole_entity(content_range):
+        # A part of the file nobody asked for.  One that says it is all of it
+        # (``bytes 0-4/5``) is the file, as curl saves it.
         error = TransferError(ErrorCode.PROTOCOL, "206 Partial Content to a plain GET")
         return Verdict(FAIL, 206, error=error)
-    content_range = head.get(b"content-range")
     if not content_range_ok(content_range, transfer.start, transfer.end):
         error = TransferError(
             ErrorCode.PROTOCOL,
@@ -158,6 +160,14 @@ def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> 
     if too_large is not None:
         return Verdict(FAIL, 206, error=too_large)
     return Verdict(ACCEPT, 206, start=transfer.start, end=end)
+
+
+def _whole_entity(content_range: bytes | None) -> bool:
+    """Does ``Content-Range`` say the body is the whole entity, from byte 0 to its
+    stated (not ``*``) length?"""
+    return content_range_ok(content_range, 0) and not (content_range or b"").rstrip().endswith(
+        b"/*"
+    )
 
 
 def _changed(validator: str | None, head: ResponseHead) -> TransferError | None:

@@ -116,7 +116,7 @@ def _check_locations(block: bytes | bytearray) -> None:
     response, whatever its status, and so do we: following either target, or
     saving a body the server framed so oddly, could be the wrong file.  The same
     value repeated is one value.  Called only when a cheap count of the raw head
-    finds the name more than once (in its usual spellings).
+    finds the name more than once.
     """
     values = set()
     for line in bytes(block).split(b"\n")[1:]:
@@ -126,6 +126,20 @@ def _check_locations(block: bytes | bytearray) -> None:
     if len(values) > 1:
         shown = b", ".join(sorted(values)).decode("latin-1")[:120]
         raise ProtocolError(f"conflicting Location headers: {shown}")
+
+
+def _check_status_start(pending: bytes | bytearray) -> None:
+    """Refuse a reply whose first bytes cannot begin an HTTP/1.x status line (an
+    SSH banner, an HTTP/0.9 body, another protocol): waiting for its head to end,
+    or retrying it as cut short, cannot turn it into one (curl: "Received
+    HTTP/0.9 when not allowed")."""
+    start = bytes(pending[:16]).lstrip(b"\r\n")[:5]
+    if start and not _STATUS_START.startswith(start):
+        line = bytes(pending).lstrip(b"\r\n").split(b"\n", 1)[0][:40]
+        raise ProtocolError(f"not an HTTP/1.x reply: {line!r}")
+
+
+_STATUS_START: Final = b"HTTP/"
 
 
 class ConnectionClosed(TransferError):
@@ -233,7 +247,9 @@ def _framing(block: bytes | bytearray, headers: dict[bytes, bytes], repaired: bo
     # Transfer-Encoding overrides Content-Length (RFC 9112 section 6.3), and a
     # reply with both is not one to keep a connection for.
     framing.reusable = content_length is None
-    if transfer_encoding == b"chunked" and block.count(b"ransfer-") == 1:
+    # One field, however its name is spelt (two may differ in case only, and
+    # the dict holds them apart: the last one seen is not the whole story).
+    if transfer_encoding == b"chunked" and block.lower().count(b"transfer-encoding") == 1:
         framing.chunked = True  # the usual case: one field, one coding
         framing.simple = not repaired
         return framing
@@ -320,7 +336,8 @@ class _LlhttpChunks(_ChunkedBody):
         self._parser = httptools.HttpResponseParser(self)
         self._parser.feed_data(_CHUNKED_HEAD)
         self._parser.set_dangerous_leniencies(
-            lenient_optional_cr_before_lf=True, lenient_spaces_after_chunk_size=True
+            lenient_optional_cr_before_lf=True,
+            lenient_spaces_after_chunk_size=True,
         )
 
     def on_message_begin(self) -> None:
@@ -583,6 +600,7 @@ class ResponseParser:
         if state == _HEAD and not self.started:
             raise ConnectionClosed()
         if state == _HEAD:
+            _check_status_start(self._pending)
             raise TransferError(ErrorCode.TRUNCATED, "connection closed inside the response head")
         if state == _LENGTH:
             raise TransferError(
@@ -632,6 +650,7 @@ class ResponseParser:
             if head_len < 0:
                 if len(pending) > MAX_HEADER_BYTES:
                     raise ProtocolError(f"response head is larger than {MAX_HEADER_BYTES} bytes")
+                _check_status_start(pending)
                 return False
             if head_len > MAX_HEADER_BYTES + 4:
                 raise ProtocolError(f"response head is larger than {MAX_HEADER_BYTES} bytes")
@@ -680,7 +699,7 @@ class ResponseParser:
             self._interim(status)
             return None
         headers = fields.headers
-        if block.count(b"ocation:") + block.count(b"OCATION:") > 1:
+        if block.lower().count(b"location:") > 1:  # any spelling of the name
             _check_locations(block)
         content_length = headers.get(b"Content-Length")  # the spelling nearly all use
         if content_length is not None and not repaired:
