@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from swarmget.errors import UsageError
 from swarmget.sources import Row, read_rows
 from swarmget.sources.reader import Format, check_sources, format_from_name, sniff
+from swarmget.sources.rows import strip_url
 
 NOT_SIZE = "'size' must be a whole number of bytes"
 SHA = "ab" * 32
@@ -943,8 +944,8 @@ def text_line(draw: st.DrawFn) -> Line:
     if kind == "comment":
         return Line(b"#" + draw(_BYTES_LINE), skipped=True)
     data = draw(_ONE_LINE).encode() if kind == "text" else draw(_BYTES_LINE)
-    text = data.decode("utf-8", "surrogateescape").strip()
-    if not text or text[0] == "#":
+    text = strip_url(data.decode("utf-8", "surrogateescape"))
+    if not text or text[0] == "#" or text.isspace():
         return Line(data, skipped=True)
     try:
         data.decode("utf-8")

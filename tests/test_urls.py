@@ -31,6 +31,11 @@ def server() -> Iterator[TestServer]:
             ("https", "xn--xample-9ua.test", 8443),
             "xn--xample-9ua.test:8443",
         ),
+        # IDNA2008 with UTS 46 non-transitional mapping, as curl and browsers:
+        # IDNA2003 made these fass.de and xn--mxa0b.gr, other domains.
+        ("http://fa\u00df.de/x", ("http", "xn--fa-hia.de", 80), "xn--fa-hia.de"),
+        ("http://\u03b1\u03c2.gr/x", ("http", "xn--mxa8a.gr", 80), "xn--mxa8a.gr"),
+        ("http://\u2603.net/x", ("http", "xn--n3h.net", 80), "xn--n3h.net"),  # IDNA2003 only
         ("http://EXAMPLE.test/x", ("http", "example.test", 80), "example.test"),
         ("http://a_b.test/x", ("http", "a_b.test", 80), "a_b.test"),  # seen in the wild
         ("http://[::1]:81/x", ("http", "::1", 81), "[::1]:81"),
@@ -59,6 +64,8 @@ def test_hosts_take_the_form_dns_tls_and_the_host_header_need(
         "http://" + "\u00e9" * 70 + ".test/x",  # a label too long for IDNA
         "http://[fe80::1%zz!]/x",
         "http://[fe80::1%25]/x",  # an empty zone id
+        "http://[::1]x/",  # urlsplit dropped the x
+        "http://[::1]x:81/",
     ],
 )
 def test_hosts_no_name_can_be_are_bad_urls(url: str) -> None:
@@ -187,3 +194,50 @@ def test_a_numeric_host_never_reaches_the_resolver(
     url = server.file_url("n.bin", size=10).replace("127.0.0.1", "127.1")
     report = swarmget.download([url], tmp_path, workers=1, retries=0, dns_servers=[nxdomain_dns])
     assert report.ok == 1, report.error_counts()
+
+
+@pytest.mark.parametrize(
+    ("url", "target"),
+    [
+        ("http://h/a/b/../c/./d", "/a/c/d"),
+        ("http://h/../c", "/c"),  # nginx answers 400 to /../c
+        ("http://h/a/b/..", "/a/"),
+        ("http://h/a/./", "/a/"),
+        ("http://h/a/..b/.c", "/a/..b/.c"),  # not dot segments
+        ("http://h/a/../b?x=/../y", "/b?x=/../y"),  # the query is not a path
+    ],
+)
+def test_dot_segments_are_removed_as_curl_removes_them(url: str, target: str) -> None:
+    assert split_url(url).target == target
+    splitter = UrlSplitter()
+    splitter.split("http://h/first")  # the origin cached: the fast path too
+    assert splitter.split(url).target == target
+
+
+def test_escaped_credentials_are_sent_as_the_bytes_they_spell() -> None:
+    """``p%E4ss`` is Latin-1 ``päss``: the byte E4 goes, not U+FFFD."""
+    import base64
+
+    location = split_url("http://u:p%E4ss@h/")
+    assert location.authorization == "Basic " + base64.b64encode(b"u:p\xe4ss").decode()
+    location = split_url("http://u:p\u00e4ss@h/")  # unescaped text: its UTF-8
+    assert location.authorization == "Basic " + base64.b64encode(b"u:p\xc3\xa4ss").decode()
+
+
+@pytest.mark.parametrize("space", ["\u00a0", "\u3000", "\u2003"])
+def test_unicode_spaces_at_the_end_of_a_url_are_part_of_it(
+    server: TestServer, tmp_path: Path, space: str
+) -> None:
+    """Only C0 controls and the space are trimmed (WHATWG): a no-break space at the
+    end of a name was trimmed by str.strip(), and another file was saved as ok."""
+    url = server.url(f"/files/end{space}")
+    source = tmp_path / "urls.txt"
+    source.write_text(f"  {url}\r\n", encoding="utf-8")
+    from_text = swarmget.download([], tmp_path / "a", sources=[str(source)], retries=0)
+    from_list = swarmget.download([f"\t{url} "], tmp_path / "b", retries=0)
+    for report in (from_text, from_list):
+        assert report.ok == 1, report.failures
+    quoted = space.encode().hex().upper()
+    wanted = "".join(f"%{quoted[i : i + 2]}" for i in range(0, len(quoted), 2))
+    lines = [r.split(b"\r\n", 1)[0] for r in server.requests[-2:]]
+    assert lines == [f"GET /files/end{wanted} HTTP/1.1".encode()] * 2

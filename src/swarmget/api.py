@@ -25,7 +25,7 @@ from swarmget.report import ProgressListener, Report
 from swarmget.sinks.files import FileSink
 from swarmget.sinks.plan import FilePlanner
 from swarmget.sources.background import BackgroundRows, private_stdin
-from swarmget.sources.rows import Row
+from swarmget.sources.rows import Row, strip_url
 
 # Each connection is a file descriptor, and so is each file being written;
 # the rest is for the loop, the journal, DNS and pipes.
@@ -70,7 +70,7 @@ def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
         if isinstance(item, str):
             # Surrounding whitespace is never part of a URL, and lines read from
             # a file object keep their "\n": the default name became "a.jpg_".
-            yield Row(offset, item.strip())
+            yield Row(offset, strip_url(item))
         elif isinstance(item, Row):
             yield item
         else:
@@ -87,14 +87,14 @@ def _row_of(index: int, item: object) -> Row:
     furl...) are taken by their str(); None, numbers and containers fail the row
     (``bad_row``) with a message naming what they are."""
     if isinstance(item, bytes | bytearray | memoryview):
-        return Row(index, bytes(item).decode("utf-8", "surrogateescape").strip())
+        return Row(index, strip_url(bytes(item).decode("utf-8", "surrogateescape")))
     if isinstance(item, _NOT_URLS):
         text = repr(item)
         shown = text if len(text) <= 200 else text[:197] + "..."
         what = "None" if item is None else f"of type {type(item).__name__}"
         problem = f"input item {index} is {what}, not a URL (a str, bytes or swarmget.Row)"
         return Row(index, shown, problem=problem)
-    return Row(index, str(item).strip())
+    return Row(index, strip_url(str(item)))
 
 
 def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:

@@ -7,6 +7,7 @@ from urllib.parse import urljoin, urlsplit
 from swarmget.engine.job import Job
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.options import Options
+from swarmget.sources.rows import strip_url
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
@@ -51,4 +52,4 @@ def location_text(location: bytes) -> str:
         text = location.decode("utf-8")
     except UnicodeDecodeError:
         text = "".join(chr(b) if b < 0x80 else f"%{b:02X}" for b in location)
-    return text.strip()
+    return strip_url(text)

@@ -16,10 +16,11 @@ import base64
 import ipaddress
 import re
 from typing import Final
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import quote, unquote_to_bytes, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.net.address import bare_host
+from swarmget.sources.rows import strip_url
 
 Origin = tuple[str, str, int]  # (scheme, host, port): the key of a connection pool
 
@@ -74,7 +75,12 @@ class UrlSplitter:
                 target = url[cut:]
                 if "#" in target:
                     target = target.partition("#")[0]
-                if target.isascii() and target.isprintable() and " " not in target:
+                if (
+                    target.isascii()
+                    and target.isprintable()
+                    and " " not in target
+                    and "/." not in target
+                ):
                     return Location(known.origin, target, known.host_header, known.authorization)
         location = split_url(url)
         if cut > 0 and url[:cut].isascii():
@@ -95,7 +101,7 @@ def split_url(url: str) -> Location:
             shown = url.encode("utf-8", "backslashreplace").decode("ascii", "replace")
             raise TransferError(ErrorCode.BAD_URL, f"URL is not valid text: {shown!r}") from None
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(strip_url(url))
         port = parts.port
     except ValueError as exc:
         raise TransferError(ErrorCode.BAD_URL, f"invalid URL {redact(url)!r}: {exc}") from None
@@ -105,6 +111,9 @@ def split_url(url: str) -> Location:
     host = parts.hostname
     if not host:
         raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {redact(url)!r}")
+    if "]" in parts.netloc and parts.netloc.rpartition("]")[2][:1] not in ("", ":"):
+        # ``http://[::1]x/``: urlsplit drops what follows the bracket.
+        raise TransferError(ErrorCode.BAD_URL, f"junk after the IPv6 address: {redact(url)!r}")
     host = wire_host(host, url)
     default = _DEFAULT_PORTS[scheme]
     if port is None:
@@ -112,6 +121,8 @@ def split_url(url: str) -> Location:
     elif port == 0:  # nothing can be reached there; it is not "the default port"
         raise TransferError(ErrorCode.BAD_URL, f"port 0 in URL {redact(url)!r}")
     target = parts.path or "/"
+    if "/." in target:
+        target = remove_dot_segments(target)
     if parts.query:
         target = f"{target}?{parts.query}"
     if not (target.isascii() and target.isprintable()) or " " in target:
@@ -123,11 +134,31 @@ def split_url(url: str) -> Location:
         host_header = f"{host_header}:{port}"
     authorization = None
     if parts.username is not None:
-        user = unquote(parts.username)
-        password = unquote(parts.password or "")
-        token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        # The bytes the escapes spell, whatever their encoding (``p%E4ss`` is
+        # Latin-1): decoded as UTF-8 first, they became U+FFFD and the wrong
+        # credentials.  Unescaped non-ASCII text goes as its UTF-8.
+        user = unquote_to_bytes(parts.username)
+        password = unquote_to_bytes(parts.password or "")
+        token = base64.b64encode(user + b":" + password).decode("ascii")
         authorization = f"Basic {token}"
     return Location((scheme, host, port), target, host_header, authorization)
+
+
+def remove_dot_segments(path: str) -> str:
+    """``path`` without its ``.`` and ``..`` segments (RFC 3986 section 5.2.4), as
+    curl and browsers send it: ``/a/b/../c/./d`` is ``/a/c/d``, and ``/../c`` is
+    ``/c`` (nginx answers 400 to a path that climbs above the root)."""
+    segments = path.split("/")
+    out: list[str] = []
+    for segment in segments[1:]:
+        if segment == "..":
+            if out:
+                out.pop()
+        elif segment != ".":
+            out.append(segment)
+    if segments[-1] in (".", ".."):
+        out.append("")  # ``/a/b/..`` is the directory ``/a/``
+    return "/" + "/".join(out)
 
 
 def wire_host(host: str, url: str) -> str:
@@ -155,7 +186,7 @@ def wire_host(host: str, url: str) -> str:
         return f"{address}%{zone}"
     if not host.isascii():
         try:
-            host = host.encode("idna").decode("ascii")
+            host = idna_host(host)
         except UnicodeError as exc:
             raise TransferError(
                 ErrorCode.BAD_URL,
@@ -168,6 +199,20 @@ def wire_host(host: str, url: str) -> str:
             f"host {host!r} holds {bad.group()!r}, which no host name can: {redact(url)!r}",
         )
     return ipv4_normalize(host) or host
+
+
+def idna_host(host: str) -> str:
+    """An international name in the ASCII form curl and browsers send: IDNA2008
+    with UTS #46 non-transitional mapping (``faß.de`` is ``xn--fa-hia.de``; the
+    standard library's IDNA2003 codec made it ``fass.de``, another domain).  A
+    name IDNA2008 refuses but IDNA2003 takes (symbols, emoji: curl falls back
+    the same way) goes by the codec.  Raises UnicodeError for neither."""
+    import idna  # only for non-ASCII hosts: its tables take a while to import
+
+    try:
+        return idna.encode(host, uts46=True, transitional=False).decode("ascii")
+    except idna.IDNAError:
+        return host.encode("idna").decode("ascii")
 
 
 _IPV4_PART = re.compile(r"0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*")

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from swarmget.sources.rows import Row
+from swarmget.sources.rows import Row, strip_url
 
 COLUMNS = ("url", "path", "sha256", "md5", "size")
 
@@ -46,7 +46,7 @@ def build_row(index: int, fields: Mapping[str, object]) -> Row:
     url = fields.get("url")
     if not isinstance(url, str) and url is not None:
         raise FieldError(f"'url' must be a string, got {_json_type(url)}")
-    url = url.strip() if url else ""
+    url = strip_url(url) if url else ""
     if not url:
         raise FieldError("missing or empty 'url' field")
     if not is_text(url):
@@ -68,7 +68,7 @@ def usable_url(fields: Mapping[str, object]) -> str | None:
     """
     url = fields.get("url")
     if isinstance(url, str):
-        url = url.strip()
+        url = strip_url(url)
         if url and is_text(url):
             return url
     return None

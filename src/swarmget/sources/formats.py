@@ -61,7 +61,7 @@ from swarmget.sources.fields import (
     usable_url,
     why_not_text,
 )
-from swarmget.sources.rows import Row
+from swarmget.sources.rows import Row, strip_url
 
 RAW_LIMIT = 200  # characters of a bad line kept as its row's url
 
@@ -94,8 +94,8 @@ def parse_text(
     lineno = 0
     for line in lines:
         lineno += 1  # noqa: SIM113 -- compiled, a native int; enumerate() boxes one per line
-        url = line.strip()
-        if url and url[0] != "#":
+        url = strip_url(line)
+        if url and url[0] != "#" and not url.isspace():  # a line of other spaces: blank
             if errors.count == byte_errors or is_text(url):
                 yield Row(next(counter), url)
             else:

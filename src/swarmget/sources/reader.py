@@ -81,7 +81,7 @@ from typing import IO, Any, BinaryIO, TextIO, cast
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
 from swarmget.sources.formats import BYTE_ERRORS, parse_delimited, parse_jsonl, parse_text
-from swarmget.sources.rows import Row
+from swarmget.sources.rows import Row, strip_url
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"
@@ -148,7 +148,7 @@ def read_rows(
         if isinstance(source, str) and source == STDIN:
             yield from _read_stdin(stdin, counter)
         elif isinstance(source, str) and "://" in source:
-            yield Row(next(counter), source.strip())
+            yield Row(next(counter), strip_url(source))
         else:
             yield from _read_path(os.fspath(source), counter)
 

@@ -1,6 +1,18 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Final
+
+# What is trimmed from both ends of a URL: the C0 controls and the space, as the
+# WHATWG URL parser trims (curl trims nothing).  Not str.strip()'s whitespace:
+# a no-break space or an ideographic space at the end is part of the name
+# (``/file%C2%A0``), and trimming it requested another file.
+URL_SPACE: Final = "".join(map(chr, range(0x21)))
+
+
+def strip_url(text: str) -> str:
+    """``text`` without the C0 controls and spaces at its ends (see URL_SPACE)."""
+    return text.strip(URL_SPACE)
 
 
 # init=False and an __init__ of our own: mypyc compiles a hand-written
