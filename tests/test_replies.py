@@ -184,7 +184,11 @@ REPLIES = [
     Reply("bare-cr-in-field", head(b"X-A: a\rb", CL, end=b"\n") + BODY, PROTOCOL),
     Reply("bad-field-name", head(b"X A: b", CL, end=b"\n") + BODY, PROTOCOL),
     Reply("colon-less-field", head(b"nocolon", CL, end=b"\n") + BODY, PROTOCOL),
-    Reply("huge-lf-head", head(b"X-Pad: " + b"a" * 70000, CL, end=b"\n") + BODY, PROTOCOL),
+    # What curl still reads: a 100 KB field, 150 fields, 20 interim responses.
+    Reply("big-head", head(b"X-Pad: " + b"a" * 100_000, CL) + BODY, BODY),
+    Reply("many-fields", head(*(b"X-%d: v" % i for i in range(150)), CL) + BODY, BODY),
+    Reply("many-interim", head(status=b"HTTP/1.1 100 Continue") * 20 + head(CL) + BODY, BODY),
+    Reply("huge-lf-head", head(b"X-Pad: " + b"a" * 310_000, CL, end=b"\n") + BODY, PROTOCOL),
 ]
 BY_NAME = {reply.name: reply for reply in REPLIES}
 

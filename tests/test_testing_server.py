@@ -312,8 +312,8 @@ def test_header_faults(srv: TestServer) -> None:
     def head_of(fault: str) -> bytes:
         return split(exchange(srv, f"/files/h?size=10&fault={fault}"))[0]
 
-    assert len(head_of("huge_headers")) > 64 * 1024
-    assert len(head_of("many_headers").split(b"\r\n")) == 1 + 150
+    assert len(head_of("huge_headers")) > 300 * 1024
+    assert len(head_of("many_headers").split(b"\r\n")) == 1 + 1500
     assert header_values(head_of("two_cl"), b"content-length") == [b"10", b"11"]
     cl_te = head_of("cl_and_chunked")
     assert header_values(cl_te, b"content-length") == [b"10"]

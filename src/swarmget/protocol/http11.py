@@ -70,9 +70,12 @@ from swarmget.errors import ErrorCode, ProtocolError, TransferError
 from swarmget.protocol.codings import Decoder, plan_codings
 from swarmget.protocol.head import MAX_CONTENT_LENGTH, repair, transfer_codings
 
-MAX_HEADER_BYTES: Final = 64 * 1024
-MAX_HEADER_FIELDS: Final = 100
-MAX_INFORMATIONAL: Final = 16
+# curl's limit on a response head (MAX_HTTP_RESP_HEADER_SIZE); heads with many
+# cookies or long CSP fields run past 64 KiB, which we refused, and curl reads.
+MAX_HEADER_BYTES: Final = 300 * 1024
+# Limits of our own (curl has none): they bound the work a hostile head makes.
+MAX_HEADER_FIELDS: Final = 1000
+MAX_INFORMATIONAL: Final = 100
 # The first look for the end of the head copies at most this much of the
 # segment; typical heads are a few hundred bytes and the rest is body.
 _HEAD_PROBE: Final = 8192

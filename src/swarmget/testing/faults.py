@@ -13,8 +13,8 @@ stall          Content-Length: L and L//2 body bytes, then silence until the
                client goes away or the server stops
 stall_headers  read the request, send nothing, same silence
 drip           the whole normal response, one byte per drip_interval seconds
-huge_headers   72 extra ``X-Pad-NN`` fields of 1000 bytes each: a head > 64 KiB
-many_headers   a head of exactly 150 header fields (valid otherwise)
+huge_headers   72 extra ``X-Pad-NN`` fields of 5000 bytes each: a head > 300 KiB
+many_headers   a head of exactly 1500 header fields (valid otherwise)
 two_cl         ``Content-Length: L`` and ``Content-Length: L+1``, L bytes, FIN
 cl_and_chunked Content-Length: L and Transfer-Encoding: chunked, a chunked body, FIN (read: chunked)
 bad_status     status line ``HTTP/1.1 2x0 \\xffgarbage``, then a normal head and body, FIN
@@ -46,8 +46,8 @@ if TYPE_CHECKING:
 Fault = Callable[["ServerConnection", Request, str, "FileOptions"], Awaitable[bool]]
 
 HUGE_PAD_FIELDS = 72
-HUGE_PAD_BYTES = 1000
-MANY_FIELDS = 150
+HUGE_PAD_BYTES = 5000
+MANY_FIELDS = 1500
 BAD_STATUS_LINE = b"HTTP/1.1 2x0 \xffgarbage"
 GARBAGE = b"GARBAGE AFTER RESPONSE\r\n"
 
@@ -119,7 +119,7 @@ async def _many_headers(conn: ServerConnection, req: Request, name: str, opts: F
     fh = _window(req, name, opts)
     # Count what a normal head would carry, so the total is exactly MANY_FIELDS.
     normal = len(fh.headers) + 1 + (0 if req.keep_alive and req.version != "HTTP/1.0" else 1)
-    extra = [f"X-Field-{i:03d}: {i}" for i in range(MANY_FIELDS - normal)]
+    extra = [f"X-Field-{i:04d}: {i}" for i in range(MANY_FIELDS - normal)]
     return await _with_headers(conn, req, name, opts, extra)
 
 
