@@ -169,6 +169,7 @@ REPLIES = [
     Reply("chunked-not-last", coded(b"chunked, gzip", chunked(GZ)), PROTOCOL),
     Reply("too-many-codings", coded(b"gzip, " * 5 + b"chunked", b"0\r\n\r\n"), PROTOCOL),
     Reply("bad-gzip", coded(b"gzip, chunked", chunked(b"not gzip at all")), PROTOCOL),
+    Reply("gzip-empty-body", coded(b"gzip, chunked", b"0\r\n\r\n"), b""),
     Reply("gzip-cut-short", coded(b"gzip", GZ[:-6]), TRUNCATED, close=True),
     # -- chunk framing as curl reads it -----------------------------------------
     Reply("chunked-lf", CHUNKED + chunked(BODY, end=b"\n"), BODY),
