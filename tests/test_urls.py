@@ -37,6 +37,8 @@ def server() -> Iterator[TestServer]:
         ("http://\u03b1\u03c2.gr/x", ("http", "xn--mxa8a.gr", 80), "xn--mxa8a.gr"),
         ("http://\u2603.net/x", ("http", "xn--n3h.net", 80), "xn--n3h.net"),  # IDNA2003 only
         ("http://EXAMPLE.test/x", ("http", "example.test", 80), "example.test"),
+        ("http://%67ood.test/x", ("http", "good.test", 80), "good.test"),  # WHATWG decodes
+        ("http://%C3%A9xample.test/x", ("http", "xn--xample-9ua.test", 80), "xn--xample-9ua.test"),
         ("http://a_b.test/x", ("http", "a_b.test", 80), "a_b.test"),  # seen in the wild
         ("http://[::1]:81/x", ("http", "::1", 81), "[::1]:81"),
         # A zone id (RFC 6874's %25, or curl's bare %) reaches the resolver, which
@@ -60,6 +62,8 @@ def test_hosts_take_the_form_dns_tls_and_the_host_header_need(
         "http://a\x7f/x",
         "http://a b/x",
         "http://a%00b/x",
+        "http://a%2Fb/x",  # decoded, a / no host holds
+        "http://a%FFb/x",  # not UTF-8
         "http://a$b.test/x",
         "http://" + "\u00e9" * 70 + ".test/x",  # a label too long for IDNA
         "http://[fe80::1%zz!]/x",

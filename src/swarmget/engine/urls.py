@@ -16,7 +16,7 @@ import base64
 import ipaddress
 import re
 from typing import Final
-from urllib.parse import quote, unquote_to_bytes, urlsplit
+from urllib.parse import quote, unquote, unquote_to_bytes, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.net.address import bare_host
@@ -184,6 +184,16 @@ def wire_host(host: str, url: str) -> str:
         if not _ZONE.fullmatch(zone):
             raise TransferError(ErrorCode.BAD_URL, f"invalid IPv6 zone in {redact(url)!r}")
         return f"{address}%{zone}"
+    if "%" in host:
+        # ``http://%67ood.test/`` is good.test to curl and browsers (WHATWG
+        # percent-decodes a host); what it decodes to is checked below.
+        try:
+            host = unquote(host, errors="strict").lower()
+        except UnicodeDecodeError:
+            raise TransferError(
+                ErrorCode.BAD_URL,
+                f"host {host!r} escapes bytes that are not UTF-8: {redact(url)!r}",
+            ) from None
     if not host.isascii():
         try:
             host = idna_host(host)
