@@ -350,3 +350,16 @@ def test_progress_bytes_never_go_down(server: TestServer, tmp_path: Path) -> Non
     report = swarmget.download([url], tmp_path, workers=1, retries=2, timeout=1, progress=listener)
     assert report.ok == 1
     assert listener.bytes == sorted(listener.bytes) and listener.bytes[-1] == 3 << 20
+
+
+def test_rows_only_an_earlier_run_had_are_listed_without_an_index(
+    server: TestServer, tmp_path: Path
+) -> None:
+    """A shorter list: every index in the manifest is a row of this input, once."""
+    urls = [server.file_url(f"short{i}.bin", size=100) for i in range(5)]
+    assert swarmget.download(urls, tmp_path, workers=1).ok == 5
+    again = swarmget.download(urls[2:], tmp_path, workers=1)
+    assert again.skipped == 3
+    listed = records(tmp_path)
+    assert [r["index"] for r in listed] == [0, 1, 2, None, None]
+    assert [r["path"] for r in listed] == [f"short{i}.bin" for i in (2, 3, 4, 0, 1)]

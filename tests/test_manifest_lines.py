@@ -79,7 +79,7 @@ def _exported(out: Path) -> list[str]:
     """The manifest as the journal's export writes it (what the lines replace)."""
     journal = Journal(str(out))
     try:
-        return list(journal.records())
+        return list(journal.records(journal.run - 1))  # as the run that wrote them
     finally:
         journal.close()
 

@@ -56,6 +56,22 @@ def test_rerun_skips_completed_rows_and_overwrite_redoes_them(
     assert len(journal(out_dir)) == 50  # compacted: one line per URL
 
 
+def test_a_symlink_in_place_of_a_done_file_is_replaced_not_skipped(
+    server: TestServer, out_dir: Path, tmp_path: Path
+) -> None:
+    url = server.file_url("ln.bin", size=1000)
+    assert run([url], out_dir).ok == 1
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"x" * 1000)  # the same size: a size check alone passes it
+    (out_dir / "ln.bin").unlink()
+    (out_dir / "ln.bin").symlink_to(outside)
+    again = run([url], out_dir)
+    assert (again.ok, again.skipped) == (1, 0)
+    assert not (out_dir / "ln.bin").is_symlink()
+    assert (out_dir / "ln.bin").read_bytes() == expected_body("ln.bin", 1000)
+    assert outside.read_bytes() == b"x" * 1000
+
+
 def test_rerun_redoes_failed_rows_and_missing_files(server: TestServer, out_dir: Path) -> None:
     urls = [server.file_url(f"f{i}.bin", size=500, status=503, times=1) for i in range(5)]
     urls += [server.file_url("gone.bin", size=700)]

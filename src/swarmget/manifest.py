@@ -8,7 +8,8 @@ a pass over every row at the end.)  It is written to a temporary file and
 renamed over the old one, so it is never torn: a reader sees the previous
 manifest or the new one.  Records come in the order rows were first seen; a
 row that an earlier run finished and this run skipped keeps its record, with
-this run's ``index``.
+this run's ``index``; rows that only earlier runs had come last, with
+``"index": null``.
 
 Three kinds of record:
 

@@ -430,18 +430,23 @@ class Journal:
 
     # -- the manifest ------------------------------------------------------------------
 
-    def records(self) -> Iterator[str]:
+    def records(self, run: int | None = None) -> Iterator[str]:
         """Every finished row's manifest line (without its newline): this run's rows
-        in input order, then rows only earlier runs had."""
+        in input order, then rows only earlier runs had, with ``"index": null`` (their
+        positions were in another input: two records must not claim one row).
+        ``run``: the run whose rows these are (default: this one)."""
+        current = self.run if run is None else run
         with self._guard("read"):
             # SQLite puts most lines together itself (one string per row, no
             # Python work); only a row with a kept part needs its validator added.
             # The other columns are NULL for the common rows: no objects to make.
             kept = "validator IS NOT NULL AND status != 1"
+            position = f"CASE WHEN run = {current:d} THEN idx ELSE 'null' END"
             cursor = self._db.execute(
                 f"SELECT CASE WHEN NOT ({kept}) "
-                "THEN '{\"index\":' || idx || ',' || substr(record, 2) END, "
-                f"CASE WHEN {kept} THEN idx END, validator, CASE WHEN {kept} THEN record END "
+                f"THEN '{{\"index\":' || {position} || ',' || substr(record, 2) END, "
+                f"CASE WHEN {kept} THEN {position} END, validator, "
+                f"CASE WHEN {kept} THEN record END "
                 f"FROM rows WHERE status != {PLANNED} AND record IS NOT NULL ORDER BY run DESC, idx"
             )
             for line, index, validator, record in cursor:

@@ -44,6 +44,7 @@ import dataclasses
 import errno
 import os
 import shutil
+import stat
 from hashlib import blake2b
 
 from swarmget.engine.urls import UrlSplitter, redact
@@ -402,7 +403,13 @@ class FilePlanner:
         """Was the row finished by an earlier run, and is its file still whole?"""
         if previous.status != OK or previous.path is None:
             return False
-        return _size(f"{self.root}/{previous.path}", missing=-1) == previous.bytes
+        try:
+            # lstat: a symlink put in its place (to a file of the same size,
+            # anywhere) is not the file we wrote; the row is done again.
+            found = os.lstat(f"{self.root}/{previous.path}")
+        except OSError:
+            return False
+        return stat.S_ISREG(found.st_mode) and found.st_size == previous.bytes
 
     def _occupied(self, path: str) -> bool:
         return os.path.lexists(f"{self.root}/{path}")  # per row: not os.path.join
