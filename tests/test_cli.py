@@ -780,3 +780,12 @@ def test_an_output_directory_that_cannot_be_made_is_a_usage_error(tmp_path: Path
     (tmp_path / "afile").write_text("x")
     for dest in (tmp_path / "afile" / "sub", "/proc/swarmget-cannot"):
         assert cli.main(["-q", "-o", str(dest), "http://127.0.0.1:9/x"]) == 2
+
+
+def test_a_stopped_run_names_the_manifest_only_if_there_is_one(tmp_path: Path) -> None:
+    from swarmget.cli import _where_listed
+
+    assert _where_listed(str(tmp_path)).startswith("no manifest could be written")
+    (tmp_path / ".swarmget").mkdir()
+    (tmp_path / ".swarmget" / "manifest.jsonl").write_text("")
+    assert "rows that finished are listed in" in _where_listed(str(tmp_path))

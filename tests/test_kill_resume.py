@@ -275,3 +275,63 @@ def test_ctrl_c_in_one_process_waits_for_the_engine_turn(
     assert [(r["index"], r["status"]) for r in records] == [(0, "ok")]
     assert (out / "turn0.bin").read_bytes() == expected_body("turn0.bin", 5000)
     assert parts(out) == []
+
+
+# A child that reruns into an output dir with a journal (so the manifest is
+# exported at the end) and presses Ctrl-C (``argv[1]`` times) while the export
+# writes its second line.
+_INTERRUPT_THE_EXPORT = """
+import os, signal, sys
+import swarmget
+import swarmget.sinks.plan as plan
+
+out, presses, urls = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+swarmget.download(urls[:-1], out, workers=1)
+real_write = plan.write_manifest
+
+def interrupted_write(path, lines):
+    def pressing():
+        for n, line in enumerate(lines):
+            if n == 1:
+                for _ in range(presses):
+                    os.kill(os.getpid(), signal.SIGINT)
+            yield line
+    return real_write(path, pressing())
+
+plan.write_manifest = interrupted_write
+try:
+    swarmget.download(urls, out, workers=1)
+except KeyboardInterrupt:
+    sys.exit(130)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_while_the_manifest_is_written_waits_for_it_unless_pressed_twice(
+    server: ProcessServer, tmp_path: Path, presses: int
+) -> None:
+    """Once: the manifest is finished first (it was cut, the old one stayed, and
+    its temporary file was left behind); twice: the run stops at once, and still
+    leaves the old manifest whole and no temporary file."""
+    out = tmp_path / "out"
+    urls = [server.file_url(f"export{i}.bin", size=1000) for i in range(4)]
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPT_THE_EXPORT, str(out), str(presses), *urls],
+        capture_output=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 130, proc.stderr.decode()
+    listed = [r["path"] for r in records_of(out)]
+    if presses == 1:
+        assert listed == [f"export{i}.bin" for i in range(4)]
+    else:
+        assert listed == [f"export{i}.bin" for i in range(3)]  # the first run's
+    assert sorted(os.listdir(out / ".swarmget")) == [
+        "journal.sqlite3",
+        "lock",
+        "manifest.jsonl",
+        "parts",
+        "plans.log",
+    ]

@@ -302,6 +302,10 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr, full.stderr
         assert "the run stopped" in full.stderr, full.stderr
+        # It names the manifest only if one could be written on the full disk.
+        written = (out / ".swarmget" / "manifest.jsonl").exists()
+        assert ("rows that finished are listed in" in full.stderr) == written, full.stderr
+        assert ("no manifest could be written" in full.stderr) == (not written), full.stderr
         summary = json.loads(full.stdout)
         assert summary["ok"] < 20
         assert not parts(out)

@@ -494,6 +494,15 @@ def fail(message: str, status: int = EXIT_USAGE, prog: str = "swarmget") -> int:
     return status
 
 
+def _where_listed(output: str) -> str:
+    """Where a stopped run's finished rows can be read: the manifest, if there is
+    one (a full disk may not have left room to write it)."""
+    manifest = os.path.join(output, MANIFEST)
+    if os.path.exists(manifest):
+        return f"rows that finished are listed in {manifest}"
+    return "no manifest could be written (the journal keeps what finished)"
+
+
 def _download_command(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     options = options_from_args(args)
@@ -514,21 +523,19 @@ def _download_command(argv: list[str]) -> int:
                 stderr=sys.stderr,
             )
     except KeyboardInterrupt:
-        manifest = os.path.join(args.output, MANIFEST)
         signum = interrupts.stopped_by
         how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
         say(
-            f"swarmget: {how}; rows that finished are listed in {manifest}; "
+            f"swarmget: {how}; {_where_listed(args.output)}; "
             "run the same command again to resume\n",
             sys.stderr,
         )
         return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
-        manifest = os.path.join(args.output, MANIFEST)
         say(
-            f"swarmget: error: {exc.message}; the run stopped. Rows that finished are "
-            f"listed in {manifest}; fix the cause and run the same command again to resume\n",
+            f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
+            "fix the cause and run the same command again to resume\n",
             sys.stderr,
         )
         if args.json and isinstance(exc.report, Report):

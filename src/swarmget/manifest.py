@@ -65,10 +65,13 @@ def write_manifest(path: str, lines: Iterable[str]) -> int:
             if chunk:
                 out.write("\n".join(chunk) + "\n")
         os.replace(tmp, path)
-    except OSError as exc:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise OutputError(f"cannot write the manifest {path}: {exc.strerror}", True) from None
+            os.unlink(tmp)  # interrupted too: never a temporary file left behind
+        if isinstance(exc, OSError):
+            message = f"cannot write the manifest {path}: {exc.strerror}"
+            raise OutputError(message, True) from None
+        raise
     return count
 
 

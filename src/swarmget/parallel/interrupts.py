@@ -72,6 +72,9 @@ class TurnInterrupts:
         self._wake = wake
         self._previous: dict[int, Any] = {}
         self.in_turn = False
+        # Set while the run's end is written (the journal's last commit, the
+        # manifest): a signal then waits for it, a second one does not.
+        self.finishing = False
         self.pending: int | None = None  # a signal that came during the turn
 
     def __enter__(self) -> TurnInterrupts:
@@ -102,6 +105,12 @@ class TurnInterrupts:
             self._previous[signum](signum, None)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.finishing:
+            if self.pending is None:
+                self.pending = signum  # stopping anyway: the manifest first
+                return
+            self._previous[signum](signum, frame)  # asked twice: now
+            return
         if not self.in_turn:
             self._previous[signum](signum, frame)  # driver code: as without us
             return

@@ -185,6 +185,7 @@ class Supervisor:
                     # the input raising): a listener's start has its finish.
                     if self._progress is not None:
                         self._progress.finish(self.report)
+            self._interrupts.check()  # a Ctrl-C while the manifest was written: now
         if self._fatal is not None:
             self._fatal.report = self.report  # what finished before the run stopped
             raise self._fatal
@@ -229,11 +230,15 @@ class Supervisor:
 
     def _finish(self, interrupted: bool) -> None:
         self.report.elapsed = time.monotonic() - self._started
+        # A signal now would cut the manifest short (the old one stayed, with a
+        # temporary file beside it): it waits until the manifest is written.
+        self._interrupts.finishing = True
         try:
             self._planner.finish(interrupted)
         except OutputError as exc:
             self._fatal = self._fatal or exc
         finally:
+            self._interrupts.finishing = False
             self._backend.close()
 
     def _abandon(self) -> None:

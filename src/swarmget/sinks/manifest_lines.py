@@ -122,8 +122,9 @@ class ManifestLines:
 
 def remove_stale(path: str) -> None:
     """A run that was killed may have left its lines behind: they are not wanted."""
-    with contextlib.suppress(OSError):
-        os.unlink(_lines_path(path))
+    for stale in (_lines_path(path), f"{path}.tmp"):  # the lines, an export's file
+        with contextlib.suppress(OSError):
+            os.unlink(stale)
 
 
 def _lines_path(path: str) -> str:
