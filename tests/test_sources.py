@@ -161,6 +161,35 @@ def test_tsv(tmp_path: Path) -> None:
     ]
 
 
+def test_tsv_quotes_in_a_caption_are_text(tmp_path: Path) -> None:
+    """A caption that begins with a quote failed its row; one never closed, with
+    a later line ending in a quote, took the rows between into the caption."""
+    text = (
+        "url\tcaption\n"
+        'http://h/a\t"Best" laptop\n'
+        'http://h/b\t"never closed\n'
+        "http://h/c\tplain\n"
+        'http://h/d\tends with a quote"\n'
+        '"http://h/e"\t"quoted whole"\n'
+    )
+    assert urls(write(tmp_path / "in.tsv", text)) == [f"http://h/{c}" for c in "abcde"]
+
+
+def test_a_huge_field_in_a_column_we_do_not_read_is_no_problem(tmp_path: Path) -> None:
+    text = "url,caption\nhttp://h/a," + "x" * 3_000_000 + "\nhttp://h/b,short\n"
+    assert urls(write(tmp_path / "in.csv", text)) == ["http://h/a", "http://h/b"]
+
+
+def test_jsonl_column_names_in_any_case(tmp_path: Path) -> None:
+    text = '{"URL": "http://h/a", "Path": "p"}\n{"Url": "http://h/b", "url": "http://h/c"}\n'
+    got = rows(write(tmp_path / "in.jsonl", text))
+    assert got[0] == Row(0, "http://h/a", path="p")
+    assert got[1].url == "http://h/c"  # "url" itself is there: the others are other fields
+    text = '{"URL": "http://h/a", "Url": "http://h/b"}\n'
+    (only,) = rows(write(tmp_path / "two.jsonl", '{"url": "http://h/0"}\n' + text))[1:]
+    assert only.problem is not None and "appears more than once" in only.problem
+
+
 def test_csv_without_url_column(tmp_path: Path) -> None:
     path = write(tmp_path / "in.csv", "link,file\nhttp://h/a,a\n")
     assert usage_error(path) == (
@@ -647,13 +676,16 @@ def test_csv_bad_row_in_a_multiline_record_is_the_whole_record(tmp_path: Path) -
 
 
 def test_csv_field_larger_than_the_csv_limit(tmp_path: Path) -> None:
-    # An unclosed quote with no quote after it: the csv module's field limit
-    # (128 KiB) ends the record; the lines it swallowed are read again.
-    lines = [f"http://h/{i:06d}" for i in range(10_000)]  # ~170 kB
+    # An unclosed quote with no quote after it: the field limit ends the
+    # record; the lines it swallowed are read again.
+    from swarmget.sources.formats import FIELD_LIMIT
+
+    lines = [f"http://h/{i:07d}" for i in range(FIELD_LIMIT // 16)]  # 18 bytes a line
     path = write(tmp_path / "in.csv", 'url\n"http://h/x\n' + "\n".join(lines) + "\n")
     got = rows(path)
     assert got[0].problem is not None
     assert got[0].problem.startswith(f"input {path!r}, line 2: not valid CSV: field larger than")
+    assert len(got) == len(lines) + 1
     assert got[1:] == [Row(i + 1, url) for i, url in enumerate(lines)]
 
 

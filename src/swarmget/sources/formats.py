@@ -129,10 +129,25 @@ def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iter
         assert isinstance(value, dict)
         index = next(counter)
         try:
+            if "url" not in value:
+                value = _lower_keys(value)  # "URL", as a CSV header may say it too
             row = build_row(index, value)
         except FieldError as bad_field:  # not `exc`: mypyc gives a name one type per function
             row = bad_row(index, name, lineno, str(bad_field), usable_url(value), line)
         yield row
+
+
+def _lower_keys(fields: dict[str, object]) -> dict[str, object]:
+    """``fields`` with the names of the known columns in lower case (``URL``,
+    ``Path``); two spellings of one column are an error, as in a CSV header."""
+    lowered: dict[str, object] = {}
+    for key, value in fields.items():
+        column = key.lower()
+        if column in COLUMNS:
+            if column in lowered:
+                raise FieldError(f"column {column!r} appears more than once ({key!r})")
+            lowered[column] = value
+    return lowered
 
 
 _JSONL_HINT = (
@@ -183,7 +198,16 @@ class _Lines:
         del self.record[1:]
 
 
+# The csv module refuses a field over 128 KiB, even in a column we never read (a
+# long caption, an embedded thumbnail): the row failed.  Raised once, for the
+# process (raising it harms no one), to a size no real field reaches; it still
+# bounds what an unclosed quote makes us hold before its lines are read again.
+FIELD_LIMIT: Final = 4 << 20
+
+
 def _reader(feed: _Lines, delimiter: str) -> Iterator[list[str]]:
+    if csv.field_size_limit() < FIELD_LIMIT:
+        csv.field_size_limit(FIELD_LIMIT)
     # strict: a stray quote such as `"http://h/a"x` is an error instead of
     # being glued silently into a different URL.  skipinitialspace: in
     # `a, "b, c"` the quotes are quotes (cells are stripped anyway).
@@ -210,13 +234,29 @@ def parse_delimited(
     while True:
         feed.record.clear()
         record: list[str] = []
+        failed = ""
         try:
             record = next(records)
         except StopIteration:
             return
         except csv.Error as bad:
-            problem = f"not valid {kind}: {bad}"
+            failed = f"not valid {kind}: {bad}"
             records = _reader(feed, delimiter)  # a fresh one: never trust a failed reader
+        plain = None
+        if delimiter == "\t" and (failed or len(feed.record) > 1):
+            plain = _plain_tsv(feed.record[0], columns)
+        if plain is not None:
+            # TSV seldom quotes: a caption that begins with a quote (`"Best"
+            # laptop`, or one never closed) is text, not quoting.  Read as
+            # such, its line is a row; a record run on over lines would take
+            # the next rows into a caption.
+            record = plain
+            if len(feed.record) > 1:
+                feed.read_again()
+                records = _reader(feed, delimiter)
+            failed = ""
+        if failed:
+            problem = failed
         else:
             problem = _record_problem(record, columns, width, len(feed.record) > 1)
             # Blank: a blank line, or the ",,,," rows spreadsheets leave at the end.
@@ -239,6 +279,19 @@ def parse_delimited(
         except FieldError as bad_field:
             row = bad_row(index, name, start, str(bad_field), usable_url(fields), first_line)
         yield row
+
+
+def _plain_tsv(line: str, columns: Mapping[str, int]) -> list[str] | None:
+    """A TSV line's cells, split at every tab (a cell quoted whole loses its
+    quotes); None if a quote is left in a column we read: that one is malformed."""
+    cells = line.rstrip("\r\n").split("\t")
+    for i, cell in enumerate(cells):
+        text = cell.strip()
+        if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
+            cells[i] = text[1:-1].replace('""', '"')
+    if any(i < len(cells) and '"' in cells[i] for i in columns.values()):
+        return None
+    return cells
 
 
 def _record_problem(
