@@ -478,9 +478,16 @@ def test_quiet_prints_nothing(
 
 
 def test_ctrl_c_exits_130_with_one_line(
-    engine: Callable[..., FakeEngine], urls_file: str, capsys: pytest.CaptureFixture[str]
+    engine: Callable[..., FakeEngine],
+    urls_file: str,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine(raises=KeyboardInterrupt())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out" / ".swarmget").mkdir(parents=True)
+    (tmp_path / "out" / ".swarmget" / "manifest.jsonl").write_text("")  # as a run leaves it
     assert cli.main([urls_file, "-o", "out"]) == 130
     out, err = capsys.readouterr()
     assert out == ""

@@ -363,3 +363,31 @@ def test_rows_only_an_earlier_run_had_are_listed_without_an_index(
     listed = records(tmp_path)
     assert [r["index"] for r in listed] == [0, 1, 2, None, None]
     assert [r["path"] for r in listed] == [f"short{i}.bin" for i in (2, 3, 4, 0, 1)]
+
+
+def test_rows_from_python_are_held_to_the_rules_of_a_csv_row(
+    server: TestServer, tmp_path: Path
+) -> None:
+    """A Row whose url is not a str failed the whole run (its rows unrecorded); an
+    upper-case digest or a size given as text failed a good file after its download."""
+    body = expected_body("rv.bin", 1000)
+    url = server.file_url("rv.bin", size=1000)
+    rows = [
+        Row(0, url, sha256=hashlib.sha256(body).hexdigest().upper(), size="1000"),  # type: ignore[arg-type]
+        Row(1, None),  # type: ignore[arg-type]
+        Row(2, url, md5=hashlib.md5(body).hexdigest().upper()),
+        Row(3, url, size=-1),
+        Row(4, 42),  # type: ignore[arg-type]
+        Row(5, url, sha256="ab"),
+    ]
+    seen = len(server.requests)
+    report = swarmget.download(rows, tmp_path, workers=1, retries=0)
+    assert report.ok == 2
+    assert {f.index: f.error for f in report.failures} == {
+        1: "bad_row",
+        3: "bad_row",
+        4: "bad_row",
+        5: "bad_row",
+    }
+    assert len(server.requests) - seen == 2  # the bad rows were never fetched
+    assert [r["index"] for r in records(tmp_path)] == [0, 1, 2, 3, 4, 5]

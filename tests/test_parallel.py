@@ -302,3 +302,38 @@ def test_a_stream_outlives_the_thread_that_started_it(server: ProcessServer) -> 
     with started[0] as items:
         got = [(item.index, item.ok, item.error) for item in items]
     assert len(got) == 40 and all(ok for _, ok, _ in got), [g for g in got if not g[1]]
+
+
+class _Failing:
+    """A progress listener with a bug: its third update raises."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+
+    def start(self) -> None:
+        pass
+
+    def update(self, snapshot: object) -> None:
+        self.updates += 1
+        if self.updates == 3:
+            raise RuntimeError("listener bug")
+
+    def finish(self, report: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_exception_in_the_run_still_lists_every_file_on_disk(
+    tmp_path: Path, workers: int
+) -> None:
+    """The workers stop and report what they finished before the exception goes
+    on: every file on disk has its record."""
+    from swarmget.testing import TestServer
+
+    with TestServer() as server:
+        urls = [server.file_url(f"x{i}.bin", size=100, latency=0.02) for i in range(3000)]
+        with pytest.raises(RuntimeError, match="listener bug"):
+            swarmget.download(urls, tmp_path, workers=workers, progress=_Failing(), concurrency=32)
+    files = {p.name for p in tmp_path.iterdir() if p.name != ".swarmget"}
+    listed = {r["path"] for r in swarmget.read_manifest(tmp_path) if r["status"] == "ok"}
+    assert files and files == listed

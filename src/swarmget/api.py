@@ -25,6 +25,7 @@ from swarmget.report import ProgressListener, Report
 from swarmget.sinks.files import FileSink
 from swarmget.sinks.plan import FilePlanner
 from swarmget.sources.background import BackgroundRows, private_stdin
+from swarmget.sources.fields import FieldError, build_row
 from swarmget.sources.rows import Row, strip_url
 
 # Each connection is a file descriptor, and so is each file being written;
@@ -72,9 +73,25 @@ def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
             # a file object keep their "\n": the default name became "a.jpg_".
             yield Row(offset, strip_url(item))
         elif isinstance(item, Row):
-            yield item
+            yield _checked(item)
         else:
             yield _row_of(offset, item)
+
+
+def _checked(row: Row) -> Row:
+    """A caller's Row, held to the rules a CSV or JSONL row is (sources/fields.py):
+    a url that is not a str failed the whole run, and a sha256 in upper case, a
+    size given as "1000", failed good files after their download."""
+    if row.problem:
+        return row
+    fields: dict[str, object] = {
+        "url": row.url, "path": row.path, "sha256": row.sha256, "md5": row.md5, "size": row.size
+    }  # fmt: skip
+    try:
+        return build_row(row.index, fields)
+    except FieldError as bad:
+        url = row.url if isinstance(row.url, str) else repr(row.url)[:200]
+        return Row(row.index, url, problem=f"input item {row.index}: {bad}")
 
 
 # Not URLs, whatever str() makes of them: a mistake in the caller's list.

@@ -177,6 +177,13 @@ class Supervisor:
             except OutputError as exc:
                 self._fatal = self._fatal or exc
                 self._stop()
+            except BaseException:
+                # Anything else (a progress listener's exception, a bug): the
+                # workers stop and report what they finished, so the manifest
+                # lists every file on disk, and the exception goes on.
+                interrupted = True
+                self._stop()
+                raise
             finally:
                 try:
                     self._finish(interrupted)
