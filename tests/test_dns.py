@@ -674,3 +674,98 @@ def test_cli_takes_dns_servers(capsys: pytest.CaptureFixture[str]) -> None:
 
     cli.main(["--help"])
     assert "--dns-server ADDR" in capsys.readouterr().out
+
+
+class RawNameServer:
+    """A UDP name server whose ``answer(query) -> bytes | None`` decides each reply
+    (None: none), each after ``delay`` s, on threads: queries overlap."""
+
+    def __init__(self, answer: Callable[[DNSRecord, bytes], bytes | None], delay: float) -> None:
+        self.answer, self.delay = answer, delay
+        self.asked: collections.Counter[str] = collections.Counter()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.1)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def __enter__(self) -> RawNameServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data, peer = self.sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            query = DNSRecord.parse(data)
+            self.asked[str(query.q.qname)] += 1
+            threading.Timer(self.delay, self._reply, (query, data, peer)).start()
+
+    def _reply(self, query: DNSRecord, data: bytes, peer: tuple[str, int]) -> None:
+        reply = self.answer(query, data)
+        if reply is not None and not self._stop.is_set():
+            with contextlib.suppress(OSError):
+                self.sock.sendto(reply, peer)
+
+
+def _answer_good_ones(query: DNSRecord, data: bytes) -> bytes | None:
+    name = str(query.q.qname)
+    if name.startswith("bad."):
+        return data[:2] + b"\x81\x80\x00\x01\x00\x01" + b"\xff" * 7  # its id, then garbage
+    reply = query.reply()
+    if QTYPE[query.q.qtype] == "A":
+        reply.add_answer(RR(query.q.qname, QTYPE.A, rdata=A("127.0.0.1"), ttl=60))
+    return bytes(reply.pack())
+
+
+def test_a_malformed_reply_fails_its_own_name_only(loop: EventLoop) -> None:
+    """c-ares fails every query pending on the connection a malformed reply came
+    on: twenty good names failed with the bad one.  Asked once more, they resolve."""
+    with RawNameServer(_answer_good_ones, delay=0.05) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+        try:
+            out: dict[str, Outcome] = {}
+            for name in ["bad.test"] + [f"good{i}.test" for i in range(20)]:
+                resolver.resolve(name, 80, lambda a, e, name=name: out.setdefault(name, (a, e)))
+            run_until(loop, lambda: len(out) == 21, within=10.0)
+        finally:
+            resolver.close()
+    assert out["bad.test"][0] is None and out["bad.test"][1].code == "dns"
+    assert all(out[f"good{i}.test"][0] for i in range(20)), out
+    assert server.asked["bad.test."] >= 2  # asked once more before it counts
+
+
+def test_a_name_server_that_stopped_answering_fails_lookups_at_once(loop: EventLoop) -> None:
+    """After DEAD_AFTER lookups in a row time out, the next ones fail at once (a
+    list over thousands of hosts crawled at one timeout per host); after
+    negative_ttl one goes out again."""
+    from swarmget.net.ares import DEAD_AFTER
+
+    with RawNameServer(lambda query, data: None, delay=0.0) as server:
+        resolver = AresResolver(
+            loop, servers=[server.address], timeout=0.05, tries=1, negative_ttl=0.5
+        )
+        try:
+            for i in range(DEAD_AFTER):
+                addresses, error = resolve(resolver, loop, f"slow{i}.test")
+                assert addresses is None and "Timeout" in error.message
+            asked = sum(server.asked.values())
+            started = time.monotonic()
+            addresses, error = resolve(resolver, loop, "next.test")
+            assert time.monotonic() - started < 0.05
+            assert "not answering" in error.message and error.code == "dns"
+            assert sum(server.asked.values()) == asked  # not asked at all
+            time.sleep(0.6)
+            loop.run_once(0.0)  # the loop's clock moves on
+            addresses, error = resolve(resolver, loop, "later.test")
+            assert "Timeout" in error.message  # asked again, and still nothing
+        finally:
+            resolver.close()

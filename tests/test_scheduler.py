@@ -6,6 +6,7 @@ from swarmget.engine.job import Job, Transfer
 from swarmget.engine.pool import DIRECT, HostPool, PooledConnection
 from swarmget.engine.scheduler import (
     CONNECT_SLICE,
+    MIN_RESOLVING,
     Action,
     Close,
     Defer,
@@ -214,3 +215,31 @@ def test_actions_name_what_they_act_on() -> None:
     conn = PooledConnection(p)
     assert (Start(conn, t).conn, Dial(p, t).pool, Close(conn).conn) == (conn, p, conn)
     assert Resolve(p).pool is p and isinstance(Defer(), Action)
+
+
+def test_lookups_in_flight_are_capped_and_the_rest_wait_their_turn() -> None:
+    """Every host with a queued row was looked up at once: name servers that cap
+    their clients dropped the rest, and resolvable hosts failed with dns."""
+    scheduler = Scheduler(concurrency=4, per_host=2)
+    assert scheduler.max_resolving == MIN_RESOLVING
+    pools = [pool(f"h{i}.test", resolved=False) for i in range(MIN_RESOLVING + 5)]
+    actions: list[Action] = []
+    for i, p in enumerate(pools):
+        actions += scheduler.submit(p, transfer(i, p.host), now=1.0)
+        actions += scheduler.submit(p, transfer(100 + i, p.host), now=1.0)  # asked once
+    assert kinds(actions) == ["Resolve"] * MIN_RESOLVING
+    assert scheduler.resolving == MIN_RESOLVING
+    # An answer frees a slot: the next pool in line is looked up.
+    after = scheduler.resolved(pools[0], list(ADDRESSES), None, 1e9, now=2.0)
+    assert kinds(after) == ["Dial", "Dial", "Resolve"]
+    resolved = [a for a in after if isinstance(a, Resolve)]
+    assert resolved[0].pool is pools[MIN_RESOLVING]
+    # A failure frees one too, and the waiting pools are all asked in order.
+    error = TransferError(ErrorCode.DNS, "cannot resolve")
+    later: list[Action] = []
+    for p in pools[1:6]:
+        later += scheduler.resolved(p, None, error, 10.0, now=3.0)
+    asked = [a.pool for a in later if isinstance(a, Resolve)]
+    assert asked == pools[MIN_RESOLVING + 1 :]
+    assert scheduler.resolving == MIN_RESOLVING - 1  # five ended, four were waiting
+    assert kinds(later).count("Fail") == 10  # the failed hosts' queued rows

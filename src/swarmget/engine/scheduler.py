@@ -26,6 +26,11 @@ The rules:
   connections are still being made.
 * A host whose name does not resolve fails its queued transfers at once, until
   the negative answer goes stale.
+* Lookups in flight are capped too (``max_resolving``: as many as connections,
+  within [16, 256]): a list over thousands of hosts asked for every one with a
+  queued row at once, and name servers that cap their clients (dnsmasq: 150)
+  dropped the rest, failing resolvable hosts with ``dns``.  Pools wait for a
+  lookup slot in order; a background refresh waits for a free one.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
@@ -47,6 +52,8 @@ from swarmget.net.address import Address
 from swarmget.protocol import ConnectionClosed
 
 CONNECT_SLICE: Final = 32
+MIN_RESOLVING: Final = 16
+MAX_RESOLVING: Final = 256
 # Failures that count towards giving up a host: it does not answer.
 BREAKER_CODES: Final = frozenset({ErrorCode.CONNECT, ErrorCode.TIMEOUT})
 
@@ -108,14 +115,17 @@ class Scheduler:
         "_closing",
         "_deferred",
         "_idle",
+        "_naming",
         "_slice_connects",
         "_slice_turn",
         "_starved",
         "closing",
         "concurrency",
         "host_failures",
+        "max_resolving",
         "open",
         "per_host",
+        "resolving",
         "stopping",
     )
 
@@ -132,6 +142,9 @@ class Scheduler:
         self._deferred: dict[HostPool, None] = {}  # pools waiting for the next connect slice
         self._slice_turn = -1.0  # the ``now`` of the turn _slice_connects counts
         self._slice_connects = 0
+        self.max_resolving = max(MIN_RESOLVING, min(concurrency, MAX_RESOLVING))
+        self.resolving = 0  # lookups in flight, all pools
+        self._naming: dict[HostPool, None] = {}  # pools waiting for a lookup slot
 
     # -- transfers in ------------------------------------------------------------------
 
@@ -199,6 +212,7 @@ class Scheduler:
         now: float,
     ) -> list[Action]:
         pool.resolving = False
+        self.resolving -= 1
         pool.refresh_at = refresh_at
         # A refresh that fails keeps the addresses that worked: a DNS blip
         # should not fail a host we are using.
@@ -207,6 +221,11 @@ class Scheduler:
             pool.dns_error = error
         actions: list[Action] = []
         self._dispatch(pool, now, actions)
+        while self._naming and self.resolving < self.max_resolving:
+            waiting = next(iter(self._naming))
+            del self._naming[waiting]
+            if waiting.queue:
+                self._dispatch(waiting, now, actions)
         return actions
 
     def host_failed(self, pool: HostPool, error: TransferError) -> list[Action]:
@@ -242,13 +261,20 @@ class Scheduler:
         if pool.addresses is None:
             if pool.dns_error is not None and now < pool.refresh_at:
                 self._fail_queue(pool, pool.dns_error, actions)
-            elif not pool.resolving:
-                pool.resolving = True
-                actions.append(Resolve(pool))
+            elif pool.resolving or pool in self._naming:
+                pass
+            elif self.resolving < self.max_resolving:
+                self._resolve(pool, actions)
+            else:
+                self._naming[pool] = None  # its turn comes as lookups end
             return
-        if pool.refresh_at <= now and not pool.resolving and pool.queue:
-            pool.resolving = True  # in the background; connects use what we have
-            actions.append(Resolve(pool))
+        if (
+            pool.refresh_at <= now
+            and not pool.resolving
+            and pool.queue
+            and self.resolving < self.max_resolving
+        ):
+            self._resolve(pool, actions)  # in the background; connects use what we have
         queue = pool.queue
         while queue and not self.stopping:
             if pool.idle and queue[0].fresh:
@@ -270,6 +296,11 @@ class Scheduler:
             pool.open += 1
             self.open += 1
             actions.append(Dial(pool, transfer))
+
+    def _resolve(self, pool: HostPool, actions: list[Action]) -> None:
+        pool.resolving = True
+        self.resolving += 1
+        actions.append(Resolve(pool))
 
     def _slot_freed(self, pool: HostPool, now: float) -> list[Action]:
         pool.open -= 1

@@ -28,6 +28,16 @@ Answers are cached per host name, whatever the port; concurrent lookups of one
 name share one query.  Failures (NXDOMAIN, timeouts) are cached for
 ``negative_ttl``: long enough that a broken host's thousand files do not ask a
 thousand times, short enough that a long run asks again after a DNS blip.
+Two failures are not the name's: a malformed reply (c-ares then fails every
+query pending on that server connection, the other hosts' too) and a refused
+one.  A name that met one is asked once more before its failure counts, one
+such name at a time: asked together, the culprit's second reply would fail
+the others' second queries as it did their first.  And a
+name server that stopped answering altogether is noticed, as ``--host-failures``
+notices a dead host: after ``DEAD_AFTER`` lookups in a row time out with no
+answer between them, lookups fail at once for ``negative_ttl`` (then one goes
+out again): a list over thousands of hosts no longer crawls at ~3 s a host.
+
 Callbacks never run inside :meth:`AresResolver.resolve`: c-ares answers from
 its hosts file or its own cache synchronously, so delivery goes through
 ``loop.call_soon``, as in the threaded resolver.
@@ -35,6 +45,7 @@ its hosts file or its own cache synchronously, so delivery goes through
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 
@@ -59,6 +70,10 @@ _ENVHOSTS = 1 << 8
 # The longest we sleep between two looks at c-ares's timers while queries are
 # pending (ares_timeout() caps its answer with it).
 _MAX_TIMER = 1.0
+
+# Statuses that are not the name's answer: asked once more (see the docstring).
+_ASK_AGAIN = frozenset({pycares.errno.ARES_EBADRESP, pycares.errno.ARES_ECONNREFUSED})
+DEAD_AFTER = 20  # lookups timed out in a row: the name server is not answering
 
 BareAddress = tuple[int, str]  # (family, ip), before a port is attached
 _CacheEntry = tuple[float, list[BareAddress] | None, TransferError | None]
@@ -105,6 +120,11 @@ class AresResolver:
         self._cache: dict[str, _CacheEntry] = {}
         self._purge_at = PURGE_FLOOR
         self._waiting: dict[str, list[tuple[int, ResolveCallback]]] = {}
+        self._asked_again: set[str] = set()  # names given a second query
+        self._again: collections.deque[str] = collections.deque()  # ... waiting for it
+        self._asking_again: str | None = None  # ... having it now
+        self._timeouts = 0  # lookups timed out in a row, with no answer between
+        self._dead_until = 0.0  # loop time until which lookups fail at once
         try:
             self._channel = pycares.Channel(
                 sock_state_cb=self._sock_state,
@@ -132,6 +152,14 @@ class AresResolver:
         waiters = self._waiting.get(host)
         if waiters is not None:
             waiters.append((port, callback))
+            return
+        if loop.now < self._dead_until:
+            error = TransferError(
+                ErrorCode.DNS,
+                f"cannot resolve {host!r}: the name server is not answering "
+                f"({self._timeouts} lookups in a row timed out)",
+            )
+            loop.call_soon(callback, None, error)
             return
         self._waiting[host] = [(port, callback)]
         self._query(host)
@@ -164,6 +192,8 @@ class AresResolver:
     # -- c-ares plumbing ------------------------------------------------------------
 
     def _query(self, host: str) -> None:
+        if self._closed:
+            return  # asked again after close()
         flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
         self._pending += 1
         try:
@@ -189,6 +219,12 @@ class AresResolver:
         self._pending -= 1
         if self._closed:
             return
+        if status in _ASK_AGAIN and host not in self._asked_again:
+            self._asked_again.add(host)
+            self._again.append(host)
+            self._loop.call_soon(self._ask_next_again)  # not from inside c-ares
+            return
+        self._count_timeout(status == pycares.errno.ARES_ETIMEOUT)
         if status is not None or result is None:
             reason = _strerror(status) if status is not None else "no answer"
             error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {reason}")
@@ -211,11 +247,28 @@ class AresResolver:
         ttl = max(self._min_ttl, ttl)
         self._loop.call_soon(self._done, host, bare, None, ttl)
 
+    def _ask_next_again(self) -> None:
+        if self._asking_again is None and self._again and not self._closed:
+            host = self._asking_again = self._again.popleft()
+            self._query(host)
+
+    def _count_timeout(self, timed_out: bool) -> None:
+        if not timed_out:
+            self._timeouts = 0  # the server answered (an NXDOMAIN is an answer)
+            return
+        self._timeouts += 1
+        if self._timeouts >= DEAD_AFTER:
+            self._dead_until = self._loop.now + self._negative_ttl
+
     def _done(
         self, host: str, bare: list[BareAddress] | None, error: TransferError | None, ttl: float
     ) -> None:
         if self._closed:
             return
+        self._asked_again.discard(host)
+        if host == self._asking_again:
+            self._asking_again = None
+            self._ask_next_again()
         cache = self._cache
         if len(cache) >= self._purge_at:
             self._purge()
