@@ -813,6 +813,11 @@ _ONLY_GZIP = "only gzip is read as it is"
             "not valid UTF-8 (byte 0xa3 at column 11); "
             f"it looks bzip2-compressed: {_ONLY_GZIP}, bzcat it",
         ),
+        (  # a bzip2 stream whose first line is valid UTF-8 (its CRC holds a \n)
+            b"BZh91AY&SY\x0a\x12\x13\x14\x15",
+            "not text (an archive's first bytes); "
+            f"it looks bzip2-compressed: {_ONLY_GZIP}, bzcat it",
+        ),
         (
             b"\x28\xb5\x2f\xfd\x04",
             "not valid UTF-8 (byte 0xb5 at column 2); "

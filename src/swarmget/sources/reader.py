@@ -312,7 +312,7 @@ def _head(lines: Iterator[str]) -> tuple[list[str], Iterator[str]]:
 
 def _check_text(line: str, lineno: int, name: str) -> None:
     """The first non-blank line must be text: if it is not, the input is not."""
-    if is_text(line) and "\x00" not in line:
+    if is_text(line) and "\x00" not in line and not _archive(line):
         return
     try:
         raw = line.encode("utf-8", "surrogateescape")
@@ -321,10 +321,21 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     hint = next((text for magic, text in _NOT_TEXT_HINTS if raw.startswith(magic)), _NOT_TEXT_HINT)
     if not is_text(line):
         problem = f"not valid UTF-8 ({why_not_text(line)})"
-    else:
+    elif "\x00" in line:
         column = line.index("\x00") + 1
         problem = f"not text (a NUL byte at column {column})"
+    else:
+        problem = "not text (an archive's first bytes)"
     raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
+
+
+def _archive(line: str) -> bool:
+    """Does ``line`` begin a bzip2 stream or a zip archive?  Their first line can be
+    valid UTF-8 (in about one bzip2 file in a hundred the block's CRC holds a line
+    break), and was then read as a list of garbage URLs."""
+    return (line.startswith("BZh") and line[3:4].isdigit() and line[4:10] == "1AY&SY") or (
+        line.startswith("PK\x03\x04")
+    )
 
 
 def _unreadable(name: str, exc: BaseException) -> UsageError:
