@@ -124,6 +124,7 @@ def test_worker_count_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SWARMGET_WORKERS", raising=False)
     assert worker_count(Options(workers=3)) == 3
     assert worker_count(Options(workers=8, concurrency=2)) == 2
+    assert worker_count(Options(workers=8, per_host=3)) == 3  # a host's limit is kept
     monkeypatch.setenv("SWARMGET_WORKERS", "5")
     assert worker_count(Options()) == 5
     assert worker_count(Options(workers=2)) == 2
@@ -337,3 +338,48 @@ def test_an_exception_in_the_run_still_lists_every_file_on_disk(
     files = {p.name for p in tmp_path.iterdir() if p.name != ".swarmget"}
     listed = {r["path"] for r in swarmget.read_manifest(tmp_path) if r["status"] == "ok"}
     assert files and files == listed
+
+
+def test_worker_shares_add_up_to_the_limits_exactly() -> None:
+    from swarmget.parallel.workers import worker_shares
+
+    shares = worker_shares(Options(concurrency=7, per_host=3), 2)
+    assert [(s.concurrency, s.per_host, s.workers) for s in shares] == [(4, 2, 1), (3, 1, 1)]
+
+
+def test_rows_are_dealt_in_turn_not_in_slices() -> None:
+    from swarmget.parallel.supervisor import _interleave
+
+    rows = list(range(10))
+    assert _interleave(rows, [5, 5]) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]  # type: ignore[arg-type]
+    assert _interleave(rows, [2, 8]) == [[0, 2], [1, 3, 4, 5, 6, 7, 8, 9]]  # type: ignore[arg-type]
+    assert _interleave(rows, [0, 10]) == [[], rows]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("per_host", [1, 3])
+def test_per_host_is_a_promise_to_the_host_whatever_the_workers(
+    per_host: int, tmp_path: Path
+) -> None:
+    """--per-host 1 with two workers opened two connections to the host."""
+    from swarmget.testing import TestServer
+
+    with TestServer() as server:
+        urls = [server.file_url(f"p{i}.bin", size=100, latency=0.05) for i in range(30)]
+        report = swarmget.download(urls, tmp_path, workers=2, per_host=per_host)
+        assert report.ok == 30
+        assert server.stats.peak_active == per_host
+
+
+def test_slow_rows_together_in_the_list_are_shared_by_the_workers(tmp_path: Path) -> None:
+    """The first half slow, the second fast: dealt in slices, one worker had every
+    slow row on half the connections (twice the time of one worker)."""
+    from swarmget.testing import TestServer
+
+    with TestServer() as server:
+        slow = [server.file_url(f"s{i}.bin", size=100, latency=0.2) for i in range(40)]
+        fast = [server.file_url(f"f{i}.bin", size=100) for i in range(40)]
+        report = swarmget.download(slow + fast, tmp_path, workers=2, concurrency=4, per_host=4)
+    assert report.ok == 80
+    # Each worker had two connections: 20 slow rows each is 10 rounds of 0.2 s.
+    # All 40 on one worker's two connections took 4 s.
+    assert report.elapsed < 3.0

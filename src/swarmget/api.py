@@ -20,7 +20,7 @@ from swarmget.parallel.backend import Backend
 from swarmget.parallel.fork import ForkBackend
 from swarmget.parallel.inline import InlineBackend
 from swarmget.parallel.supervisor import BATCH, Supervisor
-from swarmget.parallel.workers import worker_count, worker_options
+from swarmget.parallel.workers import worker_count, worker_shares
 from swarmget.report import ProgressListener, Report
 from swarmget.sinks.files import FileSink
 from swarmget.sinks.plan import FilePlanner
@@ -185,11 +185,11 @@ def run_download(
         workers = worker_count(options)
         backend: Backend
         if workers > 1:
-            share = worker_options(options, workers)
-            backend = ForkBackend(workers, make_sink, share)
+            shares = worker_shares(options, workers)
+            backend = ForkBackend(make_sink, shares)
             # Workers report every 0.1 s; the backlog must outlast that at full
             # speed (~5,000 rows/s per worker on loopback) or they idle.
-            backlog_limit = 2 * share.concurrency + 8 * BATCH
+            backlog_limit = 2 * shares[0].concurrency + 8 * BATCH
             if options.insecure:
                 sys.stderr.write(INSECURE_WARNING)  # once for the run, not once per worker
         else:

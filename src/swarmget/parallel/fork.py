@@ -54,10 +54,11 @@ class _Slot:
 
 
 class ForkBackend:
-    def __init__(self, workers: int, make_sink: Callable[[int], Sink], options: Options) -> None:
-        self.workers = workers
+    def __init__(self, make_sink: Callable[[int], Sink], shares: list[Options]) -> None:
+        self.workers = len(shares)
         self._make_sink = make_sink
-        self._options = options
+        self._shares = shares  # each worker's options (parallel/workers.py)
+        workers = self.workers
         method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         self._method = method
         self._context: Any = multiprocessing.get_context(method)
@@ -92,7 +93,7 @@ class ForkBackend:
                 inherited if self._method == "fork" else [],
                 worker,
                 self._make_sink,
-                self._options,
+                self._shares[worker],
                 threading.current_thread() is threading.main_thread(),
             ),
             daemon=True,

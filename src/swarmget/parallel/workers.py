@@ -19,25 +19,38 @@ def worker_count(options: Options) -> int:
     thread: forking a threaded program is unsafe, and the alternative (spawn)
     re-imports the caller's main module, which a script without an
     ``if __name__ == "__main__"`` guard does not survive.  Never more than
-    ``concurrency``, and always one in a daemonic process (a PyTorch
-    DataLoader's workers, a ``Pool``'s): multiprocessing forbids it children.
+    ``concurrency`` or ``per_host`` (each worker needs one connection of each
+    to share, and a host's limit is a promise to the host: ``--per-host 1``
+    with two workers opened two connections to it), and always one in a
+    daemonic process (a PyTorch DataLoader's workers, a ``Pool``'s):
+    multiprocessing forbids it children.
     """
     if multiprocessing.current_process().daemon:
         return 1
     wanted = options.workers or _env_workers()
     if not wanted:
         wanted = _usable_cpus() if threading.active_count() == 1 else 1
-    return max(1, min(wanted, options.concurrency))
+    return max(1, min(wanted, options.concurrency, options.per_host))
 
 
-def worker_options(options: Options, workers: int) -> Options:
-    """Each worker's share: its own event loop, ``concurrency`` and ``per_host`` split."""
-    return dataclasses.replace(
-        options,
-        workers=1,
-        concurrency=max(1, options.concurrency // workers),
-        per_host=max(1, options.per_host // workers),
-    )
+def worker_shares(options: Options, workers: int) -> list[Options]:
+    """Each worker's options: its own event loop, and its share of ``concurrency``
+    and ``per_host``.  The shares add up to the limits exactly (3 over two
+    workers is 2 and 1; flooring gave 1 and 1), each at least 1 (see
+    :func:`worker_count`)."""
+    return [
+        dataclasses.replace(
+            options,
+            workers=1,
+            concurrency=_share(options.concurrency, workers, index),
+            per_host=_share(options.per_host, workers, index),
+        )
+        for index in range(workers)
+    ]
+
+
+def _share(total: int, workers: int, index: int) -> int:
+    return max(1, total // workers + (1 if index < total % workers else 0))
 
 
 def _usable_cpus() -> int:

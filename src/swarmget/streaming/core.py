@@ -45,7 +45,7 @@ from swarmget.parallel.backend import Backend
 from swarmget.parallel.fork import ForkBackend
 from swarmget.parallel.inline import InlineBackend
 from swarmget.parallel.supervisor import BATCH, Supervisor
-from swarmget.parallel.workers import worker_count, worker_options
+from swarmget.parallel.workers import worker_count, worker_shares
 from swarmget.report import FileResult, ProgressListener, Report
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.memory import Arena, Budget, MemorySink
@@ -240,7 +240,7 @@ class Stream(Iterator[Item]):
             # bodies here waiting for the caller (stream/delivery.py).
             arenas = [Arena(self._limit // (2 * workers)) for _ in range(workers)]
             make = functools.partial(worker_sink, self.spill_dir, arenas, self._map)
-            backend = ForkBackend(workers, make, worker_options(options, workers))
+            backend = ForkBackend(make, worker_shares(options, workers))
             backend.start()  # fork now, in the caller's thread, before ours starts
             return backend, Budget(self._limit // 2), arenas
         budget = Budget(self._limit)
