@@ -125,6 +125,9 @@ def test_worker_count_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     assert worker_count(Options(workers=3)) == 3
     assert worker_count(Options(workers=8, concurrency=2)) == 2
     assert worker_count(Options(workers=8, per_host=3)) == 3  # a host's limit is kept
+    assert worker_count(Options(), rows=10) == 1  # a short list: one process, no fork
+    assert worker_count(Options(workers=2), rows=10) == 2  # unless asked for
+    assert worker_count(Options(), rows=1000) == worker_count(Options())
     monkeypatch.setenv("SWARMGET_WORKERS", "5")
     assert worker_count(Options()) == 5
     assert worker_count(Options(workers=2)) == 2

@@ -8,7 +8,7 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, TextIO
 
 from swarmget.errors import UsageError
@@ -163,7 +163,9 @@ def download(
     """
     opts = fit_concurrency(Options.from_kwargs(options))
     rows = input_rows(urls, sources)
-    report = run_download(rows, dest, opts, progress)
+    given: object = urls  # not narrowed to Iterable: a list is Sized too
+    known = len(given) if isinstance(given, Sized) and not sources else None
+    report = run_download(rows, dest, opts, progress, known_rows=known)
     if report.total + report.skipped == 0:
         warnings.warn("swarmget.download: the input has no rows", stacklevel=2)
     return report
@@ -174,15 +176,18 @@ def run_download(
     dest: str | os.PathLike[str],
     options: Options,
     progress: ProgressListener | None = None,
+    *,
+    known_rows: int | None = None,
 ) -> Report:
-    """Plan ``rows`` into ``dest`` and download them with one engine per worker."""
+    """Plan ``rows`` into ``dest`` and download them with one engine per worker
+    (``known_rows``: how many rows there are, when the caller knows)."""
     if not os.fspath(dest):
         # realpath("") is the current directory: an unset $OUT must not fill it.
         raise UsageError("the output directory is an empty string")
     planner = FilePlanner(os.fspath(dest), options)
     try:
         make_sink = functools.partial(file_sink, planner.root)
-        workers = worker_count(options)
+        workers = worker_count(options, known_rows)
         backend: Backend
         if workers > 1:
             shares = worker_shares(options, workers)

@@ -10,9 +10,14 @@ import threading
 from swarmget.errors import UsageError
 from swarmget.options import Options
 
+# A list this short is done by one process before a second would have started
+# (a fork costs ~5 ms and ~20 MB): a program calling download() on small
+# batches paid 12 ms a call instead of 2.
+FEW_ROWS = 256
 
-def worker_count(options: Options) -> int:
-    """How many processes a run uses.
+
+def worker_count(options: Options, rows: int | None = None) -> int:
+    """How many processes a run uses (``rows``: the list's length, if known).
 
     ``workers`` when set, else ``$SWARMGET_WORKERS``, else one per CPU this
     process may run on -- but only while the calling process has a single
@@ -29,7 +34,8 @@ def worker_count(options: Options) -> int:
         return 1
     wanted = options.workers or _env_workers()
     if not wanted:
-        wanted = _usable_cpus() if threading.active_count() == 1 else 1
+        few = rows is not None and rows < FEW_ROWS
+        wanted = _usable_cpus() if threading.active_count() == 1 and not few else 1
     return max(1, min(wanted, options.concurrency, options.per_host))
 
 
