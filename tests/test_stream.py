@@ -136,6 +136,32 @@ def test_on_error_raise_lets_the_loop_go_on_past_a_caught_error(server: TestServ
     assert errors == ["http_404"] and sorted(seen) == [i for i in range(200) if i != 3]
 
 
+def test_astreams_that_gave_up_waiting_close_at_once_and_starve_nothing(
+    server: TestServer,
+) -> None:
+    """Each wait a timeout gave up on held a thread of asyncio's default pool until
+    an item came: past six such streams, closing them (and the program's own
+    to_thread and getaddrinfo) waited for the server, here 5 s."""
+    urls = [server.file_url(f"gone{i}.bin", size=10, latency=5) for i in range(2)]
+
+    async def one() -> None:
+        async with swarmget.astream(urls, workers=1) as items:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(items.__anext__(), 0.2)
+
+    async def main() -> tuple[float, float]:
+        started = time.monotonic()
+        streams = asyncio.gather(*(one() for _ in range(12)))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(lambda: None)  # the program's own use of the pool
+        other = time.monotonic() - started
+        await streams
+        return other, time.monotonic() - started
+
+    other, closed = asyncio.run(main())
+    assert other < 2.0 and closed < 3.0, (other, closed)
+
+
 def test_an_astream_wait_that_times_out_loses_no_item(server: TestServer) -> None:
     # The thread waiting for the next item went on after the caller's timeout,
     # took that item, and dropped it.
@@ -790,3 +816,20 @@ def test_astream_uses_worker_processes_by_default(tmp_path: Path) -> None:
     pids = set(result["pids"])
     assert len(result["pids"]) == 40
     assert result["me"] not in pids and len(pids) >= 2
+
+
+def test_a_stop_that_came_between_two_map_calls_stops_the_next(tmp_path: Path) -> None:
+    """The stop signal only interrupts a map call that is running; one that came
+    between two set a flag, and the next call ran to its end (seconds after
+    close() was asked for)."""
+    from swarmget.report import FileResult
+    from swarmget.sinks.memory import BYTES, MemorySink
+    from swarmget.streaming.items import body_item
+
+    called: list[int] = []
+    sink = MemorySink(str(tmp_path), map_fn=lambda item: called.append(1), make_item=body_item)
+    result = FileResult("http://h/a", None, "ok", 200, 3, index=0, payload=(BYTES, b"abc"))
+    sink.stop_requested = True  # as worker.py's handler sets it, with mapping False
+    with pytest.raises(KeyboardInterrupt):
+        sink.run_map(result)
+    assert called == [] and not sink.mapping

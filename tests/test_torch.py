@@ -113,6 +113,20 @@ def test_failures_are_counted_across_loader_workers(server: TestServer) -> None:
     assert dataset.failed == 4
 
 
+def test_loader_workers_may_be_spawned(server: TestServer) -> None:
+    """The shared epoch and failure count were made in the fork context, whose
+    lock refuses to go to a spawned process: the DataLoader failed at once."""
+    urls = [server.file_url(f"s{i}.bin", size=10) for i in range(6)]
+    urls[2] = server.file_url("gone.bin", status=404)
+    dataset = URLDataset(urls, map=_size, retries=0)
+    loader = DataLoader(dataset, num_workers=1, batch_size=None, multiprocessing_context="spawn")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        values = list(loader)
+    assert values == [10] * 5
+    assert dataset.failed == 1
+
+
 def test_shuffle_needs_a_list() -> None:
     with pytest.raises(Exception, match="shuffle=True needs a sequence"):
         URLDataset(iter(["http://h/a"]), shuffle=True)

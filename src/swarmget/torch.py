@@ -79,8 +79,13 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         self.shuffle = shuffle
         self.seed = seed
         self._options = stream_options
-        self._epoch: Any = multiprocessing.Value("q", 0)  # shared memory (see the docstring)
-        self._failures: Any = multiprocessing.Value("q", 0)
+        # Shared memory (see the docstring), made in the spawn context: its lock
+        # may then go to loader workers however they start (a fork context's
+        # lock refuses to be sent to a spawned or forkserver worker, and the
+        # DataLoader failed with multiprocessing_context="spawn").
+        shared = multiprocessing.get_context("spawn")
+        self._epoch: Any = shared.Value("q", 0)
+        self._failures: Any = shared.Value("q", 0)
         self._warned = 0  # failures reported through warnings by this process
 
     @property

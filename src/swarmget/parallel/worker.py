@@ -216,6 +216,8 @@ _sink: Sink | None = None
 def _stop(signum: int, frame: FrameType | None) -> None:
     global _stop_requested
     _stop_requested = True
+    if _sink is not None:
+        _sink.stop_requested = True  # before looking at mapping: see run_map
     if _sink is not None and _sink.mapping:
         raise KeyboardInterrupt  # inside the caller's map: nothing of ours is half done
     wake = _wake

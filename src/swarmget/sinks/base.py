@@ -151,6 +151,9 @@ class Sink:
     # ``map``, sinks/memory.py)?  A stop signal then interrupts it at once
     # (parallel/worker.py): nothing of ours is half done while it runs.
     mapping = False
+    # Set by that stop signal: a caller's function about to start does not (the
+    # signal may have come just before it, between two of them).
+    stop_requested = False
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None

@@ -467,6 +467,7 @@ class MemorySink(Sink):
         self._mapper: MapSlices | None = None
         self._spilled = 0
         self.mapping = False  # the caller's function is running (worker.py's stop signal)
+        self.stop_requested = False  # worker.py's stop signal came
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
@@ -514,6 +515,12 @@ class MemorySink(Sink):
         item = make_item(result.index, result.url, payload, self.arena)
         try:
             self.mapping = True  # inside the try: a stop signal here still cleans up
+            if self.stop_requested:
+                # The signal came between two calls (mapping was False, so it only
+                # set the flag): the next call would have run to its end, seconds
+                # after close() was asked for.  (Set before mapping is read there,
+                # and read after mapping is set here: no gap between the two.)
+                raise KeyboardInterrupt
             result.payload = (VALUE, fn(item))
         except KeyboardInterrupt:
             raise  # Ctrl-C, or the driver stopping this worker (parallel/worker.py)

@@ -6,9 +6,11 @@ See :mod:`swarmget.streaming.core` for how it works.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from swarmget.sources.rows import Row
 from swarmget.streaming.core import Stream
@@ -16,6 +18,8 @@ from swarmget.streaming.delivery import NOT_YET
 from swarmget.streaming.items import Item
 
 __all__ = ["AsyncStream", "Item", "Stream", "astream", "stream"]
+
+T = TypeVar("T")
 
 
 # The function users call is the class itself: one signature, documented once
@@ -27,8 +31,12 @@ class AsyncStream(AsyncIterator[Item]):
     """:func:`stream` for asyncio: ``async with`` / ``async for``; never blocks the loop.
 
     The downloading runs on the stream's own thread and processes; an item that
-    is ready is returned at once, and waiting for one happens on a worker
-    thread (``asyncio.to_thread``), so the event loop keeps running.
+    is ready is returned at once, and waiting for one (or for close) happens on
+    a thread of its own, so the event loop keeps running.  Not on asyncio's
+    default executor: a wait a caller's timeout gave up on still holds its
+    thread until an item comes, and eight such streams took all of that pool
+    (six threads here) -- closing them waited a minute, and every
+    ``getaddrinfo`` and ``to_thread`` of the program with them.
     """
 
     def __init__(self, stream: Stream) -> None:
@@ -53,7 +61,7 @@ class AsyncStream(AsyncIterator[Item]):
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await asyncio.to_thread(self._stream.close)
+        await _in_thread(self._stream.close)
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -68,7 +76,7 @@ class AsyncStream(AsyncIterator[Item]):
                 assert isinstance(item, Item)
                 return item
             # StopIteration cannot cross a Future: the thread says None instead.
-            waiting = asyncio.ensure_future(asyncio.to_thread(next, self._stream, None))
+            waiting = _in_thread(next, self._stream, None)
             waiting.add_done_callback(_retrieved)
             self._waiting = waiting
         try:
@@ -88,7 +96,7 @@ class AsyncStream(AsyncIterator[Item]):
         return item
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self._stream.close)
+        await _in_thread(self._stream.close)
 
     @property
     def report(self) -> Any:
@@ -98,6 +106,42 @@ class AsyncStream(AsyncIterator[Item]):
 def astream(urls: Iterable[str | Row], **kwargs: Any) -> AsyncStream:
     """:func:`stream` as an async iterator; the same arguments."""
     return AsyncStream(stream(urls, **kwargs))
+
+
+def _in_thread(call: Callable[..., T], *args: object) -> asyncio.Future[T]:
+    """``call(*args)`` on a daemon thread of its own; its outcome as a future of the
+    running loop.  (A daemon: a wait nobody collects never holds up the exit.)"""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def run() -> None:
+        try:
+            result = call(*args)
+        except BaseException as exc:
+            _settle(loop, future, None, exc)
+        else:
+            _settle(loop, future, result, None)
+
+    threading.Thread(target=run, name="swarmget-astream", daemon=True).start()
+    return future
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[T],
+    result: T | None,
+    error: BaseException | None,
+) -> None:
+    def apply() -> None:
+        if future.done():
+            return  # cancelled meanwhile (the loop shutting down)
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+        loop.call_soon_threadsafe(apply)
 
 
 def _retrieved(future: asyncio.Future[Item | None]) -> None:
