@@ -386,3 +386,14 @@ def test_slow_rows_together_in_the_list_are_shared_by_the_workers(tmp_path: Path
     # Each worker had two connections: 20 slow rows each is 10 rounds of 0.2 s.
     # All 40 on one worker's two connections took 4 s.
     assert report.elapsed < 3.0
+
+
+def test_a_run_knows_its_length_only_from_lists_and_urls() -> None:
+    from swarmget.api import _known_rows
+
+    assert _known_rows(["http://h/a", "http://h/b"], None) == 2
+    assert _known_rows(None, ["http://h/a"]) == 1  # swarmget URL -o out: no fork
+    assert _known_rows(["http://h/a"], ["http://h/b", "http://h/c"]) == 3
+    assert _known_rows(iter(["http://h/a"]), None) is None
+    assert _known_rows(None, ["urls.txt"]) is None
+    assert _known_rows(None, ["-"]) is None

@@ -163,12 +163,25 @@ def download(
     """
     opts = fit_concurrency(Options.from_kwargs(options))
     rows = input_rows(urls, sources)
-    given: object = urls  # not narrowed to Iterable: a list is Sized too
-    known = len(given) if isinstance(given, Sized) and not sources else None
-    report = run_download(rows, dest, opts, progress, known_rows=known)
+    report = run_download(rows, dest, opts, progress, known_rows=_known_rows(urls, sources))
     if report.total + report.skipped == 0:
         warnings.warn("swarmget.download: the input has no rows", stacklevel=2)
     return report
+
+
+def _known_rows(urls: object, sources: Sequence[str] | None) -> int | None:
+    """How many rows a run has, when that is known before reading them: a list
+    (not an iterator), and sources that are all URLs (``swarmget URL -o out``)."""
+    count = 0
+    if urls is not None:
+        if not isinstance(urls, Sized):
+            return None
+        count = len(urls)
+    for source in sources or ():
+        if not (isinstance(source, str) and "://" in source):
+            return None  # a file or stdin: read later
+        count += 1
+    return count
 
 
 def run_download(
