@@ -81,7 +81,10 @@ def test_a_worker_that_dies_costs_only_its_unreported_rows(
         assert killed
         counts = report.error_counts()
         assert set(counts) <= {"crashed"} and report.ok + report.failed == 301
-        assert report.ok >= 200  # the other worker, and the new one, did the rest
+        # Rows are dealt in turn, all 301 at once: the dead worker held half of
+        # them, and only those it had not reported fail; the other worker, and
+        # the new one, did the rest.
+        assert report.failed < 151 and report.ok >= 150
         crashed = [r for r in records(tmp_path) if r["status"] == "failed"]
         assert all("worker process died" in r["message"] for r in crashed)
         again = swarmget.download(urls, tmp_path, workers=2, retries=0)
