@@ -769,3 +769,22 @@ def test_a_name_server_that_stopped_answering_fails_lookups_at_once(loop: EventL
             assert "Timeout" in error.message  # asked again, and still nothing
         finally:
             resolver.close()
+
+
+def test_a_row_that_waited_for_its_name_records_the_wait(tmp_path: Path) -> None:
+    """elapsed_ms counted from the first connection attempt: a row whose name
+    took seconds to fail recorded 0."""
+
+    def slow_nxdomain(query: DNSRecord, data: bytes) -> bytes:
+        reply = query.reply()
+        reply.header.rcode = RCODE.NXDOMAIN
+        return bytes(reply.pack())
+
+    with RawNameServer(slow_nxdomain, delay=0.3) as server:
+        report = swarmget.download(
+            ["http://slow-nx.test/a"], tmp_path, dns_servers=(server.address,), retries=0
+        )
+    (failure,) = report.failures
+    assert failure.error == "dns"
+    (record,) = swarmget.read_manifest(tmp_path)
+    assert record["elapsed_ms"] >= 250

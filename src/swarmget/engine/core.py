@@ -267,6 +267,7 @@ class Engine(ConnectionOwner):
                 self._record(Job(row, Location(("", "", 0), "", "", None)), exc)
                 continue
             job = Job(row, location)
+            job.admitted = self.loop.now
             self._submit(Transfer(job, start=row.resume_from))
 
     def _submit(self, transfer: Transfer, front: bool = False) -> None:
@@ -623,7 +624,10 @@ class Engine(ConnectionOwner):
         return {name: hashlib.new(name) for name in sorted(names)}
 
     def _elapsed_ms(self, job: Job) -> int:
-        return int((self.loop.now - job.first_start) * 1000) if job.first_start else 0
+        """From the first attempt; for a row that never had one (its name did not
+        resolve: seconds, recorded as 0), from when the engine took it."""
+        start = job.first_start or job.admitted
+        return int((self.loop.now - start) * 1000) if start else 0
 
     def _stop(self, error: OutputError) -> None:
         """A run-stopping error (the disk is full): start nothing more."""

@@ -19,6 +19,7 @@ from swarmget.sinks.base import Assignment, Writer
 
 class Job:
     __slots__ = (
+        "admitted",
         "authorization",
         "cross_origin",
         "first_start",
@@ -42,7 +43,8 @@ class Job:
         self.target = location.target
         self.host_header = location.host_header
         self.authorization = location.authorization  # from user:password@ in the URL
-        self.first_start = 0.0
+        self.first_start = 0.0  # loop time of the first attempt (--deadline counts from it)
+        self.admitted = 0.0  # loop time the engine took the row (waiting for DNS counts)
         self.validator: str | None = row.validator  # ETag / Last-Modified for If-Range
 
     def move_to(self, url: str, location: Location) -> None:
