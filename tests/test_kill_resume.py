@@ -178,11 +178,13 @@ def test_sigterm_to_the_whole_process_group_stops_as_sigterm(
     assert b"stopped by SIGTERM" in stderr
 
 
-def test_a_worker_stopped_alone_fails_its_rows_as_crashed_and_the_run_goes_on(
+def test_a_worker_stopped_alone_hands_its_rows_on_and_the_run_goes_on(
     server: ProcessServer, tmp_path: Path
 ) -> None:
     # SIGTERM to one worker (a stray kill, an OOM killer's) stopped the whole
-    # run as if Ctrl-C had been pressed, and its rows got no record.
+    # run as if Ctrl-C had been pressed, and its rows got no record; then its
+    # rows failed as crashed, even those it had not begun.  Now they are dealt
+    # again, and the run completes.
     urls = tmp_path / "urls.txt"
     names = {f"w{i}.bin": 3000 for i in range(120)}
     lines = [server.file_url(name, size=size, latency=0.3) for name, size in names.items()]
@@ -195,14 +197,7 @@ def test_a_worker_stopped_alone_fails_its_rows_as_crashed_and_the_run_goes_on(
     time.sleep(0.5)
     os.kill(children(proc.pid)[0], signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 1, stderr.decode()
-    records = records_of(out)
-    assert sorted(r["index"] for r in records) == list(range(len(names)))  # type: ignore[type-var]
-    failed = [r for r in records if r["status"] != "ok"]
-    assert failed and {r["error"] for r in failed} == {"crashed"}
-    again = swarmget(urls, out)
-    again.communicate(timeout=60)
-    assert again.returncode == 0
+    assert proc.returncode == 0, stderr.decode()
     check_complete(out, names)
 
 

@@ -833,3 +833,25 @@ def test_a_stop_that_came_between_two_map_calls_stops_the_next(tmp_path: Path) -
     with pytest.raises(KeyboardInterrupt):
         sink.run_map(result)
     assert called == [] and not sink.mapping
+
+
+def _dies_on_seven(item: Item) -> int:
+    if item.index == 7:
+        os._exit(3)  # a map that segfaults, or calls into a library that aborts
+    return item.index
+
+
+def test_a_row_that_kills_every_worker_it_reaches_fails_alone(server: TestServer) -> None:
+    """A dead worker's rows are dealt again once: the row that killed it kills a
+    second worker, and then fails with ``crashed`` (with what that one held and
+    had been dealt again); no third worker dies, and the other rows come."""
+    urls = [server.file_url(f"k{i}.bin", size=100) for i in range(40)]
+    with swarmget.stream(
+        urls, map=_dies_on_seven, workers=2, ordered=True, on_error="yield", concurrency=4
+    ) as items:
+        got = {item.index: (item.ok, item.error) for item in items}
+    assert sorted(got) == list(range(40))
+    assert got[7] == (False, "crashed")
+    crashed = [i for i, (ok, _) in got.items() if not ok]
+    assert all(got[i][1] == "crashed" for i in crashed)
+    assert len(crashed) < 40  # the rows dealt for the first time went on

@@ -34,7 +34,7 @@ class ErrorCode:
     SIZE_MISMATCH: Final = "size_mismatch"
     CANCELLED: Final = "cancelled"  # --dedupe: the row this copy shares did not finish
     BAD_ROW: Final = "bad_row"  # a malformed input row (its line number is in the message)
-    CRASHED: Final = "crashed"  # the worker process downloading the row died
+    CRASHED: Final = "crashed"  # the worker processes downloading the row died, twice
 
     ALL: Final = frozenset(
         {

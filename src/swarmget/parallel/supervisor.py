@@ -144,6 +144,7 @@ class Supervisor:
         self._fatal: SwarmgetError | None = None
         self._turn = 0  # deals so far (ties in level_shares go round-robin)
         self._replacements = 0
+        self._redealt: set[int] = set()  # keys dealt again after their worker died
         self._started = 0.0
         self._first: list[Row] = []  # read before the backend starts
         self._interrupts = TurnInterrupts(self._wake_backend)
@@ -319,7 +320,9 @@ class Supervisor:
         return rows
 
     def _send(self, assignments: list[Assignment]) -> None:
-        live = [(i, w) for i, w in enumerate(self._workers) if not w.gone]
+        # Not to a worker told the input has ended: it is finishing its backlog
+        # and would never take these (rows dealt again after a death were lost).
+        live = [(i, w) for i, w in enumerate(self._workers) if not w.gone and not w.ended]
         if not live or not assignments:
             return
         shares = level_shares([w.backlog for _, w in live], len(assignments), self._turn)
@@ -368,12 +371,30 @@ class Supervisor:
             self._died(event.worker, event.exitcode, event.why)
 
     def _died(self, index: int, exitcode: int | None, why: str = "") -> None:
-        """A worker vanished: fail what it held, and start another in its place."""
+        """A worker vanished: start another in its place, and deal what it held again,
+        once.  A row lost in a second death fails with ``crashed``: it may be what
+        kills them (a map that segfaults), and must not kill every worker in turn.
+        (Failing them all at the first death failed rows that had not even begun:
+        1,432 of a 3,000-row run for one worker killed by the OOM killer.)"""
         worker = self._workers[index]
-        lost = list(worker.outstanding.values())
+        held = list(worker.outstanding.values())
+        redealt = self._redealt
+        lost = [a for a in held if a.key in redealt]
+        again = [a for a in held if a.key not in redealt]
         message = f"the worker process died (exit code {exitcode}) while downloading this row"
         if why:
             message = f"the worker process was stopped while downloading this row: {why}"
+        fresh = _Worker()
+        self._workers[index] = fresh
+        if self._replacements < MAX_REPLACEMENTS and self._backend.replace(index):
+            self._replacements += 1
+        else:
+            fresh.gone = True
+        if again and any(not w.gone and not w.ended for w in self._workers):
+            redealt.update(a.key for a in again)
+            self._send([_from_scratch(a) for a in again])
+        else:
+            lost += again
         self._add_results(
             [
                 FileResult(
@@ -392,13 +413,7 @@ class Supervisor:
                 for a in lost
             ]
         )
-        fresh = _Worker()
-        self._workers[index] = fresh
-        if self._replacements < MAX_REPLACEMENTS and self._backend.replace(index):
-            self._replacements += 1
-            return
-        fresh.gone = True
-        if all(w.gone for w in self._workers) and not self._input_done:
+        if fresh.gone and all(w.gone for w in self._workers) and not self._input_done:
             self._fatal = SwarmgetError(
                 f"worker processes keep dying (exit code {exitcode}); the run stopped"
             )
@@ -485,3 +500,11 @@ def _interleave(assignments: list[Assignment], shares: list[int]) -> list[list[A
         left[turn] -= 1
         turn = turn + 1 if turn + 1 < count else 0
     return chunks
+
+
+def _from_scratch(row: Assignment) -> Assignment:
+    """``row`` to be dealt again after its worker died: from byte 0, since the dead
+    worker may have written more of its part than the plan said was there."""
+    if not row.resume_from:
+        return row
+    return Assignment(row.index, row.key, row.url, row.path, row.sha256, row.md5, row.size)
