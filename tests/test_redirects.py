@@ -221,6 +221,20 @@ def test_credentials_in_a_same_origin_location_are_sent(server: TestServer, out_
     assert _fields(last, b"authorization") == [b"Basic Ym9iOnMzY3JldA=="]
 
 
+def test_an_authorization_header_of_the_users_replaces_url_credentials(
+    server: TestServer, out_dir: Path
+) -> None:
+    """Both went out, two Authorization fields; curl sends the user's header alone."""
+    url = server.file_url("ua.bin", size=5).replace("http://", "http://bob:s3cret@")
+    seen = len(server.requests)
+    report = run([url], out_dir, headers={"authorization": "Bearer X"})
+    assert report.ok == 1
+    assert _fields(server.requests[seen], b"authorization") == [b"Bearer X"]
+    seen = len(server.requests)
+    assert run([url], out_dir / "plain").ok == 1  # without one, the URL's are sent
+    assert _fields(server.requests[seen], b"authorization") == [b"Basic Ym9iOnMzY3JldA=="]
+
+
 def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
     from swarmget.engine.job import Job
     from swarmget.engine.redirects import redirect_target

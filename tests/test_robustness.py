@@ -301,6 +301,7 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
         assert ("rows that finished are listed in" in full.stderr) == written, full.stderr
         assert ("no manifest could be written" in full.stderr) == (not written), full.stderr
         summary = json.loads(full.stdout)
+        assert (summary["manifest"] is not None) == written  # never a file that is not there
         assert summary["ok"] < 20
         assert not parts(out)
         filler.unlink()

@@ -226,7 +226,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "workers",
         "processes, each with its own event loop and its share of --concurrency and "
-        "--per-host; 0: one per CPU (default: $SWARMGET_WORKERS, else one per CPU)",
+        "--per-host, never more than --per-host; 0 (the default): $SWARMGET_WORKERS, "
+        "else one per CPU",
         "N",
     ),
     Flag("per_host", "connections open at once to one host (default: {default})", "N"),
@@ -251,7 +252,12 @@ FLAGS: tuple[Flag, ...] = (
         "BYTES",
         parse_size,
     ),
-    Flag("retries", "extra attempts after a retryable failure (default: {default})", "N"),
+    Flag(
+        "retries",
+        "extra attempts after a retryable failure; a transfer cut for slowness "
+        "(--min-speed, or silent for --timeout) gets one at most (default: {default})",
+        "N",
+    ),
     Flag(
         "host_failures",
         "give a host up after N failed connections (connect errors or timeouts) in a row, "
@@ -296,8 +302,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "hash",
-        "record each file's digest in the manifest: sha256 or md5 (default: none; "
-        "sha256/md5 columns in the input are always verified)",
+        "record each file's digest in the manifest: sha256 or md5, for the files this "
+        "run downloads (rows skipped as done keep their record; --overwrite redoes "
+        "them) (default: none; sha256/md5 columns in the input are always verified)",
         "ALGO",
         str,
     ),
@@ -539,6 +546,8 @@ def _download_command(argv: list[str]) -> int:
             sys.stderr,
         )
         if args.json and isinstance(exc.report, Report):
+            if exc.report.manifest and not os.path.exists(exc.report.manifest):
+                exc.report.manifest = None  # the full disk left no room for it
             print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
         return EXIT_FAILED
     if report.total + report.skipped == 0:

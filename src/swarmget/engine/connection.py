@@ -210,7 +210,7 @@ class HTTPConnection(PooledConnection):
             credentials = owner.credentials
         elif template.host_omitted:
             credentials = template.own_host  # the user's Host was for the first origin
-        if job.authorization is not None:
+        if job.authorization is not None and (job.cross_origin or not owner.user_authorizes):
             credentials += f"Authorization: {job.authorization}\r\n".encode("latin-1")
         if transfer.ranged:
             self._queued = template.render(

@@ -152,6 +152,7 @@ class Engine(ConnectionOwner):
         self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
         self._split = UrlSplitter().split
         self.credentials, self._headers = _request_headers(options)
+        self.user_authorizes = any(name.lower() == "authorization" for name in options.headers)
         self._own_host = not any(k.lower() == "host" for k in options.headers)
         self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)

@@ -30,6 +30,9 @@ class ConnectionOwner:
     recv_view: memoryview
     # Credential header lines for the first origin of each job (see engine/core.py).
     credentials: bytes
+    # Is one of them an Authorization of the user's?  Then a URL's user:password
+    # is not sent beside it (curl sends the user's header alone).
+    user_authorizes: bool
 
     def queue_send(self, conn: PooledConnection) -> None:
         """``conn`` has a request to send at the end of this loop turn."""
