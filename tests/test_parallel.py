@@ -353,10 +353,14 @@ def test_worker_shares_add_up_to_the_limits_exactly() -> None:
 def test_rows_are_dealt_in_turn_not_in_slices() -> None:
     from swarmget.parallel.supervisor import _interleave
 
-    rows = list(range(10))
-    assert _interleave(rows, [5, 5]) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]  # type: ignore[arg-type]
-    assert _interleave(rows, [2, 8]) == [[0, 2], [1, 3, 4, 5, 6, 7, 8, 9]]  # type: ignore[arg-type]
-    assert _interleave(rows, [0, 10]) == [[], rows]  # type: ignore[arg-type]
+    rows = [Assignment(i, i, f"http://h/{i}") for i in range(10)]
+
+    def dealt(shares: list[int]) -> list[list[int]]:
+        return [[row.index for row in chunk] for chunk in _interleave(rows, shares)]
+
+    assert dealt([5, 5]) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    assert dealt([2, 8]) == [[0, 2], [1, 3, 4, 5, 6, 7, 8, 9]]
+    assert dealt([0, 10]) == [[], list(range(10))]
 
 
 @pytest.mark.parametrize("per_host", [1, 3])
