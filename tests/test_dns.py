@@ -788,3 +788,20 @@ def test_a_row_that_waited_for_its_name_records_the_wait(tmp_path: Path) -> None
     assert failure.error == "dns"
     (record,) = swarmget.read_manifest(tmp_path)
     assert record["elapsed_ms"] >= 250
+
+
+def test_a_name_without_records_is_asked_once(loop: EventLoop) -> None:
+    """ "No data" is asked again only just after a malformed reply (which it may
+    hide: an A query failed, the AAAA found nothing); otherwise it is an answer."""
+
+    def nothing(query: DNSRecord, data: bytes) -> bytes:
+        return bytes(query.reply().pack())
+
+    with RawNameServer(nothing, delay=0.0) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+        try:
+            addresses, error = resolve(resolver, loop, "empty.test")
+        finally:
+            resolver.close()
+    assert addresses is None and error.code == "dns"
+    assert server.asked["empty.test."] == 2  # A and AAAA, once each

@@ -73,6 +73,10 @@ _MAX_TIMER = 1.0
 
 # Statuses that are not the name's answer: asked once more (see the docstring).
 _ASK_AGAIN = frozenset({pycares.errno.ARES_EBADRESP, pycares.errno.ARES_ECONNREFUSED})
+# A name whose A query a malformed reply failed, while its AAAA query found no
+# records (most names), is reported as "no data": in that case, too.
+_NODATA = pycares.errno.ARES_ENODATA
+_POISON_WINDOW = 1.0  # seconds after a malformed reply in which "no data" is suspect
 DEAD_AFTER = 20  # lookups timed out in a row: the name server is not answering
 
 BareAddress = tuple[int, str]  # (family, ip), before a port is attached
@@ -125,6 +129,7 @@ class AresResolver:
         self._asking_again: str | None = None  # ... having it now
         self._timeouts = 0  # lookups timed out in a row, with no answer between
         self._dead_until = 0.0  # loop time until which lookups fail at once
+        self._poisoned_until = 0.0  # loop time until which "no data" may be a malformed reply's
         try:
             self._channel = pycares.Channel(
                 sock_state_cb=self._sock_state,
@@ -219,6 +224,13 @@ class AresResolver:
         self._pending -= 1
         if self._closed:
             return
+        if status == pycares.errno.ARES_EBADRESP:
+            self._poisoned_until = self._loop.now + _POISON_WINDOW
+        if status == _NODATA and host not in self._asked_again:
+            # Decided once c-ares has said all it has to say now: the malformed
+            # reply that makes this suspect may be reported after it.
+            self._loop.call_soon(self._no_data, host)
+            return
         if status in _ASK_AGAIN and host not in self._asked_again:
             self._asked_again.add(host)
             self._again.append(host)
@@ -246,6 +258,18 @@ class AresResolver:
             return
         ttl = max(self._min_ttl, ttl)
         self._loop.call_soon(self._done, host, bare, None, ttl)
+
+    def _no_data(self, host: str) -> None:
+        if self._closed:
+            return
+        if self._loop.now < self._poisoned_until:
+            self._asked_again.add(host)
+            self._again.append(host)
+            self._ask_next_again()
+            return
+        self._count_timeout(False)
+        error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {_strerror(_NODATA)}")
+        self._done(host, None, error, self._negative_ttl)
 
     def _ask_next_again(self) -> None:
         if self._asking_again is None and self._again and not self._closed:
