@@ -230,8 +230,14 @@ class _Framing:
         self.reusable = True
 
 
-def _framing(block: bytes | bytearray, headers: dict[bytes, bytes], repaired: bool) -> _Framing:
-    """The body framing of a head llhttp accepted (so its Content-Length is one number)."""
+def _framing(
+    block: bytes | bytearray,
+    lowered: bytes | bytearray,
+    headers: dict[bytes, bytes],
+    repaired: bool,
+) -> _Framing:
+    """The body framing of a head llhttp accepted (so its Content-Length is one
+    number); ``lowered`` is ``block`` in lower case."""
     framing = _Framing()
     content_length = headers.get(b"Content-Length")  # the spelling nearly all use
     transfer_encoding: bytes | None = None
@@ -252,7 +258,7 @@ def _framing(block: bytes | bytearray, headers: dict[bytes, bytes], repaired: bo
     framing.reusable = content_length is None
     # One field, however its name is spelt (two may differ in case only, and
     # the dict holds them apart: the last one seen is not the whole story).
-    if transfer_encoding == b"chunked" and block.lower().count(b"transfer-encoding") == 1:
+    if transfer_encoding == b"chunked" and lowered.count(b"transfer-encoding") == 1:
         framing.chunked = True  # the usual case: one field, one coding
         framing.simple = not repaired
         return framing
@@ -702,7 +708,8 @@ class ResponseParser:
             self._interim(status)
             return None
         headers = fields.headers
-        if block.lower().count(b"location:") > 1:  # any spelling of the name
+        lowered = block.lower()  # names in any spelling (two may differ in case only)
+        if lowered.count(b"location:") > 1:
             _check_locations(block)
         content_length = headers.get(b"Content-Length")  # the spelling nearly all use
         if content_length is not None and not repaired:
@@ -711,7 +718,7 @@ class ResponseParser:
             length = _length(content_length)
             keep_alive = parser.should_keep_alive() if length else _persistent(parser, headers)
             return ResponseHead(status, headers, length, False, keep_alive)
-        framing = _framing(block, headers, repaired)
+        framing = _framing(block, lowered, headers, repaired)
         self._codings = framing.codings
         self._simple_chunked = framing.simple
         if framing.length == 0:
