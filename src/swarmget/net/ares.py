@@ -30,10 +30,12 @@ name share one query.  Failures (NXDOMAIN, timeouts) are cached for
 thousand times, short enough that a long run asks again after a DNS blip.
 Two failures are not the name's: a malformed reply (c-ares then fails every
 query pending on that server connection, the other hosts' too) and a refused
-one.  A name that met one is asked once more before its failure counts, one
-such name at a time: asked together, the culprit's second reply would fail
-the others' second queries as it did their first.  And a
-name server that stopped answering altogether is noticed, as ``--host-failures``
+one; and "no data" just after a malformed reply (the culprit failed the A
+query of a name whose AAAA query found no records).  A name that met one is
+asked once more before its failure counts, one such name at a time: asked
+together, the culprit's second reply would fail the others' second queries as
+it did their first.  And a name server that stopped answering altogether is
+noticed, as ``--host-failures``
 notices a dead host: after ``DEAD_AFTER`` lookups in a row time out with no
 answer between them, lookups fail at once for ``negative_ttl`` (then one goes
 out again): a list over thousands of hosts no longer crawls at ~3 s a host.
@@ -232,9 +234,7 @@ class AresResolver:
             self._loop.call_soon(self._no_data, host)
             return
         if status in _ASK_AGAIN and host not in self._asked_again:
-            self._asked_again.add(host)
-            self._again.append(host)
-            self._loop.call_soon(self._ask_next_again)  # not from inside c-ares
+            self._loop.call_soon(self._ask_again, host)  # not from inside c-ares
             return
         self._count_timeout(status == pycares.errno.ARES_ETIMEOUT)
         if status is not None or result is None:
@@ -263,13 +263,17 @@ class AresResolver:
         if self._closed:
             return
         if self._loop.now < self._poisoned_until:
-            self._asked_again.add(host)
-            self._again.append(host)
-            self._ask_next_again()
+            self._ask_again(host)
             return
         self._count_timeout(False)
         error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {_strerror(_NODATA)}")
         self._done(host, None, error, self._negative_ttl)
+
+    def _ask_again(self, host: str) -> None:
+        """A second query for ``host``, in its turn (one name at a time)."""
+        self._asked_again.add(host)
+        self._again.append(host)
+        self._ask_next_again()
 
     def _ask_next_again(self) -> None:
         if self._asking_again is None and self._again and not self._closed:
