@@ -197,17 +197,16 @@ class Journal:
                     found[key] = Previous(run, path, bool(mine), status, size, validator)
         return found
 
-    def digests(self, keys: list[int]) -> dict[int, tuple[str | None, str | None]]:
-        """The sha256 and md5 recorded for each of ``keys`` (a row done without one:
-        None for it; a key with no record: absent)."""
-        found: dict[int, tuple[str | None, str | None]] = {}
+    def digests(self, keys: list[int]) -> dict[int, dict[str, str]]:
+        """The digests recorded for each of ``keys`` (a row done without one: an
+        empty dict; a key with no record: absent)."""
+        found: dict[int, dict[str, str]] = {}
         for chunk in _chunks(keys, 500):
             marks = ",".join("?" * len(chunk))
             query = f"SELECT key, record FROM rows WHERE key IN ({marks}) AND record IS NOT NULL"
             with self._guard("read"):
                 for key, text in self._db.execute(query, chunk):
-                    record = json.loads(text)
-                    found[key] = (record.get("sha256"), record.get("md5"))
+                    found[key] = _digests_of(json.loads(text))
         return found
 
     def taken(self, paths: list[str]) -> set[str]:
@@ -239,10 +238,9 @@ class Journal:
             return None
         index, path, status, size, text = row
         record = json.loads(text) if text else {}
-        digests = {name: record[name] for name in ("sha256", "md5") if name in record}
         return Outcome(
             index, path, status, record.get("http_status"), size, record.get("error"),
-            record.get("message"), digests or None, record.get("final_url"),
+            record.get("message"), _digests_of(record) or None, record.get("final_url"),
         )  # fmt: skip
 
     # -- --dedupe ----------------------------------------------------------------------
@@ -616,6 +614,11 @@ def encode(result: FileResult) -> str:
         if isinstance(value, str):
             record[field] = storable(value)
     return _DUMPS(record)
+
+
+def _digests_of(record: dict[str, object]) -> dict[str, str]:
+    """The digests a manifest record holds (what --hash or the row's checks recorded)."""
+    return {name: str(record[name]) for name in ("sha256", "md5") if name in record}
 
 
 def _chunks(items: list[int] | list[str], size: int) -> Iterator[list[object]]:

@@ -361,7 +361,7 @@ class FilePlanner:
 
     def _recorded_digests(
         self, rows: list[Row], keys: list[int], previous: dict[int, Previous]
-    ) -> dict[int, tuple[str | None, str | None]]:
+    ) -> dict[int, dict[str, str]]:
         """The digests recorded for the rows done before that come with a sha256 or
         md5 of their own now (one query for the batch; most batches: none)."""
         wanted = [
@@ -374,9 +374,7 @@ class FilePlanner:
         return self.journal.digests(wanted) if wanted else {}
 
     @staticmethod
-    def _checks_hold(
-        row: Row, previous: Previous, digests: tuple[str | None, str | None] | None
-    ) -> bool:
+    def _checks_hold(row: Row, previous: Previous, digests: dict[str, str] | None) -> bool:
         """Did the file done before pass the checks this row comes with now?  A
         list that gained (or changed) a size, sha256 or md5 column since must not
         skip a file those were never checked against: the row is done again, and
@@ -387,10 +385,10 @@ class FilePlanner:
             return False
         if row.sha256 is None and row.md5 is None:
             return True
-        sha256, md5 = digests if digests is not None else (None, None)
-        if row.sha256 is not None and row.sha256.lower() != sha256:
+        recorded = digests or {}
+        if row.sha256 is not None and row.sha256.lower() != recorded.get("sha256"):
             return False
-        return row.md5 is None or row.md5.lower() == md5
+        return row.md5 is None or row.md5.lower() == recorded.get("md5")
 
     def _unpublish(self, previous: Previous) -> None:
         """A file done before that this row's checks do not vouch for is not left in
