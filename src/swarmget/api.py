@@ -177,10 +177,12 @@ def _known_rows(urls: object, sources: Sequence[str] | None) -> int | None:
         if not isinstance(urls, Sized):
             return None
         count = len(urls)
-    for source in sources or ():
-        if not (isinstance(source, str) and "://" in source):
+    if sources:
+        from swarmget.sources.reader import is_url
+
+        if not all(is_url(source) for source in sources):
             return None  # a file or stdin: read later
-        count += 1
+        count += len(sources)
     return count
 
 

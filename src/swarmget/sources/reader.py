@@ -76,7 +76,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import IO, Any, BinaryIO, TextIO, cast
+from typing import IO, Any, BinaryIO, TextIO, TypeGuard, cast
 
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
@@ -147,7 +147,7 @@ def read_rows(
     for source in sources:
         if isinstance(source, str) and source == STDIN:
             yield from _read_stdin(stdin, counter)
-        elif isinstance(source, str) and "://" in source:
+        elif is_url(source):
             yield Row(next(counter), strip_url(source))
         else:
             yield from _read_path(os.fspath(source), counter)
@@ -183,6 +183,11 @@ def _cells(line: str, delimiter: str) -> list[str]:
     return [cell.strip().strip('"').strip().lower() for cell in line.split(delimiter)]
 
 
+def is_url(source: object) -> TypeGuard[str]:
+    """Is ``source`` a URL given directly (anything containing ``://``), not a path?"""
+    return isinstance(source, str) and "://" in source
+
+
 def check_sources(sources: Iterable[str | os.PathLike[str]]) -> None:
     """Raise UsageError now for any source that is certain to fail later.
 
@@ -193,7 +198,7 @@ def check_sources(sources: Iterable[str | os.PathLike[str]]) -> None:
     for source in sources:
         if isinstance(source, str) and source == STDIN:
             stdin_count += 1
-        elif not (isinstance(source, str) and "://" in source):
+        elif not is_url(source):
             _check_path(os.fspath(source))
     if stdin_count > 1:
         raise UsageError("'-' (stdin) can be given as an input only once")
