@@ -35,7 +35,7 @@ import swarmget
 import swarmget.engine.core
 from swarmget.errors import UsageError
 from swarmget.loop import EventLoop
-from swarmget.net.ares import AresResolver
+from swarmget.net.ares import AresResolver, lookup_budget
 from swarmget.net.dns import Address, LazyResolver, ThreadedResolver, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs, interleave
 from swarmget.options import Options
@@ -53,9 +53,11 @@ ZONE: dict[str, list[tuple[str, str, int]]] = {
     "zero.test.": [("A", "127.0.0.1", 0)],
     "long.test.": [("A", "127.0.0.1", 86400)],
     "shared.test.": [("A", "127.0.0.1", 300)],
+    "slow.test.": [("A", "127.0.0.1", 300)],
 }
 NXDOMAIN = {"nx.test.", "cached-nx.test."}
 DROPPED = {"dead.test."}
+SLOW = {"slow.test.": 2.5}  # seconds this name's answers take (a cold recursive lookup)
 
 
 class ZoneResolver(BaseResolver):  # type: ignore[misc]
@@ -69,6 +71,7 @@ class ZoneResolver(BaseResolver):  # type: ignore[misc]
             self.hits[name] += 1
         if name in DROPPED:
             raise DNSError("dropped on purpose")  # logged (silently) and never answered
+        time.sleep(SLOW.get(name, 0.0))  # each query on its own server thread
         reply = request.reply()
         if name in NXDOMAIN or name not in ZONE:
             reply.header.rcode = RCODE.NXDOMAIN
@@ -553,15 +556,41 @@ def test_a_silent_name_fails_with_dns_in_seconds_and_stalls_no_other_host(
     dead = named_urls(web, "dead.test", [f"d{i}.bin" for i in range(10)])
     started_wall = time.time()
     started = time.monotonic()
-    report = swarmget.download(dead + good, out_dir, dns_servers=[dns.address], retries=0)
+    report = swarmget.download(
+        dead + good, out_dir, dns_servers=[dns.address], retries=0, timeout=3
+    )
     elapsed = time.monotonic() - started
     assert (report.ok, report.failed) == (30, 10)
     records = manifest(out_dir)
     assert {records[u]["error"] for u in dead} == {"dns"}
-    assert 0.5 < elapsed < 6.0  # default c-ares budget: 1 s, then 2 s
+    assert 0.5 < elapsed < 6.0  # --timeout 3: the lookup waits 1 s, then 2 s
     # The good host's files were on disk long before the dead name gave up.
     last_good = max((out_dir / f"g{i}.bin").stat().st_mtime for i in range(30))
     assert last_good - started_wall < 1.0
+
+
+def test_a_slow_name_server_is_waited_for_within_the_timeout(
+    web: TestServer, dns: NameServer, out_dir: Path
+) -> None:
+    # c-ares takes only the answer to its latest query, and waits up to 1 s,
+    # then up to 2 s (less by a random part): with those two rounds, fixed, a
+    # server that needs 2.5 s failed every name.  The rounds now fill --timeout
+    # (1, 2, 4, 8 s of the default 30).
+    urls = named_urls(web, "slow.test", ["s0.bin", "s1.bin"])
+    report = swarmget.download(urls, out_dir, dns_servers=[dns.address], retries=0)
+    assert (report.ok, report.failed) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "first", "tries", "longest"),
+    [(30.0, 1.0, 4, 15.0), (10.0, 1.0, 3, 7.0), (3.0, 1.0, 2, 3.0), (1.0, 1.0, 1, 1.0),
+     (0.4, 0.4, 1, 0.4), (2.9, 1.0, 1, 1.0)],
+)  # fmt: skip
+def test_a_lookup_asks_again_after_doubling_waits_that_fit_the_timeout(
+    timeout: float, first: float, tries: int, longest: float
+) -> None:
+    assert lookup_budget(timeout) == (first, tries)
+    assert first * (2**tries - 1) == pytest.approx(longest)
 
 
 def test_happy_eyeballs_in_the_engine(dns: NameServer, out_dir: Path) -> None:
@@ -589,7 +618,9 @@ def test_the_engine_asks_again_when_the_ttl_runs_out(
     web: TestServer, dns: NameServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # short.test has TTL 1 s; let the engine's resolver honour it (default floor: 5 s).
-    def short_lived(loop: EventLoop, *, servers: tuple[str, ...] = ()) -> AresResolver:
+    def short_lived(
+        loop: EventLoop, *, servers: tuple[str, ...] = (), timeout: float = 30.0
+    ) -> AresResolver:
         return AresResolver(loop, servers=servers, min_ttl=0.5)
 
     monkeypatch.setattr(swarmget.engine.core, "make_resolver", short_lived)

@@ -233,7 +233,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("per_host", "connections open at once to one host (default: {default})", "N"),
     Flag(
         "timeout",
-        "seconds to connect, and of silence while reading (default: {default:g})",
+        "seconds to look a name up, to connect, and of silence while reading "
+        "(default: {default:g})",
         "S",
         parse_seconds,
     ),

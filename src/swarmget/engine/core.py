@@ -136,10 +136,12 @@ class Engine(ConnectionOwner):
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
         self.loop = loop or EventLoop()
         self._own_loop = loop is None
-        servers = options.dns_servers
+        servers, timeout = options.dns_servers, options.timeout
         try:
             self.resolver = LazyResolver(
-                self.loop, lambda: make_resolver(self.loop, servers=servers), eager=bool(servers)
+                self.loop,
+                lambda: make_resolver(self.loop, servers=servers, timeout=timeout),
+                eager=bool(servers),
             )
         except BaseException:
             if self._own_loop:

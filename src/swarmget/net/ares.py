@@ -17,9 +17,18 @@ instead of a queue of blocked threads; every answer carries its records' TTLs,
 so we cache for as long as the zone says, clamped to ``[min_ttl, max_ttl]``
 (TTL 0 zones and ``/etc/hosts`` entries would otherwise cost a query per
 connection; a day-long TTL should not pin us to an address a CDN has moved
-away from); and a dead server costs about ``timeout * (2**tries - 1)`` seconds
-(c-ares doubles the timeout each round: ~3 s with our defaults) instead of
-libc's 5 s per attempt per search domain.
+away from).
+
+**How long a lookup may take.**  c-ares sends a query again after ``timeout``,
+doubling the wait each round (less a random part), and takes only the answer
+to its latest query.
+So a name server that needs 1.5 s (a cold recursive lookup through a slow
+zone) is only heard in the round whose wait is longer than that: with a fixed
+1 s and two tries (1 + 2 s), such a server failed every name while curl and
+getaddrinfo waited for it.  :func:`lookup_budget` fits the rounds into the
+run's ``--timeout`` instead (1, 2, 4, 8 s: 15 s of the default 30), so DNS, like
+the connect, is bounded by ``--timeout``, and a lost packet is still asked
+again after 1 s.
 
 c-ares reads ``/etc/hosts`` before asking DNS, or the file named by
 ``$CARES_HOSTS`` when that is set (the c-ares convention; tests use it).
@@ -38,7 +47,7 @@ it did their first.  And a name server that stopped answering altogether is
 noticed, as ``--host-failures``
 notices a dead host: after ``DEAD_AFTER`` lookups in a row time out with no
 answer between them, lookups fail at once for ``negative_ttl`` (then one goes
-out again): a list over thousands of hosts no longer crawls at ~3 s a host.
+out again): a list over thousands of hosts no longer crawls at one lookup budget a host.
 
 Callbacks never run inside :meth:`AresResolver.resolve`: c-ares answers from
 its hosts file or its own cache synchronously, so delivery goes through
@@ -48,6 +57,7 @@ its hosts file or its own cache synchronously, so delivery goes through
 from __future__ import annotations
 
 import collections
+import math
 import os
 import socket
 
@@ -80,9 +90,20 @@ _ASK_AGAIN = frozenset({pycares.errno.ARES_EBADRESP, pycares.errno.ARES_ECONNREF
 _NODATA = pycares.errno.ARES_ENODATA
 _POISON_WINDOW = 1.0  # seconds after a malformed reply in which "no data" is suspect
 DEAD_AFTER = 20  # lookups timed out in a row: the name server is not answering
+FIRST_WAIT = 1.0  # seconds before c-ares first asks again (a lost UDP packet)
 
 BareAddress = tuple[int, str]  # (family, ip), before a port is attached
 _CacheEntry = tuple[float, list[BareAddress] | None, TransferError | None]
+
+
+def lookup_budget(timeout: float) -> tuple[float, int]:
+    """c-ares's first wait and number of tries, all rounds within ``timeout`` seconds.
+
+    Round ``k`` waits ``first * 2**k``, so ``n`` tries take ``first * (2**n - 1)``.
+    """
+    first = min(FIRST_WAIT, timeout)
+    tries = max(1, int(math.log2(timeout / first + 1) + 1e-9))
+    return first, tries
 
 
 class _AresSocket:

@@ -43,19 +43,23 @@ class Resolver(Protocol):
     def close(self) -> None: ...
 
 
-def make_resolver(loop: EventLoop, *, servers: tuple[str, ...] = ()) -> Resolver:
+def make_resolver(
+    loop: EventLoop, *, servers: tuple[str, ...] = (), timeout: float = 30.0
+) -> Resolver:
     """The resolver the engine uses: c-ares when available, else getaddrinfo on threads.
 
     ``servers`` ("1.2.3.4", "1.2.3.4:5353", "[::1]:53") replaces the system's
-    name servers; only c-ares can do that.
+    name servers; only c-ares can do that.  ``timeout`` (``--timeout``) bounds
+    one c-ares lookup, its retransmissions included.
     """
     try:
-        from swarmget.net.ares import AresResolver
+        from swarmget.net.ares import AresResolver, lookup_budget
     except ImportError:
         if servers:
             raise UsageError("--dns-server needs pycares (pip install pycares)") from None
         return ThreadedResolver(loop)
-    return AresResolver(loop, servers=servers)
+    first, tries = lookup_budget(timeout)
+    return AresResolver(loop, servers=servers, timeout=first, tries=tries)
 
 
 class LazyResolver:
