@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -135,6 +136,84 @@ def test_symlinked_directory_escape_is_refused(server: TestServer, out_dir: Path
         assert list(outside.iterdir()) == []
     finally:
         outside.rmdir()
+
+
+def test_a_rerun_never_removes_a_file_through_a_directory_symlinked_since(
+    server: TestServer, out_dir: Path, tmp_path: Path
+) -> None:
+    # The row's new sha256 means its old file must go before it is redone: that
+    # unlink followed sub -> outside and deleted a file swarmget never wrote.
+    url = server.file_url("victim", size=10)
+    assert run([Row(0, url, path="sub/victim")], out_dir).ok == 1
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim").write_bytes(b"precious")
+    (out_dir / "sub").rename(out_dir / "old-sub")
+    (out_dir / "sub").symlink_to(outside)
+    again = run([Row(0, url, path="sub/victim", sha256="0" * 64)], out_dir)
+    assert again.failures[0].error == "bad_path"
+    assert (outside / "victim").read_bytes() == b"precious"
+
+
+def test_a_directory_swapped_for_a_symlink_during_a_download_is_refused(
+    server: TestServer, out_dir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+
+    async def swap_mid_body(head: bytes, conn: ScriptedConnection) -> None:
+        # The body's directory was checked when its head came; it goes before the rest.
+        await conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nab")
+        await asyncio.sleep(0.3)
+        (out_dir / "sub").rename(out_dir / "old-sub")
+        (out_dir / "sub").symlink_to(outside)
+        conn.send(b"cd")
+
+    server.route("/swap.bin", swap_mid_body)
+    try:
+        report = run([Row(0, server.url("/swap.bin"), path="sub/b")], out_dir)
+    finally:
+        server.unroute("/swap.bin")
+    assert report.failures[0].error == "bad_path"
+    assert list(outside.iterdir()) == []
+
+
+def test_a_file_that_appears_while_its_row_downloads_is_not_replaced(
+    server: TestServer, out_dir: Path
+) -> None:
+    def someone_writes_it(head: bytes, conn: ScriptedConnection) -> None:
+        (out_dir / "a.bin").write_bytes(b"USER DATA")
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server.route("/a.bin", someone_writes_it)
+    try:
+        url = server.url("/a.bin")
+        report = run([url], out_dir)
+        assert report.failures[0].error == "exists"
+        assert (out_dir / "a.bin").read_bytes() == b"USER DATA"
+        assert parts(out_dir) == []
+        # Not ours on the rerun either (it is not removed as a leftover of ours).
+        assert run([url], out_dir).failures[0].error == "exists"
+        assert (out_dir / "a.bin").read_bytes() == b"USER DATA"
+        assert run([url], out_dir, overwrite=True).ok == 1
+        assert (out_dir / "a.bin").read_bytes() == b"ok"
+    finally:
+        server.unroute("/a.bin")
+
+
+@pytest.mark.parametrize("link", [".swarmget", ".swarmget/parts"])
+def test_a_symlink_in_the_state_directory_is_refused(
+    link: str, server: TestServer, out_dir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "manifest.jsonl").write_text("someone else's file")
+    (out_dir / link).parent.mkdir(exist_ok=True)
+    (out_dir / link).symlink_to(outside)
+    with pytest.raises(swarmget.TransferError, match="is a symbolic link"):
+        run([server.file_url("s.bin", size=10)], out_dir)
+    assert [p.name for p in outside.iterdir()] == ["manifest.jsonl"]
+    assert (outside / "manifest.jsonl").read_text() == "someone else's file"
 
 
 def test_large_file_keeps_its_part_and_resumes_with_range(

@@ -140,9 +140,10 @@ def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
     return dataclasses.replace(options, concurrency=fits, per_host=min(options.per_host, fits))
 
 
-def file_sink(root: str, worker: int) -> FileSink:
-    """Every worker writes files under ``root`` (make_sink for the backends)."""
-    return FileSink(root)
+def file_sink(root: str, worker: int, *, replace: bool = False) -> FileSink:
+    """Every worker writes files under ``root`` (make_sink for the backends);
+    ``replace`` (``--overwrite``): over whatever is at a path."""
+    return FileSink(root, replace=replace)
 
 
 def download(
@@ -201,7 +202,7 @@ def run_download(
         raise UsageError("the output directory is an empty string")
     planner = FilePlanner(os.fspath(dest), options)
     try:
-        make_sink = functools.partial(file_sink, planner.root)
+        make_sink = functools.partial(file_sink, planner.root, replace=options.overwrite)
         workers = worker_count(options, known_rows)
         backend: Backend
         if workers > 1:

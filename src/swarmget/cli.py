@@ -541,6 +541,9 @@ def _download_command(argv: list[str]) -> int:
         return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
+        if exc.report is None:  # before the run began (the output dir refused)
+            say(f"swarmget: error: {exc.message}\n", sys.stderr)
+            return EXIT_FAILED
         say(
             f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
             "fix the cause and run the same command again to resume\n",

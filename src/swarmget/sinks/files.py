@@ -13,9 +13,26 @@ row's key alone.  ``.swarmget`` is reserved: no planned path may enter it.
 Parts are opened with ``O_NOFOLLOW`` (a symlink planted at the part's name is
 never followed), and the parent directories of final paths are created once
 and checked to resolve inside the output directory, so no row can write
-outside it.  :meth:`FileSink.publish` renames a batch of finished parts into
+outside it.  :meth:`FileSink.publish` moves a batch of finished parts into
 place; the planner recorded each path before the row was dealt out, so a file
 at a planned path is known to be ours whatever moment a crash comes.
+
+Between the check of a directory and the publish of a file into it there is
+the whole download: a directory swapped meanwhile for a symlink to elsewhere
+must not take the file there.  Each checked directory's identity (device and
+inode) is kept, and the publish looks again (one ``stat``) before it moves the
+part; a directory that changed is checked anew.
+
+A part is *linked* to its final name, then unlinked, unless ``--overwrite``
+(then renamed over whatever is there): a link never replaces a file, so a file
+that appeared at the path while the row downloaded (someone else's: the
+planner found the path free) fails the row with ``exists``, as a file there
+before the run would have, rather than being replaced.  On file systems
+without hard links it is a rename after a look.
+
+The state directory (``.swarmget``) and what is in it are ours alone: a
+symlink there (planted, or left by a tool) would take the journal, the
+manifest and the parts elsewhere, so :func:`state_dir` refuses one.
 """
 
 from __future__ import annotations
@@ -23,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from typing import Final
 
 from swarmget.errors import ErrorCode, TransferError
@@ -32,6 +50,8 @@ STATE_DIR: Final = ".swarmget"
 PARTS_DIR: Final = "parts"
 _OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+# link() errors of file systems that have no hard links (FAT, some FUSE and SMB).
+_NO_LINKS: Final = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK})
 # Errors that will hit every other file too: the run should stop, not grind on.
 FATAL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
@@ -58,14 +78,45 @@ class OutOfDescriptors(OutputError):
         return (OutOfDescriptors, (self.message,))
 
 
+class AppearedMeanwhile(TransferError):
+    """A file not ours appeared at a row's path while the row downloaded."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.EXISTS, message)
+
+    def __reduce__(self) -> tuple[type[AppearedMeanwhile], tuple[str]]:
+        return (AppearedMeanwhile, (self.message,))
+
+
 def io_error(action: str, path: str, exc: OSError) -> OutputError:
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return OutOfDescriptors(f"cannot {action} {path}: {exc.strerror}")
     return OutputError(f"cannot {action} {path}: {exc.strerror}", exc.errno in FATAL_ERRNOS)
 
 
-def parts_dir(root: str) -> str:
-    return os.path.join(root, STATE_DIR, PARTS_DIR)
+def state_dir(root: str) -> str:
+    """``<root>/.swarmget``, made if missing; a symlink there or in it is refused."""
+    state = os.path.join(root, STATE_DIR)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(state)
+        if stat.S_ISLNK(os.lstat(state).st_mode):
+            raise _symlinked(state)
+        with os.scandir(state) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    raise _symlinked(entry.path)
+    except OSError as exc:
+        raise io_error("create", state, exc) from None
+    return state
+
+
+def _symlinked(path: str) -> OutputError:
+    return OutputError(
+        f"{path} is a symbolic link: swarmget keeps its state only in a real directory "
+        "inside the output dir (remove the link)",
+        True,
+    )
 
 
 def part_name(key: int) -> str:
@@ -148,10 +199,28 @@ class PartFile(Writer):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.part)
 
-    def publish(self) -> None:
-        """Rename the closed part to its final name."""
+    def publish(self, replace: bool) -> None:
+        """Move the closed part to its final name: over a file there if ``replace``,
+        else never (see the module docstring)."""
         try:
-            os.rename(self.part, self.final)
+            if replace:
+                os.rename(self.part, self.final)
+                return
+            try:
+                os.link(self.part, self.final)
+            except FileExistsError:
+                raise AppearedMeanwhile(
+                    f"{self.final} appeared while it downloaded and was not written by "
+                    "swarmget (use --overwrite to replace it)"
+                ) from None
+            except OSError as exc:
+                if exc.errno not in _NO_LINKS:
+                    raise
+                if os.path.lexists(self.final):
+                    raise AppearedMeanwhile(f"{self.final} appeared while it downloaded") from None
+                os.rename(self.part, self.final)
+                return
+            os.unlink(self.part)
         except OSError as exc:
             raise io_error("finish", self.final, exc) from None
 
@@ -170,7 +239,8 @@ class OutputDir:
             os.makedirs(self.root, exist_ok=True)
         except OSError as exc:
             raise io_error("create output directory", self.root, exc) from None
-        self._dirs: set[str] = {self.root}
+        # Directories checked to resolve inside the root -> their (device, inode).
+        self._dirs: dict[str, tuple[int, int]] = {self.root: (0, 0)}
 
     def final_path(self, rel: str) -> str:
         """Absolute final path for a confined relative path; creates parent dirs."""
@@ -179,6 +249,39 @@ class OutputDir:
         if parent not in self._dirs:
             self._make_parent(parent)
         return path
+
+    def check_again(self, path: str) -> None:
+        """Before a file is published at ``path`` (from :meth:`final_path`): is its
+        directory still the one checked then?  One ``stat``; ``bad_path`` if it
+        was swapped for a way out of the output dir meanwhile."""
+        parent = path.rpartition("/")[0]
+        if parent == self.root:
+            return
+        try:
+            found = os.stat(parent)
+        except OSError:
+            return  # gone: the publish itself reports it
+        if self._dirs.get(parent) != (found.st_dev, found.st_ino):
+            self._check_inside(parent)
+            self._remember(parent, found)
+
+    def resolves_inside(self, rel: str) -> bool:
+        """Does the directory of ``rel`` exist and resolve inside the root?  Asked
+        before an earlier run's file is looked at or removed: a directory since
+        replaced by a symlink must not lead that outside."""
+        parent = f"{self.root}/{rel}".rpartition("/")[0]
+        if parent in self._dirs:
+            return True
+        try:
+            self._check_inside(parent)
+            self._remember(parent, os.stat(parent))
+        except (TransferError, OSError):
+            return False
+        return True
+
+    def _remember(self, parent: str, found: os.stat_result) -> None:
+        if len(self._dirs) < 65536:  # a cache, not a record: bounded
+            self._dirs[parent] = (found.st_dev, found.st_ino)
 
     def _make_parent(self, parent: str) -> None:
         """Create ``parent`` (under the root) one level at a time, after checking
@@ -208,8 +311,10 @@ class OutputDir:
                 ) from None
         if missing:
             self._check_inside(parent)  # created by someone else meanwhile, as a link
-        if len(self._dirs) < 65536:  # a cache, not a record: bounded
-            self._dirs.add(parent)
+        try:
+            self._remember(parent, os.stat(parent))
+        except OSError as exc:
+            raise io_error("create directory", parent, exc) from None
 
     def _check_inside(self, directory: str) -> None:
         """A directory (or a symlink) that already existed could point elsewhere."""
@@ -223,11 +328,13 @@ class FileSink(Sink):
 
     resumable = True
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, replace: bool = False) -> None:
         self.output = OutputDir(root)
-        self.parts = parts_dir(self.output.root)
+        self.replace = replace  # --overwrite: a publish replaces what is at the path
+        self.parts = os.path.join(state_dir(self.output.root), PARTS_DIR)
         try:
-            os.makedirs(self.parts, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(self.parts)
         except OSError as exc:
             raise io_error("create", self.parts, exc) from None
 
@@ -244,11 +351,13 @@ class FileSink(Sink):
 
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
         errors: list[TransferError | None] = []
+        check_again, replace = self.output.check_again, self.replace
         for _, writer in done:
             assert isinstance(writer, PartFile)
             try:
-                writer.publish()
-            except OutputError as exc:
+                check_again(writer.final)
+                writer.publish(replace)
+            except TransferError as exc:  # io (an OutputError), bad_path, exists
                 writer.abort()
                 errors.append(exc)
                 continue

@@ -46,7 +46,7 @@ from typing import Final
 
 from swarmget.errors import UsageError
 from swarmget.report import FileResult
-from swarmget.sinks.files import STATE_DIR, OutputError
+from swarmget.sinks.files import OutputError, state_dir
 
 JOURNAL_NAME: Final = "journal.sqlite3"
 PLAN_LOG_NAME: Final = "plans.log"
@@ -132,9 +132,8 @@ class Journal:
     """The journal of one output directory (see the module docstring)."""
 
     def __init__(self, root: str) -> None:
-        state = os.path.join(root, STATE_DIR)
+        state = state_dir(root)
         try:
-            os.makedirs(state, exist_ok=True)
             self._lock = _lock(os.path.join(state, LOCK_NAME))
             self._db = sqlite3.connect(
                 os.path.join(state, JOURNAL_NAME), isolation_level=None, check_same_thread=False

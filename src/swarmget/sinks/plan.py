@@ -54,7 +54,13 @@ from swarmget.options import Options
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.bloom import Bloom
-from swarmget.sinks.files import STATE_DIR, OutputDir, OutputError, part_path
+from swarmget.sinks.files import (
+    STATE_DIR,
+    AppearedMeanwhile,
+    OutputDir,
+    OutputError,
+    part_path,
+)
 from swarmget.sinks.journal import (
     FAILED,
     OK,
@@ -276,9 +282,14 @@ class FilePlanner:
             self._foreign[key] = path
             batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
             return
-        if ours and not overwrite and previous is not None and self._done(previous):
-            skips.append((key, row.index))
-            return
+        if ours and not overwrite and previous is not None:
+            if self._done(previous):
+                skips.append((key, row.index))
+                return
+            # What an earlier run left at the path (a file whose record the
+            # kill lost, or one changed since) goes now: the download is
+            # published only where nothing is (sinks/files.py).
+            self._unpublish(previous)
         plans.append((key, row.index, url, path, True))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
@@ -335,7 +346,8 @@ class FilePlanner:
                 # final_path, as a download's file: its directories are made,
                 # and a symlinked one that leads out of the output dir refused.
                 target = self.output.final_path(follower.path)
-                link_or_copy(os.path.join(self.root, leader.path), target)
+                replace = self.options.overwrite
+                link_or_copy(os.path.join(self.root, leader.path), target, replace=replace)
             except OSError as exc:
                 return _failed_follower(follower, ErrorCode.IO, f"{note}: {exc}")
             except TransferError as exc:  # bad_path, or io (an OutputError)
@@ -393,14 +405,17 @@ class FilePlanner:
     def _unpublish(self, previous: Previous) -> None:
         """A file done before that this row's checks do not vouch for is not left in
         place: whatever its redo gives, the file is verified or absent."""
-        if previous.mine and previous.path is not None:
+        path = previous.path
+        if previous.mine and path is not None and self.output.resolves_inside(path):
             with contextlib.suppress(OSError):
-                os.unlink(f"{self.root}/{previous.path}")
+                os.unlink(f"{self.root}/{path}")
 
     def _done(self, previous: Previous) -> bool:
         """Was the row finished by an earlier run, and is its file still whole?"""
         if previous.status != OK or previous.path is None:
             return False
+        if not self.output.resolves_inside(previous.path):
+            return False  # a directory on the way is a symlink out now: done again, refused
         try:
             # lstat: a symlink put in its place (to a file of the same size,
             # anywhere) is not the file we wrote; the row is done again.
@@ -572,7 +587,8 @@ class FilePlanner:
             plan = self._in_flight.pop(result.key, None)
             if plan is not None:
                 path = plan[3]
-                entries.append((result, path, True))
+                # A file not ours that appeared at the path meanwhile is not ours now.
+                entries.append((result, path, result.error != ErrorCode.EXISTS))
             else:
                 path = self._foreign.pop(result.key, None)
                 entries.append((result, path, False))
@@ -591,6 +607,16 @@ class FilePlanner:
             if self._lines is not None:
                 # The row's line may gain a validator: only the export knows.
                 self._lines.give_up()
+
+    def redeal(self, rows: list[Assignment]) -> None:
+        """A dead worker's rows go out again: a file it published without living
+        to report it is at the row's path (this run's claim: nothing else can be
+        there), and the redo is published only where nothing is."""
+        for row in rows:
+            path = row.path
+            if path is not None and self.output.resolves_inside(path):
+                with contextlib.suppress(OSError):
+                    os.unlink(f"{self.root}/{path}")
 
     def commit(self) -> None:
         self._flush()
@@ -683,13 +709,23 @@ def _has_files(root: str) -> bool:
         return any(entry.name != STATE_DIR for entry in entries)
 
 
-def link_or_copy(source: str, target: str) -> None:
-    """Give ``target`` the content of ``source``: a hard link, else a copy."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(target)
+def link_or_copy(source: str, target: str, *, replace: bool) -> None:
+    """Give ``target`` the content of ``source``: a hard link, else a copy.  Over
+    a file already there only if ``replace`` (``--overwrite``); else such a file
+    (not ours: the planner found the path free) fails the row with ``exists``."""
+    if replace:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
     try:
         os.link(source, target)
+    except FileExistsError:
+        raise AppearedMeanwhile(
+            f"{target} appeared before its copy was made and was not written by swarmget "
+            "(use --overwrite to replace it)"
+        ) from None
     except OSError as exc:
         if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
             raise OutputError(f"cannot link {target}: {exc.strerror}") from None
+        if os.path.lexists(target):
+            raise AppearedMeanwhile(f"{target} appeared before its copy was made") from None
         shutil.copyfile(source, target)
