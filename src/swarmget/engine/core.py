@@ -66,7 +66,7 @@ from swarmget.engine.scheduler import (
 )
 from swarmget.engine.tunnel import TunnelHTTPSConnection
 from swarmget.engine.urls import Location, Origin, UrlSplitter, redact, split_url
-from swarmget.engine.verdicts import ACCEPT, Verdict
+from swarmget.engine.verdicts import ACCEPT, Verdict, resume_validator
 from swarmget.engine.verdicts import REDIRECT as REDIRECTED
 from swarmget.engine.verdicts import RESTART as RESTARTED
 from swarmget.errors import ErrorCode, TransferError
@@ -508,7 +508,8 @@ class Engine(ConnectionOwner):
             self._failed(transfer, TransferError(ErrorCode.BAD_REDIRECT, exc.message), status)
             return
         job.move_to(target, location)
-        transfer.start = 0
+        # transfer.start stays: a kept part continues at the redirect's target
+        # (a CDN, a presigned URL), checked by If-Range and the 206's validator.
         transfer.retry = transfer.retry.forgiven(REDIRECT)  # a hop is not a retry
         self._submit(transfer)
 
@@ -603,18 +604,22 @@ class Engine(ConnectionOwner):
             writer.abort(keep=keep)
 
     def _note_resumable(self, job: Job, head: ResponseHead) -> None:
-        """A large body is starting: tell the driver its validator, so a later run can resume."""
+        """A whole body is starting: its validator is the one a later part must match.
+
+        A large body with a strong validator: the driver records it, so a later
+        run can resume.  Any other body voids the validator an earlier body (or
+        run) left: the part now holds these bytes, and continuing it with the old
+        one would splice two versions of the file."""
+        validator = resume_validator(head) if self._large(head) else None
+        if validator is None and job.validator is None:
+            return
+        job.validator = validator
+        self.events.partial(job.row, validator)
+
+    @staticmethod
+    def _large(head: ResponseHead) -> bool:
         length = head.content_length
-        if length is None or length < RESUME_MIN_BYTES:
-            return
-        validator = head.get(b"etag")
-        if validator is None or validator.startswith(b"W/"):  # If-Range needs a strong one
-            validator = head.get(b"last-modified")
-        if validator is None:
-            job.validator = None
-            return
-        job.validator = validator.decode("latin-1")
-        self.events.partial(job.row, job.validator)
+        return length is not None and length >= RESUME_MIN_BYTES
 
     def _hashers_for(self, row: Assignment) -> dict[str, Hasher] | None:
         """Digests to compute while streaming: the row's checksums and ``--hash``."""

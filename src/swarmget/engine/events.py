@@ -24,6 +24,7 @@ class EngineEvents(Protocol):
     def finished(self, result: FileResult) -> None:
         """A row is done (ok or failed); ``result.key`` identifies it."""
 
-    def partial(self, row: Assignment, validator: str) -> None:
-        """A large body of ``row`` began: its part can be continued later if it
-        came with this validator (ETag or Last-Modified)."""
+    def partial(self, row: Assignment, validator: str | None) -> None:
+        """A whole body of ``row`` began: its part can be continued later if it
+        came with this validator (ETag or Last-Modified); None: it cannot be, and
+        a validator recorded before is void."""

@@ -97,9 +97,14 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
     if 200 <= status < 300:
         # The whole entity: the server ignored our Range, or the validator
         # changed; either way the body starts at byte zero.
-        too_large = _too_large(head.content_length, options)
+        length = head.content_length
+        too_large = _too_large(length, options)
         if too_large is not None:
             return Verdict(FAIL, status, error=too_large)
+        wrong_size = _not_the_size(transfer, length)
+        if wrong_size is not None:
+            assert length is not None
+            return Verdict(FAIL, status, error=wrong_size, discard=length <= MAX_DISCARD)
         return Verdict(ACCEPT, status)
     if status == 416 and transfer.ranged:
         # Our part is longer than the file now (it changed on a server that
@@ -159,6 +164,9 @@ def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> 
     too_large = _too_large(end, options)
     if too_large is not None:
         return Verdict(FAIL, 206, error=too_large)
+    wrong_size = _not_the_size(transfer, end) if transfer.end is None else None
+    if wrong_size is not None:
+        return Verdict(FAIL, 206, error=wrong_size)
     return Verdict(ACCEPT, 206, start=transfer.start, end=end)
 
 
@@ -172,16 +180,54 @@ def _whole_entity(content_range: bytes | None) -> bool:
 
 def _changed(validator: str | None, head: ResponseHead) -> TransferError | None:
     """A 206 from another version of the file than our part's: a server that ignores
-    ``If-Range`` sends the rest of what it has now, and the two would be spliced."""
+    ``If-Range`` sends the rest of what it has now, and the two would be spliced.
+
+    The 206 must show the validator we sent: one without it (RFC 9110 15.3.7
+    says a 206 carries the ETag a 200 would) cannot be told from another
+    version's, so it is not spliced on either."""
     if validator is None:
         return None
     name = b"etag" if validator.startswith('"') else b"last-modified"
     now = head.get(name)
-    if now is None or now.strip().decode("latin-1") == validator:
+    if now is not None and now.strip().decode("latin-1") == validator:
         return None
+    shown = "none" if now is None else repr(now)
     return TransferError(
         ErrorCode.PROTOCOL,
-        f"the file changed on the server ({name.decode()} {validator!r} -> {now!r})",
+        f"the 206 is not of the same file ({name.decode()} {validator!r} -> {shown})",
+    )
+
+
+def resume_validator(head: ResponseHead) -> str | None:
+    """What ``If-Range`` may send to continue this body later: a strong ETag, else
+    a Last-Modified that is a strong validator (RFC 9110 8.8.2.2: at least a
+    second before the response's Date; a file changed within that second keeps
+    its date)."""
+    etag = head.get(b"etag")
+    if etag is not None and not etag.startswith(b"W/"):
+        return etag.decode("latin-1")
+    modified, date = head.get(b"last-modified"), head.get(b"date")
+    if modified is None or date is None:
+        return None
+    import email.utils  # rare here (no strong ETag): imported when needed
+
+    try:
+        modified_at = email.utils.parsedate_to_datetime(modified.decode("latin-1"))
+        date_at = email.utils.parsedate_to_datetime(date.decode("latin-1"))
+        strong = (date_at - modified_at).total_seconds() >= 1.0
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None  # a date we cannot read proves nothing
+    return modified.decode("latin-1") if strong else None
+
+
+def _not_the_size(transfer: Transfer, total: int | None) -> TransferError | None:
+    """The file's announced length is not the input's ``size``: fail at the head,
+    not after downloading all of it (a 64 MiB body for a row that says 1000)."""
+    size = transfer.job.row.size
+    if size is None or total is None or total == size:
+        return None
+    return TransferError(
+        ErrorCode.SIZE_MISMATCH, f"the server announces {total} bytes, the input says {size}"
     )
 
 

@@ -61,7 +61,7 @@ class Release:
 class Progress:
     worker: int
     results: list[FileResult]  # rows finished since the last message (they pickle as tuples)
-    partials: list[tuple[int, str]]  # (key, validator) of large bodies that began
+    partials: list[tuple[int, str | None]]  # (key, validator) of bodies that began
     active: int  # transfers receiving now
     in_flight: int  # body bytes they have received so far
 

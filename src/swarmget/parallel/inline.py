@@ -29,12 +29,12 @@ class Collected:
 
     def __init__(self) -> None:
         self.results: list[FileResult] = []
-        self.partials: list[tuple[int, str]] = []
+        self.partials: list[tuple[int, str | None]] = []
 
     def finished(self, result: FileResult) -> None:
         self.results.append(result)
 
-    def partial(self, row: Assignment, validator: str) -> None:
+    def partial(self, row: Assignment, validator: str | None) -> None:
         self.partials.append((row.key, validator))
 
     def flush(self) -> None:

@@ -55,7 +55,7 @@ class PipeEvents:
         self._conn = conn
         self._worker = worker
         self._results: list[FileResult] = []
-        self._partials: list[tuple[int, str]] = []
+        self._partials: list[tuple[int, str | None]] = []
         self.engine: Engine | None = None
 
     def finished(self, result: FileResult) -> None:
@@ -73,7 +73,7 @@ class PipeEvents:
         if engine is not None and pending * 4 >= engine.backlog() + pending:
             self.flush()
 
-    def partial(self, row: Assignment, validator: str) -> None:
+    def partial(self, row: Assignment, validator: str | None) -> None:
         self._partials.append((row.key, validator))
 
     def flush(self) -> None:

@@ -128,6 +128,19 @@ def part_path(root: str, key: int) -> str:
     return os.path.join(root, STATE_DIR, PARTS_DIR, part_name(key))
 
 
+def _create(part: str) -> int:
+    """Open ``part`` afresh.  A symlink at its name (never ours: nothing here makes
+    one) is not followed (``O_NOFOLLOW``) but removed, so that it cannot fail
+    the row on every rerun."""
+    try:
+        return os.open(part, _OPEN_FLAGS, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+    os.unlink(part)  # the link itself, not what it points at
+    return os.open(part, _OPEN_FLAGS, 0o644)
+
+
 class PartFile(Writer):
     """One output file being written.  ``write`` takes memoryviews without copying.
 
@@ -159,7 +172,7 @@ class PartFile(Writer):
                     self._hash_existing()
                 self.written = resume_from
             else:
-                self.fd = os.open(part, _OPEN_FLAGS, 0o644)
+                self.fd = _create(part)
         except OSError as exc:
             self._close_fd()
             raise io_error("create", part, exc) from None

@@ -390,8 +390,9 @@ class Journal:
             )
         return rows
 
-    def partial(self, plan: PlanEntry, validator: str) -> None:
-        """A large body of the row began: its part may be continued with ``validator``."""
+    def partial(self, plan: PlanEntry, validator: str | None) -> None:
+        """A body of the row began: its part may be continued with ``validator``
+        (None: not at all; one recorded before is void)."""
         self.changed = True
         key, index, url, path, mine = plan
         # Every field of a manifest line, as for any row (readers index them);

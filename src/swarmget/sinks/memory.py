@@ -401,7 +401,7 @@ class MapSlices:
             self._scheduled = True
             self._loop.call_soon(self._run)
 
-    def partial(self, row: Assignment, validator: str) -> None:
+    def partial(self, row: Assignment, validator: str | None) -> None:
         self._events.partial(row, validator)
 
     def _run(self) -> None:

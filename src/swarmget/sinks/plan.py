@@ -295,7 +295,7 @@ class FilePlanner:
             return
         resume_from, validator = 0, None
         if ours and not overwrite and previous is not None and previous.validator:
-            resume_from = _size(part_path(self.root, key))
+            resume_from = _part_size(part_path(self.root, key))
             validator = previous.validator if resume_from else None
         batch.assignments.append(
             Assignment(
@@ -600,7 +600,7 @@ class FilePlanner:
             for entry in recorded:
                 lines.add(entry[1], entry[6])
 
-    def partial(self, key: int, validator: str) -> None:
+    def partial(self, key: int, validator: str | None) -> None:
         plan = self._in_flight.get(key)
         if plan is not None:
             self.journal.partial(plan, validator)
@@ -702,6 +702,15 @@ def _size(path: str, missing: int = 0) -> int:
         return os.stat(path).st_size
     except OSError:
         return missing
+
+
+def _part_size(part: str) -> int:
+    """The size of a kept part; 0 when there is none, or a symlink is in its place."""
+    try:
+        found = os.lstat(part)
+    except OSError:
+        return 0
+    return found.st_size if stat.S_ISREG(found.st_mode) else 0
 
 
 def _has_files(root: str) -> bool:
