@@ -131,6 +131,57 @@ def test_a_fresh_transfer_never_reuses_a_kept_alive_connection() -> None:
     assert p.open == 1
 
 
+def test_a_fresh_transfer_is_not_given_another_idle_connection() -> None:
+    # With three idle connections it closed one and started on another:
+    # likely as dead as the first, and then the failure counted.
+    scheduler = Scheduler(concurrency=10, per_host=3)
+    p = pool()
+    dial_all(scheduler, p, 3)
+    conns = [PooledConnection(p) for _ in range(3)]
+    for conn in conns:
+        scheduler.released(conn, reusable=True, now=2.0)
+    retry = transfer(5)
+    retry.fresh = True
+    close, dial = scheduler.submit(p, retry, now=3.0, front=True)
+    assert isinstance(close, Close) and close.conn in conns
+    assert isinstance(dial, Dial) and dial.transfer is retry
+    assert len(p.idle) == 2  # for the transfers that may reuse them
+
+
+def test_a_finished_connection_does_not_take_a_fresh_transfer() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=1)
+    p = pool()
+    dial_all(scheduler, p, 1)
+    retry = transfer(5)
+    retry.fresh = True
+    assert scheduler.submit(p, retry, now=2.0, front=True) == []  # no slot yet
+    conn = PooledConnection(p)
+    close, dial = scheduler.released(conn, reusable=True, now=3.0)
+    assert isinstance(close, Close) and close.conn is conn
+    assert isinstance(dial, Dial) and dial.transfer is retry
+
+
+class _ClosedByPeer(PooledConnection):
+    __slots__ = ()
+
+    def looks_closed(self) -> bool:
+        return True
+
+
+def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
+    # Its end of file was in the socket, not yet seen by the loop: the request
+    # went out on it and the transfer paid an attempt for nothing.
+    scheduler = Scheduler(concurrency=10, per_host=2)
+    p = pool()
+    dial_all(scheduler, p, 2)
+    dead, alive = _ClosedByPeer(p), PooledConnection(p)
+    scheduler.released(alive, reusable=True, now=2.0)
+    scheduler.released(dead, reusable=True, now=2.0)
+    close, start = scheduler.submit(p, transfer(7), now=3.0)
+    assert isinstance(close, Close) and close.conn is dead
+    assert isinstance(start, Start) and start.conn is alive
+
+
 def test_new_connections_start_in_slices_per_turn() -> None:
     scheduler = Scheduler(concurrency=1000, per_host=1000)
     p = pool()

@@ -84,6 +84,21 @@ _SETUP_STATES: Final = {
 }
 
 
+_PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
+
+
+def peer_closed(sock: socket.socket, *, unasked_bytes_end_it: bool) -> bool:
+    """Peek at an idle connection's socket (one syscall; reads nothing): has the
+    server closed it (end of file, an error), or sent bytes unasked?"""
+    try:
+        peeked = sock.recv(1, _PEEK)
+    except (BlockingIOError, InterruptedError):
+        return False
+    except OSError:
+        return True
+    return not peeked or unasked_bytes_end_it
+
+
 class _Abandon(Exception):
     """Unwinds the parser after a verdict that ends the transfer at its head."""
 
@@ -442,6 +457,11 @@ class HTTPConnection(PooledConnection):
             self.window_start = now
             self.window_bytes = received
             self.speed_window = options.min_speed_window
+
+    def looks_closed(self) -> bool:
+        # Bytes nobody asked for (a 408 some servers send before they close)
+        # mean the connection cannot carry a request.
+        return peer_closed(self.sock, unasked_bytes_end_it=True)
 
     def close(self) -> None:
         if self.state == CLOSED:

@@ -94,6 +94,8 @@ CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authori
 SEND_BATCH: Final = 32
 # Bodies at least this large keep their part on failure and resume with Range.
 RESUME_MIN_BYTES: Final = 1 << 20
+# Attempts on kept-alive connections the server had closed that cost no retry.
+MAX_STALE: Final = 3
 
 
 def _request_headers(options: Options) -> tuple[bytes, dict[str, str]]:
@@ -519,9 +521,10 @@ class Engine(ConnectionOwner):
         if isinstance(error, OutputError) and error.fatal:
             self._stop(error)
         self._keep_or_drop_part(transfer)
-        if verdict.stale and transfer.retry.count(STALE) == 0:
-            # A dead kept-alive connection is not the server's failure: once more,
-            # on a fresh connection, first in line when a slot frees.
+        if verdict.stale and transfer.retry.count(STALE) < MAX_STALE:
+            # A dead kept-alive connection is not the server's failure: again,
+            # on a new connection (so not twice in a row), first in line when a
+            # slot frees.  A later retry may meet another dead one.
             transfer.retry = transfer.retry.forgiven(STALE)
             transfer.fresh = True
             self._submit(transfer, front=True)

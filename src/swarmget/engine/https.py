@@ -51,6 +51,7 @@ from swarmget.engine.connection import (
     IDLE,
     MAX_READS_PER_EVENT,
     HTTPConnection,
+    peer_closed,
 )
 from swarmget.engine.job import Transfer
 from swarmget.errors import ErrorCode, TransferError
@@ -65,6 +66,11 @@ _SAVED = object()  # HTTPSConnection._offered once its session has been saved
 
 class HTTPSConnection(HTTPConnection):
     __slots__ = ("_offered", "_read", "_tls", "_watching", "_write")
+
+    def looks_closed(self) -> bool:
+        # Bytes may be a TLS record without data (a late session ticket): the
+        # TLS layer reads it with the next response.  Only an end counts here.
+        return peer_closed(self.sock, unasked_bytes_end_it=False)
 
     # -- handshake ------------------------------------------------------------------
 

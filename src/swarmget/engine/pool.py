@@ -46,6 +46,10 @@ class PooledConnection:
     def close(self) -> None:
         raise NotImplementedError
 
+    def looks_closed(self) -> bool:
+        """Has the peer closed this idle connection (or sent on it unasked)?"""
+        return False
+
 
 class HostPool:
     __slots__ = (

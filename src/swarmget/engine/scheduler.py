@@ -173,14 +173,18 @@ class Scheduler:
         pool = conn.pool
         if not reusable or self.stopping:
             return [self._close(conn)]
-        if pool.queue and pool.given_up is None:
+        if pool.queue and pool.given_up is None and not pool.queue[0].fresh:
             return [Start(conn, pool.queue.popleft())]
         if self._starved:
             return [self._close(conn)]
         conn.idle_since = now
         pool.idle.append(conn)
         self._idle[conn] = None
-        return []
+        if not pool.queue:
+            return []
+        actions: list[Action] = []  # the next transfer must have a new connection
+        self._dispatch(pool, now, actions)
+        return actions
 
     def closed(self, conn: PooledConnection, now: float) -> list[Action]:
         """``conn`` is closed (by us or by the server): its slot is free."""
@@ -277,12 +281,16 @@ class Scheduler:
             self._resolve(pool, actions)  # in the background; connects use what we have
         queue = pool.queue
         while queue and not self.stopping:
-            if pool.idle and queue[0].fresh:
-                actions.append(self._close(pool.idle[0]))
-            if pool.idle:
-                conn = pool.idle.pop()
-                del self._idle[conn]
-                actions.append(Start(conn, queue.popleft()))
+            if queue[0].fresh:
+                # Its kept-alive connection had been closed by the server: this
+                # one goes out on a new connection, not on another old one (which
+                # may be just as dead), making room by closing an idle one.
+                if pool.idle and pool.open - pool.closing >= self.per_host:
+                    actions.append(self._close(pool.idle[0]))
+            elif pool.idle:
+                conn = self._take_idle(pool, actions)
+                if conn is not None:
+                    actions.append(Start(conn, queue.popleft()))
                 continue
             if pool.open - pool.closing >= self.per_host:
                 return
@@ -325,6 +333,20 @@ class Scheduler:
             actions.append(Defer())
         self._deferred[pool] = None
         return False
+
+    def _take_idle(self, pool: HostPool, actions: list[Action]) -> PooledConnection | None:
+        """The pool's most recently parked connection, if the server has not closed
+        it meanwhile (a close that came while it idled, not yet seen by the loop:
+        sending on it would cost the transfer an attempt); else None, and it closes."""
+        conn = pool.idle.pop()
+        del self._idle[conn]
+        if conn.looks_closed():
+            self._closing.add(conn)
+            self.closing += 1
+            pool.closing += 1
+            actions.append(Close(conn))
+            return None
+        return conn
 
     def _evict_idle(self, actions: list[Action]) -> bool:
         if not self._idle:
