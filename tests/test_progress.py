@@ -196,6 +196,17 @@ def test_summary_with_failures() -> None:
     assert lines[-1] == "every row is listed in /out/.swarmget/manifest.jsonl"
 
 
+def test_the_summary_never_sends_a_terminal_what_it_would_act_on() -> None:
+    # URLs come from the input, messages from servers: an ESC in either set the
+    # window title, cleared the screen or wrote the clipboard (OSC 52).
+    report = Report(elapsed=1.0)
+    url = "http://h/\x1b]0;owned\x07\u202egpj.exe"
+    report.add(FileResult(url, None, "failed", error="http_404", message="\x1b[2Jgone\x9b"))
+    failure = summary_lines(report)[-1]
+    assert failure == "  http://h/\\x1b]0;owned\\x07\\u202egpj.exe -> http_404: \\x1b[2Jgone\\x9b"
+    assert failure.isprintable()
+
+
 # -- rich mode ----------------------------------------------------------------------------------
 
 

@@ -198,6 +198,34 @@ def test_user_and_password_in_a_url_are_basic_auth_for_that_origin_only(
     assert all("s3cr" not in str(r) for r in swarmget.read_manifest(tmp_path))
 
 
+def test_a_manifest_line_is_one_line_for_every_reader(server: TestServer, tmp_path: Path) -> None:
+    # U+2028, U+2029 and U+0085 end lines for str.splitlines() and JavaScript;
+    # JSON leaves them raw, so a record came apart.
+    urls = [server.file_url(f"a{sep}b.bin", size=10) for sep in ("\u2028", "\u2029", "\x85")]
+    swarmget.download(urls, tmp_path, retries=0)
+    text = (tmp_path / ".swarmget" / "manifest.jsonl").read_text()
+    assert len(text.splitlines()) == 3
+    assert [r["url"] for r in map(json.loads, text.splitlines())] == urls
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("http://ghp_T0KEN@127.0.0.1:9/x", "http://***@127.0.0.1:9/x"),  # a token as user name
+        ("http://u:pa/T0KEN@127.0.0.1:9/x", "http://***@127.0.0.1:9/x"),  # ... a password with /
+        ("http://u:p?T0KEN@127.0.0.1:9/x", "http://***@127.0.0.1:9/x"),  # ... with ?
+    ],
+)
+def test_secrets_in_urls_are_hidden_even_when_the_url_is_invalid(
+    url: str, shown: str, tmp_path: Path
+) -> None:
+    report = swarmget.download([url], tmp_path, retries=0, timeout=2)
+    text = (tmp_path / ".swarmget" / "manifest.jsonl").read_text()
+    assert "T0KEN" not in text
+    assert "T0KEN" not in repr(report.failures) and "T0KEN" not in str(report.failures[0])
+    assert swarmget.read_manifest(tmp_path)[0]["url"] == shown
+
+
 # -- dead and trickling hosts -----------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ summary speak the same units: decimal kB/MB/GB, like ``Report.mb_per_s``.
 from __future__ import annotations
 
 import collections
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -294,6 +295,24 @@ def format_eta(total: int | None, done: int, files_per_s: float) -> str:
     return f"{minutes}:{seconds:02d}"
 
 
+# What a terminal would act on or draw as something else: C0 (ESC starts a
+# sequence that can set the window title, clear the screen or write the
+# clipboard), DEL, C1, bidirectional controls, line and paragraph separators.
+_UNPRINTABLE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would not just show escaped (``\\x1b``): URLs
+    and messages come from the input and from servers."""
+    return _UNPRINTABLE.sub(_escaped, text)
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
 def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5) -> list[str]:
     """The human summary the CLI prints when a run ends.
 
@@ -318,7 +337,7 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
         detail = failure.error or "unknown"
         if failure.message:
             detail += ": " + " ".join(failure.message.split())  # one line per failure
-        lines.append(f"  {failure.url} -> {detail}")
+        lines.append(printable(f"  {failure.url} -> {detail}"))
     where = report.manifest or manifest
     if where:
         lines.append(f"every row is listed in {where}")

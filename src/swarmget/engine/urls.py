@@ -277,5 +277,19 @@ def redact(url: str) -> str:
         return url
     colon = url.find(":", start, at)
     if colon < 0:
-        return url
+        # A user name alone is often the secret (an API token: https://TOKEN@host/).
+        return f"{url[:start]}***{url[at:]}"
     return f"{url[: colon + 1]}***{url[at:]}"
+
+
+def redact_invalid(url: str, message: str) -> tuple[str, str]:
+    """A URL that did not parse, and the message saying why, with anything that
+    may be a password hidden.  A password with an unencoded ``/``, ``?`` or
+    ``#`` breaks the URL where :func:`redact` looks for it (it reads as a port,
+    a path), so here everything up to the URL's last ``@`` goes; and the
+    parser's reason quotes pieces of it, so the message says less."""
+    start = url.find("://")
+    at = url.rfind("@")
+    if start < 0 or at < start:
+        return url, message
+    return f"{url[: start + 3]}***{url[at:]}", "invalid URL (a user:password part is hidden)"

@@ -397,7 +397,7 @@ class Journal:
         key, index, url, path, mine = plan
         # Every field of a manifest line, as for any row (readers index them);
         # no file is at its path yet: null, as for a failed row.
-        record = _DUMPS(
+        record = _dumps(
             {
                 "url": storable(url),
                 "path": None,
@@ -450,7 +450,7 @@ class Journal:
             for line, index, validator, record in cursor:
                 if line is None:
                     # A part is kept (partial, or failed part way): say what resumes it.
-                    line = f'{{"index":{index},{record[1:-1]},"validator":{_DUMPS(validator)}}}'
+                    line = f'{{"index":{index},{record[1:-1]},"validator":{_dumps(validator)}}}'
                 yield line
 
     def close(self) -> None:
@@ -585,8 +585,21 @@ def _logged_plans(line: bytes) -> list[tuple[int, int, str | None, bool]] | None
     return plans
 
 
-_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _quote = json.encoder.encode_basestring  # C-accelerated, keeps non-ASCII as UTF-8
+# Characters JSON leaves raw that end a line for some readers (Python's
+# str.splitlines, JavaScript): one record must stay one line for every reader.
+_LINE_ENDS = ("\x85", "\u2028", "\u2029")
+
+
+def _dumps(value: object) -> str:
+    text = _ENCODE(value)
+    if text.isascii():
+        return text
+    for end in _LINE_ENDS:
+        if end in text:
+            text = text.replace(end, f"\\u{ord(end):04x}")
+    return text
 
 
 def encode(result: FileResult) -> str:
@@ -613,7 +626,7 @@ def encode(result: FileResult) -> str:
         value = record.get(field)
         if isinstance(value, str):
             record[field] = storable(value)
-    return _DUMPS(record)
+    return _dumps(record)
 
 
 def _digests_of(record: dict[str, object]) -> dict[str, str]:

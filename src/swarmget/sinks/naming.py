@@ -42,8 +42,11 @@ FALLBACK_NAME = "index"  # for URLs whose path is empty or ends in "/"
 
 # C0, DEL, C1, lone surrogates (which cannot be encoded as a file name), and
 # the bidirectional controls that make a name display as another one
-# ("invoice\u202egpj.exe" shows as "invoiceexe.jpg").
-_CONTROLS = r"\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# ("invoice\u202egpj.exe" shows as "invoiceexe.jpg"), and the line and
+# paragraph separators (a name that reads as two lines).
+_CONTROLS = (
+    r"\x00-\x1f\x7f-\x9f\ud800-\udfff\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+)
 _CONTROL = re.compile(f"[{_CONTROLS}]")
 _UNSAFE = re.compile(f"[{_CONTROLS}/\\\\]")
 _MAX_EXT_CHARS = 16  # longer "extensions" are just part of the name

@@ -47,7 +47,7 @@ import shutil
 import stat
 from hashlib import blake2b
 
-from swarmget.engine.urls import UrlSplitter, redact
+from swarmget.engine.urls import UrlSplitter, redact, redact_invalid
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.manifest import manifest_path, write_manifest
 from swarmget.options import Options
@@ -269,7 +269,10 @@ class FilePlanner:
             else:
                 path = self.names.allocate(row, candidate)
         except TransferError as exc:
-            batch.results.append(_failed(row, key, url, exc.code, exc.message))
+            message = exc.message
+            if exc.code == ErrorCode.BAD_URL:
+                url, message = redact_invalid(url, message)
+            batch.results.append(_failed(row, key, url, exc.code, message))
             return
         overwrite = self.options.overwrite
         ours = previous is not None and previous.path == path and previous.mine

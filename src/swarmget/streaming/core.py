@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Final
 
-from swarmget.engine.urls import UrlSplitter, redact
+from swarmget.engine.urls import UrlSplitter, redact, redact_invalid
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.options import Options
 from swarmget.parallel.backend import Backend
@@ -83,9 +83,12 @@ class StreamPlanner:
                     raise TransferError(ErrorCode.BAD_ROW, row.problem)
                 self._split(row.url)
             except TransferError as exc:
+                url, message = redact(row.url), exc.message
+                if exc.code == ErrorCode.BAD_URL:
+                    url, message = redact_invalid(url, message)
                 batch.results.append(
                     FileResult(
-                        redact(row.url),
+                        url,
                         None,
                         "failed",
                         None,
@@ -93,7 +96,7 @@ class StreamPlanner:
                         exc.code,
                         0,
                         0,
-                        exc.message,
+                        message,
                         index=row.index,
                         key=key,
                     )
