@@ -145,6 +145,41 @@ def test_5xx_is_retried_and_429_honours_retry_after(server: TestServer, out_dir:
     assert report.failures[0].attempts == 3
 
 
+def test_an_error_reply_then_an_unannounced_close_keeps_its_status(out_dir: Path) -> None:
+    # Retries went out on kept-alive connections the server had closed after
+    # its 504 (without Connection: close): the last of them was recorded as
+    # "connect: connection closed before the response started", not http_504
+    # (64 of 200 rows).  A plain threaded server: one request per connection.
+    listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            time.sleep(0.2)
+            conn.sendall(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\n\r\n")
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        port = listener.getsockname()[1]
+        urls = [f"http://127.0.0.1:{port}/f{i}" for i in range(200)]
+        report = run(urls, out_dir, retries=3, timeout=2)
+    finally:
+        listener.close()
+    assert report.error_counts() == {"http_504": 200}
+    assert {f.attempts for f in report.failures} == {4}
+
+
 def test_404_is_not_retried(server: TestServer, out_dir: Path) -> None:
     report = run([server.file_url("n.bin", status=404)], out_dir, retries=3)
     assert report.failures[0].attempts == 1

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from typing import Final, TextIO
 
 from swarmget.engine.classify import connect_failure
-from swarmget.engine.connection import ACTIVE, HTTPConnection
+from swarmget.engine.connection import ACTIVE, CONNECTING, HTTPConnection
 from swarmget.engine.events import EngineEvents
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Job, Transfer
@@ -94,8 +94,6 @@ CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authori
 SEND_BATCH: Final = 32
 # Bodies at least this large keep their part on failure and resume with Range.
 RESUME_MIN_BYTES: Final = 1 << 20
-# Attempts on kept-alive connections the server had closed that cost no retry.
-MAX_STALE: Final = 3
 
 
 def _request_headers(options: Options) -> tuple[bytes, dict[str, str]]:
@@ -368,8 +366,7 @@ class Engine(ConnectionOwner):
             return
         sock, err = start_connect(addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
-            self._failed(transfer, connect_failure(err, pool.via_source))
-            self._execute(self.scheduler.dial_failed(pool, self.loop.now))
+            self._dial_failed(pool, transfer, connect_failure(err, pool.via_source))
             self.loop.call_soon(self._refill)
             return
         self._connected(pool, sock, transfer)
@@ -381,9 +378,7 @@ class Engine(ConnectionOwner):
             self.dialing.discard(dial)
             if sock is None:
                 assert error is not None
-                self._failed(transfer, error)
-                self._execute(self.scheduler.dial_failed(pool, self.loop.now))
-                self.loop.call_soon(self._refill)
+                self._dial_failed(pool, transfer, error)
                 return
             # Already connected: the connection finds it writable on the next
             # turn and goes on as after any connect.
@@ -392,6 +387,13 @@ class Engine(ConnectionOwner):
         dial = HappyEyeballs(self.loop, addresses, dialed, timeout=self.options.timeout)
         self.dialing.add(dial)
         dial.start()
+
+    def _dial_failed(self, pool: HostPool, transfer: Transfer, error: TransferError) -> None:
+        # The breaker first: a host (or proxy) given up fails the transfer now.
+        self._execute(self.scheduler.host_failed(pool, error, dialling=True))
+        self._execute(self.scheduler.dial_failed(pool, self.loop.now))
+        self._failed(transfer, error)
+        self.loop.call_soon(self._refill)
 
     def _connected(self, pool: HostPool, sock: socket.socket, transfer: Transfer) -> None:
         kind = pool.kind
@@ -451,7 +453,8 @@ class Engine(ConnectionOwner):
         elif kind == RESTARTED:
             self._restart(transfer)
         else:
-            self._transfer_failed(pool, transfer, verdict)
+            dialling = isinstance(conn, HTTPConnection) and conn.state == CONNECTING
+            self._transfer_failed(pool, transfer, verdict, dialling)
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -515,21 +518,24 @@ class Engine(ConnectionOwner):
         transfer.retry = transfer.retry.forgiven(REDIRECT)  # a hop is not a retry
         self._submit(transfer)
 
-    def _transfer_failed(self, pool: HostPool, transfer: Transfer, verdict: Verdict) -> None:
+    def _transfer_failed(
+        self, pool: HostPool, transfer: Transfer, verdict: Verdict, dialling: bool = False
+    ) -> None:
         error = verdict.error
         assert error is not None
         if isinstance(error, OutputError) and error.fatal:
             self._stop(error)
         self._keep_or_drop_part(transfer)
-        if verdict.stale and transfer.retry.count(STALE) < MAX_STALE:
+        if verdict.stale and transfer.retry.count(STALE) <= self.policy.retries:
             # A dead kept-alive connection is not the server's failure: again,
             # on a new connection (so not twice in a row), first in line when a
-            # slot frees.  A later retry may meet another dead one.
+            # slot frees.  Each retry may meet another dead one (a server that
+            # closes after every error reply, unannounced): one per attempt.
             transfer.retry = transfer.retry.forgiven(STALE)
             transfer.fresh = True
             self._submit(transfer, front=True)
             return
-        self._execute(self.scheduler.host_failed(pool, error))
+        self._execute(self.scheduler.host_failed(pool, error, dialling=dialling))
         self._failed(transfer, error, verdict.status, verdict.retry_after)
 
     def _failed(

@@ -18,7 +18,13 @@ The rules:
   goes idle in its pool, unless another origin is starved for a slot, in which
   case it is closed to make room.
 * A transfer marked ``fresh`` (it met a dead kept-alive connection) goes on a
-  brand-new connection: an idle one is closed to make room.
+  brand-new connection: an idle one is closed to make room if the host has
+  none, and neither an idle connection nor one that just finished a response
+  takes it (either may be as dead as the first).
+* An idle connection is asked :meth:`~swarmget.engine.pool.PooledConnection.looks_closed`
+  before it is reused (the connection peeks at its socket): a close the server
+  sent while it idled, not yet seen by the loop, retires it instead of costing
+  the next transfer an attempt.
 * New connections start at most ``CONNECT_SLICE`` per loop turn.  A
   non-blocking connect still costs the kernel ~50-100 us (on loopback the
   whole handshake runs in our context), so starting 200 in one go held every
@@ -34,7 +40,8 @@ The rules:
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
-  host costs one ``--timeout``, not one per row.
+  host costs one ``--timeout``, not one per row.  Connections that could not
+  be made to a proxy count for the proxy, across all the origins behind it.
 
 A connection being closed keeps its slot counted until the engine reports it
 closed (:meth:`Scheduler.closed`), but not as available: ``closing`` counts
@@ -113,9 +120,11 @@ class Defer(Action):
 class Scheduler:
     __slots__ = (
         "_closing",
+        "_dead_proxies",
         "_deferred",
         "_idle",
         "_naming",
+        "_proxy_failures",
         "_slice_connects",
         "_slice_turn",
         "_starved",
@@ -145,6 +154,10 @@ class Scheduler:
         self.max_resolving = max(MIN_RESOLVING, min(concurrency, MAX_RESOLVING))
         self.resolving = 0  # lookups in flight, all pools
         self._naming: dict[HostPool, None] = {}  # pools waiting for a lookup slot
+        # The circuit breaker of proxies (host, port): connections to it that
+        # failed in a row, and the error of a proxy given up.
+        self._proxy_failures: dict[tuple[str, int], int] = {}
+        self._dead_proxies: dict[tuple[str, int], TransferError] = {}
 
     # -- transfers in ------------------------------------------------------------------
 
@@ -232,8 +245,16 @@ class Scheduler:
                 self._dispatch(waiting, now, actions)
         return actions
 
-    def host_failed(self, pool: HostPool, error: TransferError) -> list[Action]:
-        """A transfer on ``pool`` failed; maybe give the host up (the circuit breaker)."""
+    def host_failed(
+        self, pool: HostPool, error: TransferError, *, dialling: bool = False
+    ) -> list[Action]:
+        """A transfer on ``pool`` failed; maybe give the host up (the circuit breaker).
+
+        ``dialling``: the connection itself was never made.  Through a proxy
+        that is the proxy's failure, whatever the origin: a dead proxy is given
+        up as a dead host is, for every origin behind it (counted per origin,
+        a thousand origins behind a black-holed proxy each paid their own
+        timeouts and retries)."""
         if error.code not in BREAKER_CODES or pool.given_up is not None:
             return []
         if isinstance(error, ConnectionClosed):
@@ -241,24 +262,48 @@ class Scheduler:
             # and drops some connections (a burst of parallel ones failing at
             # once gave a flaky host up) is not a dead one.
             return []
-        pool.consecutive_failures += 1
-        if not self.host_failures or pool.consecutive_failures < self.host_failures:
+        if not self.host_failures:
             return []
-        pool.given_up = TransferError(
-            error.code,
-            f"{error.message}; host {pool.host} given up after {pool.consecutive_failures} "
-            "failed connections in a row (--host-failures)",
-        )
         actions: list[Action] = []
-        self._fail_queue(pool, pool.given_up, actions)
+        if dialling and pool.proxy is not None:
+            proxy = pool.connect_to
+            failures = self._proxy_failures[proxy] = self._proxy_failures.get(proxy, 0) + 1
+            if failures >= self.host_failures:
+                self._dead_proxies[proxy] = TransferError(
+                    error.code,
+                    f"{error.message}; proxy {pool.via} given up after {failures} "
+                    "failed connections in a row (--host-failures)",
+                )
+                self._give_up(pool, self._dead_proxies[proxy], actions)
+                return actions
+        pool.consecutive_failures += 1
+        if pool.consecutive_failures < self.host_failures:
+            return []
+        self._give_up(
+            pool,
+            TransferError(
+                error.code,
+                f"{error.message}; host {pool.host} given up after {pool.consecutive_failures} "
+                "failed connections in a row (--host-failures)",
+            ),
+            actions,
+        )
         return actions
 
     def host_answered(self, pool: HostPool) -> None:
         pool.consecutive_failures = 0
+        if pool.proxy is not None and self._proxy_failures:
+            self._proxy_failures.pop(pool.connect_to, None)
+
+    def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
+        pool.given_up = error
+        self._fail_queue(pool, error, actions)
 
     # -- the rules ---------------------------------------------------------------------
 
     def _dispatch(self, pool: HostPool, now: float, actions: list[Action]) -> None:
+        if pool.proxy is not None and pool.given_up is None and self._dead_proxies:
+            pool.given_up = self._dead_proxies.get(pool.connect_to)
         if pool.given_up is not None:
             self._fail_queue(pool, pool.given_up, actions)
             return

@@ -32,13 +32,16 @@ from swarmget.engine.job import Transfer
 from swarmget.engine.verdicts import FAIL, PROXY_AUTH_HINT, Verdict
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
+from swarmget.net.address import bare_host
 from swarmget.net.proxy import Proxy
 from swarmget.protocol import ConnectionClosed, ConnectResponseParser
 
 
 def connect_request(host: str, port: int, proxy: Proxy, user_agent: str) -> bytes:
     """The ``CONNECT`` request that asks ``proxy`` for a tunnel to ``host:port``."""
-    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    # An IPv6 literal without its zone id (an interface of this machine, which
+    # means nothing to the proxy; a raw % is no authority either), as curl.
+    authority = f"[{bare_host(host)}]:{port}" if ":" in host else f"{host}:{port}"
     lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", f"User-Agent: {user_agent}"]
     if proxy.authorization is not None:
         lines.append(f"Proxy-Authorization: {proxy.authorization}")

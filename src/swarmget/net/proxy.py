@@ -39,7 +39,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote_to_bytes, urlsplit
 
 from swarmget.errors import UsageError
 
@@ -74,7 +74,9 @@ def parse_proxy_url(text: str, source: str = "--proxy") -> Proxy | None:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise UsageError(f"{source} {shown!r}: invalid proxy URL ({exc})") from None
+        # The parser's reason quotes pieces of the URL: of the password, maybe.
+        reason = "a user:password part is hidden" if "@" in url else str(exc)
+        raise UsageError(f"{source} {shown!r}: invalid proxy URL ({reason})") from None
     scheme = parts.scheme.lower()
     if scheme != "http":
         raise UsageError(
@@ -85,18 +87,21 @@ def parse_proxy_url(text: str, source: str = "--proxy") -> Proxy | None:
         raise UsageError(f"{source} {shown!r}: the proxy URL has no host")
     authorization = None
     if parts.username is not None:
-        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-        authorization = "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+        # The bytes the escapes spell, as for an origin's user:password@
+        # (engine/urls.py): ``caf%E9`` is Latin-1, not U+FFFD.
+        pair = unquote_to_bytes(parts.username) + b":" + unquote_to_bytes(parts.password or "")
+        authorization = "Basic " + base64.b64encode(pair).decode("ascii")
     return Proxy(host, port or DEFAULT_PROXY_PORT, authorization, source)
 
 
 def _redact(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced, fit for an error message."""
+    """``url`` with everything before its last ``@`` hidden, fit for an error
+    message: a proxy URL has no path worth showing, and a password with an
+    unescaped ``/`` or ``?`` in it would end the authority early."""
     scheme, sep, rest = url.partition("://")
-    authority, slash, path = rest.partition("/")
-    if "@" in authority:
-        authority = "***@" + authority.rpartition("@")[2]
-    return f"{scheme}{sep}{authority}{slash}{path}"
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return f"{scheme}{sep}{rest}"
 
 
 class NoProxy:
@@ -108,10 +113,11 @@ class NoProxy:
         self.everything = False
         self.names: list[tuple[str, int | None]] = []
         self.networks: list[tuple[IPNetwork, int | None]] = []
+        if text.strip() == "*":
+            self.everything = True  # as curl: "*" alone; in a list it matches nothing
+            return
         for token in _SEPARATORS.split(text.strip()):
-            if token == "*":
-                self.everything = True
-            elif token:
+            if token and token != "*":
                 self._add(token)
 
     def _add(self, token: str) -> None:
