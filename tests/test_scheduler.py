@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
+
+from swarmget.engine.connection import HTTPConnection, peer_closed
 from swarmget.engine.job import Job, Transfer
+from swarmget.engine.owner import ConnectionOwner
 from swarmget.engine.pool import DIRECT, HostPool, PooledConnection
 from swarmget.engine.scheduler import (
     CONNECT_SLICE,
@@ -18,6 +23,8 @@ from swarmget.engine.scheduler import (
 )
 from swarmget.engine.urls import split_url
 from swarmget.errors import ErrorCode, TransferError
+from swarmget.loop import EventLoop
+from swarmget.options import Options
 from swarmget.protocol import ConnectionClosed
 from swarmget.protocol.request import RequestTemplate
 from swarmget.sinks.base import Assignment
@@ -161,11 +168,11 @@ def test_a_finished_connection_does_not_take_a_fresh_transfer() -> None:
     assert isinstance(dial, Dial) and dial.transfer is retry
 
 
-class _ClosedByPeer(PooledConnection):
-    __slots__ = ()
-
-    def looks_closed(self) -> bool:
-        return True
+def _idle_connection(p: HostPool, sock: socket.socket, loop: EventLoop) -> HTTPConnection:
+    """A real connection over ``sock`` (its owner a bare one), as the pool holds it."""
+    owner = ConnectionOwner()
+    owner.loop, owner.options = loop, Options()
+    return HTTPConnection(owner, p, sock, transfer(99))
 
 
 def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
@@ -174,12 +181,30 @@ def test_an_idle_connection_the_server_closed_is_not_reused() -> None:
     scheduler = Scheduler(concurrency=10, per_host=2)
     p = pool()
     dial_all(scheduler, p, 2)
-    dead, alive = _ClosedByPeer(p), PooledConnection(p)
-    scheduler.released(alive, reusable=True, now=2.0)
-    scheduler.released(dead, reusable=True, now=2.0)
-    close, start = scheduler.submit(p, transfer(7), now=3.0)
+    ours_dead, theirs_dead = socket.socketpair()
+    ours_alive, theirs_alive = socket.socketpair()
+    loop = EventLoop()
+    with ours_dead, theirs_dead, ours_alive, theirs_alive, contextlib.closing(loop):
+        dead, alive = _idle_connection(p, ours_dead, loop), _idle_connection(p, ours_alive, loop)
+        scheduler.released(alive, reusable=True, now=2.0)
+        scheduler.released(dead, reusable=True, now=2.0)
+        theirs_dead.close()
+        close, start = scheduler.submit(p, transfer(7), now=3.0)
     assert isinstance(close, Close) and close.conn is dead
     assert isinstance(start, Start) and start.conn is alive
+
+
+def test_a_peek_tells_a_closed_or_talking_peer_from_a_quiet_one() -> None:
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        ours.setblocking(False)
+        assert not peer_closed(ours, unasked_bytes_end_it=True)
+        theirs.sendall(b"HTTP/1.1 408 Request Timeout\r\n\r\n")  # what some send, then close
+        assert peer_closed(ours, unasked_bytes_end_it=True)
+        assert not peer_closed(ours, unasked_bytes_end_it=False)  # TLS: a record, maybe a ticket
+        assert ours.recv(100).startswith(b"HTTP/1.1 408")  # the peek consumed nothing
+        theirs.close()
+        assert peer_closed(ours, unasked_bytes_end_it=False)
 
 
 def test_new_connections_start_in_slices_per_turn() -> None:
