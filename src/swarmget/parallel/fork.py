@@ -34,12 +34,14 @@ from swarmget.parallel.backend import (
     Event,
     Finished,
     NoMoreRows,
+    Progress,
     Release,
     Rows,
     Stopped,
 )
 from swarmget.parallel.worker import worker_main
 from swarmget.sinks.base import Assignment, Sink
+from swarmget.sinks.memory import unpickle_values
 
 STOP_WAIT: Final = 10.0  # seconds a stopped worker gets to clean up before SIGKILL
 
@@ -54,8 +56,18 @@ class _Slot:
 
 
 class ForkBackend:
-    def __init__(self, make_sink: Callable[[int], Sink], shares: list[Options]) -> None:
+    def __init__(
+        self,
+        make_sink: Callable[[int], Sink],
+        shares: list[Options],
+        *,
+        stop_wait: float = STOP_WAIT,
+    ) -> None:
         self.workers = len(shares)
+        # How long a stopped worker gets before SIGKILL: a run to files lets it
+        # report and keep its parts; a stream has nothing to keep, and its
+        # close() must not wait 10 s for a map stuck in a long C call.
+        self._stop_wait = stop_wait
         self._make_sink = make_sink
         self._shares = shares  # each worker's options (parallel/workers.py)
         workers = self.workers
@@ -159,6 +171,8 @@ class ForkBackend:
         try:
             while slot.conn.poll():
                 message = slot.conn.recv()
+                if isinstance(message, Progress):
+                    unpickle_values(message.results)
                 events.append(message)
                 if isinstance(message, Finished | Stopped):
                     slot.ended = True
@@ -201,7 +215,7 @@ class ForkBackend:
             if slot.process.is_alive() and pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
-        deadline = time.monotonic() + STOP_WAIT
+        deadline = time.monotonic() + self._stop_wait
         events: list[Event] = []
         while True:
             live = {slot.conn: worker for worker, slot in self._live()}
@@ -221,7 +235,7 @@ class ForkBackend:
         for slot in self._slots:
             if slot is None:
                 continue
-            slot.process.join(STOP_WAIT)
+            slot.process.join(self._stop_wait)
             if slot.process.is_alive():
                 slot.process.kill()
                 slot.process.join()

@@ -42,7 +42,7 @@ from swarmget.parallel.backend import (
 from swarmget.parallel.deathsig import parent_death_signal
 from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Sink
-from swarmget.sinks.memory import describe, map_failed
+from swarmget.sinks.memory import pickle_values
 
 REPORT_INTERVAL: Final = 0.1  # seconds between Progress messages
 REPORT_BATCH: Final = 512  # results that make a Progress message go at once
@@ -80,14 +80,8 @@ class PipeEvents:
         active, in_flight = self.engine.active() if self.engine is not None else (0, 0)
         message = Progress(self._worker, self._results, self._partials, active, in_flight)
         self._results, self._partials = [], []
-        try:
-            data = ForkingPickler.dumps(message)
-        except Exception:
-            # Something ``map`` returned does not pickle: those items fail, the
-            # rest go (checking every value up front would pickle each twice).
-            for result in message.results:
-                _sendable(result)
-            data = ForkingPickler.dumps(message)
+        pickle_values(message.results)
+        data = ForkingPickler.dumps(message)
         self._conn.send_bytes(data)  # what Connection.send does, after the pickling
 
 
@@ -177,18 +171,6 @@ def _report_periodically(engine: Engine, events: PipeEvents) -> None:
         engine.loop.call_later(REPORT_INTERVAL, tick)
 
     engine.loop.call_later(REPORT_INTERVAL, tick)
-
-
-def _sendable(result: FileResult) -> None:
-    """Fail ``result`` with ``map_error`` if it cannot be pickled (its map value)."""
-    try:
-        ForkingPickler.dumps(result)
-    except Exception as exc:
-        map_failed(
-            result,
-            "map returned a value that cannot be sent back from the worker process "
-            f"(it must pickle): {describe(exc)}",
-        )
 
 
 def _send_last(conn: Connection, events: PipeEvents, message: Finished | Stopped) -> None:

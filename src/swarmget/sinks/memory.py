@@ -39,6 +39,7 @@ import bisect
 import contextlib
 import mmap
 import os
+import pickle
 import threading
 import time
 from collections import deque
@@ -63,6 +64,7 @@ ARENA: Final = "arena"  # ("arena", worker, offset, length): a slot of a worker'
 BYTES: Final = "bytes"  # ("bytes", data): the body itself (same process)
 SPILL: Final = "spill"  # ("spill", path): a file in the spill directory
 VALUE: Final = "value"  # ("value", value): what map returned
+PICKLED: Final = "pickled"  # ("pickled", bytes): a VALUE on its way from a worker
 
 
 class Arena:
@@ -434,6 +436,41 @@ def map_failed(result: FileResult, message: str) -> None:
     result.error = MAP_ERROR
     result.message = message
     result.payload = None
+
+
+def pickle_values(results: list[FileResult]) -> None:
+    """In a worker, before its report is sent: each ``map`` value pickled on its
+    own, so that one that cannot be sent, or cannot be loaded in the driver, fails
+    its own item (see :func:`unpickle_values`), not the report it came in."""
+    for result in results:
+        payload = result.payload
+        if type(payload) is tuple and payload[0] == VALUE:
+            try:
+                result.payload = (PICKLED, pickle.dumps(payload[1], pickle.HIGHEST_PROTOCOL))
+            except Exception as exc:
+                map_failed(
+                    result,
+                    "map returned a value that cannot be sent back from the worker process "
+                    f"(it must pickle): {describe(exc)}",
+                )
+
+
+def unpickle_values(results: list[FileResult]) -> None:
+    """In the driver: each value loaded on its own.  One that pickled but will not
+    load (an exception class whose ``__init__`` wants other arguments) failed a
+    whole report: a hundred rows lost as ``crashed``; now its item fails with
+    ``map_error``."""
+    for result in results:
+        payload = result.payload
+        if type(payload) is tuple and payload[0] == PICKLED:
+            try:
+                result.payload = (VALUE, pickle.loads(payload[1]))
+            except Exception as exc:
+                map_failed(
+                    result,
+                    "map returned a value that pickles but cannot be loaded back "
+                    f"(unpickling it failed): {describe(exc)}",
+                )
 
 
 def describe(exc: BaseException) -> str:

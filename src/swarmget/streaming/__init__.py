@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -31,16 +33,20 @@ class AsyncStream(AsyncIterator[Item]):
     """:func:`stream` for asyncio: ``async with`` / ``async for``; never blocks the loop.
 
     The downloading runs on the stream's own thread and processes; an item that
-    is ready is returned at once, and waiting for one (or for close) happens on
-    a thread of its own, so the event loop keeps running.  Not on asyncio's
-    default executor: a wait a caller's timeout gave up on still holds its
-    thread until an item comes, and eight such streams took all of that pool
-    (six threads here) -- closing them waited a minute, and every
-    ``getaddrinfo`` and ``to_thread`` of the program with them.
+    is ready is returned at once, and waiting for one happens on the stream's
+    waiting thread (closing, on a thread of its own), so the event loop keeps
+    running.  Not on asyncio's default executor: a wait a caller's timeout gave
+    up on still holds its thread until an item comes, and eight such streams
+    took all of that pool (six threads here) -- closing them waited a minute,
+    and every ``getaddrinfo`` and ``to_thread`` of the program with them.  Not
+    a new thread per wait either: ``Thread.start()`` waits until the new thread
+    holds the GIL, and with ``map`` running in this process (one worker) that
+    stalled the loop for up to 0.7 s.
     """
 
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
+        self._waiter = _Waiter()
         # The thread waiting for the next item.  A caller's timeout or cancel
         # stops the await, not the thread: what it takes is the next item, kept
         # here for the next __anext__ (it was lost).
@@ -61,7 +67,7 @@ class AsyncStream(AsyncIterator[Item]):
         value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        await _in_thread(self._stream.close)
+        await self.aclose()
 
     def __aiter__(self) -> AsyncStream:
         return self
@@ -76,7 +82,7 @@ class AsyncStream(AsyncIterator[Item]):
                 assert isinstance(item, Item)
                 return item
             # StopIteration cannot cross a Future: the thread says None instead.
-            waiting = _in_thread(next, self._stream, None)
+            waiting = self._waiter.submit(next, self._stream, None)
             waiting.add_done_callback(_retrieved)
             self._waiting = waiting
         try:
@@ -96,11 +102,26 @@ class AsyncStream(AsyncIterator[Item]):
         return item
 
     async def aclose(self) -> None:
-        await _in_thread(self._stream.close)
+        # On a thread of its own: a wait for the next item may be under way
+        # on the waiting thread, and the close is what ends it.
+        closing = threading.Thread(target=self._stream.close, name="swarmget-astream-close")
+        await _in_thread(closing)
+        self._waiter.stop()
+        # Gone before we return: a stream started next would see their threads
+        # and fall back to one worker (no fork with other threads running).
+        await _ended(closing)
+        await self._waiter.ended()
 
     @property
     def report(self) -> Any:
         return self._stream.report
+
+    def __del__(self) -> None:
+        # Left without aclose() (a break out of `async for`): the waiting thread
+        # must not outlive the stream (the stream itself closes when collected).
+        waiter = getattr(self, "_waiter", None)
+        if waiter is not None:
+            waiter.stop()
 
 
 def astream(urls: Iterable[str | Row], **kwargs: Any) -> AsyncStream:
@@ -108,22 +129,74 @@ def astream(urls: Iterable[str | Row], **kwargs: Any) -> AsyncStream:
     return AsyncStream(stream(urls, **kwargs))
 
 
-def _in_thread(call: Callable[..., T], *args: object) -> asyncio.Future[T]:
-    """``call(*args)`` on a daemon thread of its own; its outcome as a future of the
-    running loop.  (A daemon: a wait nobody collects never holds up the exit.)"""
+class _Waiter:
+    """A daemon thread that runs an async stream's waits, one after another, each
+    outcome a future of the loop that asked.  (A daemon: a wait nobody collects
+    never holds up the exit.)"""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, call: Callable[..., T], *args: object) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        if self._thread is None:  # started once, at the first wait
+            self._thread = threading.Thread(target=self._run, name="swarmget-astream", daemon=True)
+            self._thread.start()
+        self._jobs.put((loop, future, call, args))
+        return future
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, call, args = job
+            try:
+                result = call(*args)
+            except BaseException as exc:
+                _settle(loop, future, None, exc)
+            else:
+                _settle(loop, future, result, None)
+
+    def stop(self) -> None:
+        self._jobs.put(None)  # after the wait under way, if any
+
+    async def ended(self) -> None:
+        if self._thread is not None:
+            await _ended(self._thread)
+
+
+_Job = tuple[
+    asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[object, ...]
+]
+
+
+def _in_thread(thread: threading.Thread) -> asyncio.Future[None]:
+    """Start ``thread`` (not yet started, its target taking no arguments) with its
+    outcome as a future of the running loop."""
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
+    future: asyncio.Future[None] = loop.create_future()
+    call = thread._target  # type: ignore[attr-defined]
 
     def run() -> None:
         try:
-            result = call(*args)
+            call()
         except BaseException as exc:
             _settle(loop, future, None, exc)
         else:
-            _settle(loop, future, result, None)
+            _settle(loop, future, None, None)
 
-    threading.Thread(target=run, name="swarmget-astream", daemon=True).start()
+    thread._target = run  # type: ignore[attr-defined]
+    thread.daemon = True
+    thread.start()
     return future
+
+
+async def _ended(thread: threading.Thread, within: float = 2.0) -> None:
+    """Let ``thread`` finish (it has settled its future: microseconds), without
+    blocking the loop; give up after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while thread.is_alive() and time.monotonic() < deadline:
+        await asyncio.sleep(0.001)
 
 
 def _settle(

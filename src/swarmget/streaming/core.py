@@ -58,6 +58,10 @@ from swarmget.streaming.items import Item, body_item
 # that thread and a call already running cannot be cut short: close() returns
 # after this, and the thread ends (a daemon) as soon as that call returns.
 STOP_WAIT: Final = 2.0
+# ... and a worker process, told to stop, before it is killed: within STOP_WAIT,
+# so that close() returns with the workers gone even when map is in a long C
+# call that never looks at signals.  (A stream keeps no parts to save.)
+WORKER_STOP_WAIT: Final = 1.5
 _open_streams: weakref.WeakSet[Stream] = weakref.WeakSet()
 
 
@@ -202,6 +206,10 @@ class Stream(Iterator[Item]):
         self._progress = progress
         self._started = False
         self._closed = False
+        # The process the stream belongs to: a child forked from the caller's
+        # program inherits the object (and the exit hook), not the workers or
+        # the spill files, and must not end or remove them.
+        self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._delivery: Delivery | None = None
         self._display: Any = None
@@ -246,7 +254,8 @@ class Stream(Iterator[Item]):
             # bodies here waiting for the caller (stream/delivery.py).
             arenas = [Arena(self._limit // (2 * workers)) for _ in range(workers)]
             make = functools.partial(worker_sink, self.spill_dir, arenas, self._map)
-            backend = ForkBackend(make, worker_shares(options, workers))
+            shares = worker_shares(options, workers)
+            backend = ForkBackend(make, shares, stop_wait=WORKER_STOP_WAIT)
             backend.start()  # fork now, in the caller's thread, before ours starts
             return backend, Budget(self._limit // 2), arenas
         budget = Budget(self._limit)
@@ -329,10 +338,12 @@ class Stream(Iterator[Item]):
         if self._closed:
             return
         self._closed = True
+        _open_streams.discard(self)
+        if os.getpid() != self._pid:
+            return  # a forked copy: the stream is its parent's
         self._end_run()
         if self.spill_dir is not None:
             shutil.rmtree(self.spill_dir, ignore_errors=True)
-        _open_streams.discard(self)
 
     def _end_run(self) -> None:
         """Stop the run and wait for its thread (the workers end with it)."""
