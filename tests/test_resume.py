@@ -336,6 +336,26 @@ def _cut_200(conn: ScriptedConnection, body: bytes, fields: str) -> None:
     conn.close()
 
 
+def _rest_of_v1(start: int, fields: str) -> bytes:
+    """A 206 of _V1 from ``start`` to its end, with ``fields`` (CRLF-ended lines)."""
+    return (
+        f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-"
+        f"{len(_V1) - 1}/{len(_V1)}\r\nContent-Length: {len(_V1) - start}\r\n"
+        f"{fields}\r\n".encode()
+        + _V1[start:]
+    )
+
+
+def _honest(conn: ScriptedConnection, request: bytes, etag: str) -> None:
+    """An honest server of _V1 under ``etag``: the rest if If-Range matches, else all."""
+    start = _ranged(request)
+    if start is not None and _if_range(request) == etag.encode():
+        conn.send(_rest_of_v1(start, f"ETag: {etag}\r\n"))
+    else:
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(_V1)}\r\nETag: {etag}\r\n\r\n"
+        conn.send(head.encode() + _V1)
+
+
 def test_a_part_rewritten_from_zero_forgets_the_validator_of_the_bytes_it_lost(
     server: TestServer, out_dir: Path
 ) -> None:
@@ -353,19 +373,7 @@ def test_a_part_rewritten_from_zero_forgets_the_validator_of_the_bytes_it_lost(
             conn.send(b"%x\r\n" % (len(_V2) // 2) + _V2[: len(_V2) // 2] + b"\r\n")
             conn.close()
         else:
-            start = _ranged(request)
-            if start is not None and _if_range(request) == b'"A"':
-                conn.send(
-                    f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-"
-                    f"{len(_V1) - 1}/{len(_V1)}\r\nContent-Length: {len(_V1) - start}\r\n"
-                    'ETag: "A"\r\n\r\n'.encode()
-                    + _V1[start:]
-                )
-            else:
-                conn.send(
-                    f'HTTP/1.1 200 OK\r\nContent-Length: {len(_V1)}\r\nETag: "A"\r\n\r\n'.encode()
-                    + _V1
-                )
+            _honest(conn, request, '"A"')
 
     server.route("/rewritten.bin", handler)
     try:
@@ -397,12 +405,7 @@ def test_a_last_modified_resumes_only_when_it_is_older_than_the_reply(
         if len(requests) == 1:
             _cut_200(conn, _V1, fields)
         elif start is not None:
-            conn.send(
-                f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-"
-                f"{len(_V1) - 1}/{len(_V1)}\r\nContent-Length: {len(_V1) - start}\r\n"
-                f"{fields}\r\n".encode()
-                + _V1[start:]
-            )
+            conn.send(_rest_of_v1(start, fields))
         else:
             conn.send(f"HTTP/1.1 200 OK\r\nContent-Length: {len(_V1)}\r\n{fields}\r\n".encode())
             conn.send(_V1)
@@ -430,21 +433,10 @@ def test_a_kept_part_continues_at_the_redirect_target(server: TestServer, out_di
 
     def target(request: bytes, conn: ScriptedConnection) -> None:
         targets.append(request)
-        start = _ranged(request)
         if len(targets) == 1:
             _cut_200(conn, _V1, 'ETag: "v1"\r\n')
-        elif start is not None and _if_range(request) == b'"v1"':
-            conn.send(
-                f"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes {start}-"
-                f"{len(_V1) - 1}/{len(_V1)}\r\nContent-Length: {len(_V1) - start}\r\n"
-                'ETag: "v1"\r\n\r\n'.encode()
-                + _V1[start:]
-            )
         else:
-            conn.send(
-                f'HTTP/1.1 200 OK\r\nContent-Length: {len(_V1)}\r\nETag: "v1"\r\n\r\n'.encode()
-                + _V1
-            )
+            _honest(conn, request, '"v1"')
 
     server.route("/moved.bin", redirect)
     server.route("/target.bin", target)
