@@ -581,6 +581,37 @@ def test_a_slow_name_server_is_waited_for_within_the_timeout(
     assert (report.ok, report.failed) == (2, 0)
 
 
+def test_a_silent_lookup_ends_within_the_timeout_whatever_the_servers(loop: EventLoop) -> None:
+    # c-ares asks each server in every round: three silent servers made a
+    # 30 s budget 38 s (three 1-2-4-8 s rounds).
+    silent = [socket.socket(V4, socket.SOCK_DGRAM) for _ in range(3)]
+    try:
+        for sock in silent:
+            sock.bind(("127.0.0.1", 0))
+        servers = [f"127.0.0.1:{sock.getsockname()[1]}" for sock in silent]
+        resolver = AresResolver(loop, servers=servers, within=3.0)
+        out: list[tuple[object, object]] = []
+        started = time.monotonic()
+        resolver.resolve("nobody.test", 80, lambda a, e: out.append((a, e)))
+        run_until(loop, lambda: bool(out), within=10)
+        elapsed = time.monotonic() - started
+        resolver.close()
+    finally:
+        for sock in silent:
+            sock.close()
+    assert out[0][0] is None and elapsed < 3.5
+
+
+@pytest.mark.parametrize(
+    ("servers", "first", "tries"), [(1, 1.0, 4), (2, 1.0, 4), (3, 1.0, 3), (40, 0.75, 1)]
+)
+def test_the_lookup_budget_counts_every_server_in_a_round(
+    servers: int, first: float, tries: int
+) -> None:
+    assert lookup_budget(30.0, servers) == (first, tries)
+    assert servers * first * (2**tries - 1) <= 30.0
+
+
 @pytest.mark.parametrize(
     ("timeout", "first", "tries", "longest"),
     [(30.0, 1.0, 4, 15.0), (10.0, 1.0, 3, 7.0), (3.0, 1.0, 2, 3.0), (1.0, 1.0, 1, 1.0),

@@ -209,6 +209,18 @@ def test_a_manifest_line_is_one_line_for_every_reader(server: TestServer, tmp_pa
 
 
 @pytest.mark.parametrize(
+    "url", ["http://example.com:99999/@user/file", "http://exa mple.com/p?email=a@b.c"]
+)
+def test_an_invalid_url_whose_at_sign_is_not_a_passwords_end_is_shown(
+    url: str, tmp_path: Path
+) -> None:
+    report = swarmget.download([url], tmp_path, retries=0)
+    assert report.failures[0].error == "bad_url"
+    assert swarmget.read_manifest(tmp_path)[0]["url"] == url
+    assert "hidden" not in (report.failures[0].message or "")
+
+
+@pytest.mark.parametrize(
     ("url", "shown"),
     [
         ("http://ghp_T0KEN@127.0.0.1:9/x", "http://***@127.0.0.1:9/x"),  # a token as user name
@@ -396,3 +408,28 @@ def test_running_out_of_descriptors_is_retried_not_an_io_failure() -> None:
     assert RetryPolicy(retries=3).decide(state, error) is not None
     full = io_error("write", "/x.part", OSError(errno.ENOSPC, "No space left on device"))
     assert full.fatal and RetryPolicy(retries=3).decide(state, full) is None
+
+
+_CROWDED_CHILD = """
+import json, resource, sys, swarmget
+resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
+held = [open("/dev/null") for _ in range(440)]  # the calling program's own files
+report = swarmget.download(json.loads(sys.argv[1]), sys.argv[2], workers=1, concurrency=128)
+print(report.ok, report.failed)
+"""
+
+
+def test_descriptors_the_caller_holds_count_against_the_concurrency(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # 480 of 512 descriptors held by the program: concurrency was fitted to the
+    # limit as if all were free, socket() raised EMFILE out of download(), and
+    # with 440 held most rows failed with io.
+    urls = [server.file_url(f"fd{i}.bin", size=100) for i in range(300)]
+    done = subprocess.run(
+        [sys.executable, "-c", _CROWDED_CHILD, json.dumps(urls), str(tmp_path / "out")],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["300", "0"]
+    assert "open already; using --concurrency" in done.stderr

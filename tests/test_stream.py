@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import itertools
 import json
@@ -887,6 +888,35 @@ def test_close_ends_workers_stuck_in_a_long_c_call_within_seconds(server: TestSe
     items.close()
     assert time.monotonic() - started < 4
     assert multiprocessing.active_children() == []
+
+
+def test_an_astream_dropped_with_a_wait_under_way_ends_its_threads_and_workers(
+    server: TestServer,
+) -> None:
+    # The waiting thread held the stream (in next()) until an item came, so
+    # the stream was never collected: threads, workers and downloads went on.
+    urls = [server.file_url(f"stall{i}.bin", size=10, latency=30) for i in range(4)]
+
+    async def main() -> None:
+        items = swarmget.astream(urls, workers=2, timeout=60)
+        await items.__aenter__()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(items.__anext__(), 0.5)
+
+    asyncio.run(main())
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (
+        multiprocessing.active_children()
+        or any(
+            t.name.startswith("swarmget-stream") or t.name.startswith("swarmget-astream")
+            for t in threading.enumerate()
+        )
+    ):
+        time.sleep(0.05)
+    assert multiprocessing.active_children() == []
+    names = [t.name for t in threading.enumerate()]
+    assert [n for n in names if n.startswith(("swarmget-stream", "swarmget-astream"))] == []
 
 
 def test_a_stop_that_came_between_two_map_calls_stops_the_next(tmp_path: Path) -> None:

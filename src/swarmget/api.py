@@ -114,28 +114,45 @@ def _row_of(index: int, item: object) -> Row:
     return Row(index, strip_url(str(item)))
 
 
+def _descriptors_in_use() -> int:
+    """How many descriptors this process has open (Linux: /proc; else a guess)."""
+    try:
+        return len(os.listdir("/proc/self/fd")) - 1  # less the one listdir opened
+    except OSError:
+        return 3
+
+
 def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
     """Options whose concurrency fits the descriptor limit (lowered, said once, if not)."""
-    wanted = FDS_PER_CONNECTION * options.concurrency + FDS_SPARE
+    # What the calling program holds already counts: 480 files open under a
+    # limit of 512 left room for 16 sockets, not the 224 planned for, and the
+    # rest failed (or socket() raised out of the run).
+    in_use = _descriptors_in_use()
+    wanted = FDS_PER_CONNECTION * options.concurrency + FDS_SPARE + in_use
     limit = raise_nofile_limit(wanted)
     if limit >= wanted:
         return options
-    if limit < FDS_MINIMUM:
+    free = limit - in_use
+    if free < FDS_MINIMUM:
         # Not even the journal, the pipes and one connection: say so now, not as
         # "cannot read input: Too many open files" from whatever fails first.
+        held = f", {in_use} of them open already" if in_use > 8 else ""
         raise UsageError(
-            f"the limit of open files is {limit} (ulimit -n); swarmget needs at least {FDS_MINIMUM}"
+            f"the limit of open files is {limit} (ulimit -n){held}; "
+            f"swarmget needs at least {FDS_MINIMUM} free"
         )
     # The spare is for the journal, pipes, the resolver and the standard streams:
     # a fixed 64 of a small limit (64 or less) left room for one connection.
-    spare = min(FDS_SPARE, max(FDS_MINIMUM // 2, limit // 4))
-    fits = max(1, (limit - spare) // FDS_PER_CONNECTION)
+    spare = min(FDS_SPARE, max(FDS_MINIMUM // 2, free // 4))
+    fits = max(1, (free - spare) // FDS_PER_CONNECTION)
     out = warn_to if warn_to is not None else sys.stderr
     if out is not None:
+        held = f" with {in_use} open already" if in_use > 8 else ""
         with contextlib.suppress(OSError, ValueError):
             out.write(
                 f"swarmget: warning: --concurrency {options.concurrency} needs {wanted} file "
-                f"descriptors but the limit is {limit} (ulimit -n); using --concurrency {fits}\n"
+                f"descriptors but the limit is {limit} (ulimit -n){held}; "
+                f"using --concurrency {fits}\n"
             )
     return dataclasses.replace(options, concurrency=fits, per_host=min(options.per_host, fits))
 

@@ -38,6 +38,7 @@ from typing import Final
 from swarmget.errors import ErrorCode, ProtocolError, TransferError
 from swarmget.net.tls import tls_error
 from swarmget.protocol import ConnectionClosed
+from swarmget.sinks.files import OutOfDescriptors
 
 CONNECT: Final = 0  # TCP connect to the origin or the proxy
 TUNNEL: Final = 1  # waiting for the proxy's answer to CONNECT
@@ -112,7 +113,10 @@ def _tls_failure(
 
 
 def connect_failure(err: int, via: str = "") -> TransferError:
-    """``connect``: a TCP connect failed with errno ``err``."""
+    """``connect``: a TCP connect failed with errno ``err``.  No descriptor for the
+    socket (a program near its limit) is a moment's shortage, retried as such."""
+    if err in (errno.EMFILE, errno.ENFILE):
+        return OutOfDescriptors(f"cannot open a socket: {os.strerror(err)}")
     return _os_failure(
         OSError(err, os.strerror(err)), CONNECT, host="", started=False, reused=False, via=via
     )

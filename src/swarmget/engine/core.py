@@ -367,8 +367,8 @@ class Engine(ConnectionOwner):
         sock, err = start_connect(addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
             self._dial_failed(pool, transfer, connect_failure(err, pool.via_source))
-            self.loop.call_soon(self._refill)
             return
+        assert sock is not None
         self._connected(pool, sock, transfer)
 
     def _race(self, pool: HostPool, transfer: Transfer, addresses: list[Address]) -> None:

@@ -292,4 +292,11 @@ def redact_invalid(url: str, message: str) -> tuple[str, str]:
     at = url.rfind("@")
     if start < 0 or at < start:
         return url, message
-    return f"{url[: start + 3]}***{url[at:]}", "invalid URL (a user:password part is hidden)"
+    start += 3
+    colon = url.find(":", start, at)
+    end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
+    if colon < 0 or colon > end or url[colon + 1 : end].isdigit():
+        # No "user:" before the path, or only a port there: the @ is the
+        # path's or the query's (http://h:99999/@user/x), not a password's end.
+        return url, message
+    return f"{url[:start]}***{url[at:]}", "invalid URL (a user:password part is hidden)"

@@ -96,13 +96,16 @@ BareAddress = tuple[int, str]  # (family, ip), before a port is attached
 _CacheEntry = tuple[float, list[BareAddress] | None, TransferError | None]
 
 
-def lookup_budget(timeout: float) -> tuple[float, int]:
+def lookup_budget(timeout: float, servers: int = 1) -> tuple[float, int]:
     """c-ares's first wait and number of tries, all rounds within ``timeout`` seconds.
 
-    Round ``k`` waits ``first * 2**k``, so ``n`` tries take ``first * (2**n - 1)``.
+    Round ``k`` asks each of the ``servers`` in turn, waiting ``first * 2**k`` for
+    each, so ``n`` tries take ``servers * first * (2**n - 1)`` (three servers in
+    resolv.conf made a 30 s budget 38 s).
     """
-    first = min(FIRST_WAIT, timeout)
-    tries = max(1, int(math.log2(timeout / first + 1) + 1e-9))
+    servers = max(1, servers)
+    first = min(FIRST_WAIT, timeout / servers)
+    tries = max(1, int(math.log2(timeout / (first * servers) + 1) + 1e-9))
     return first, tries
 
 
@@ -132,6 +135,7 @@ class AresResolver:
         servers: tuple[str, ...] | list[str] = (),
         timeout: float = 1.0,
         tries: int = 2,
+        within: float | None = None,
         min_ttl: float = 5.0,
         max_ttl: float = 3600.0,
         negative_ttl: float = 10.0,
@@ -153,8 +157,20 @@ class AresResolver:
         self._timeouts = 0  # lookups timed out in a row, with no answer between
         self._dead_until = 0.0  # loop time until which lookups fail at once
         self._poisoned_until = 0.0  # loop time until which "no data" may be a malformed reply's
+        if within is not None:  # a lookup's retransmissions fill at most this many seconds
+            timeout, tries = lookup_budget(within, len(servers) or 1)
+        self._channel = self._new_channel(servers, timeout, tries)
+        asked = len(self._channel.servers)  # resolv.conf's, when none were given
+        if within is not None and asked > 1 and not servers:
+            timeout, tries = lookup_budget(within, asked)
+            self._channel.close()
+            self._channel = self._new_channel(servers, timeout, tries)
+
+    def _new_channel(
+        self, servers: tuple[str, ...] | list[str], timeout: float, tries: int
+    ) -> pycares.Channel:
         try:
-            self._channel = pycares.Channel(
+            return pycares.Channel(
                 sock_state_cb=self._sock_state,
                 timeout=timeout,
                 tries=tries,

@@ -10,14 +10,18 @@ from swarmget.net.address import Address
 _IN_PROGRESS = frozenset({0, errno.EINPROGRESS, errno.EWOULDBLOCK, errno.EALREADY})
 
 
-def start_connect(address: Address) -> tuple[socket.socket, int]:
+def start_connect(address: Address) -> tuple[socket.socket | None, int]:
     """Create a non-blocking socket and begin connecting.
 
     Returns the socket and an errno: 0 / EINPROGRESS mean "wait for writability";
-    anything else is an immediate failure (the socket is already closed then).
+    anything else is an immediate failure (the socket is already closed then, or
+    None: there was none to make, ``EMFILE`` in a program near its limit).
     """
     family, sockaddr = address
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        return None, exc.errno or errno.EIO
     try:
         sock.setblocking(False)
         # Requests are one small write each; Nagle would only delay them.

@@ -53,13 +53,12 @@ def make_resolver(
     one c-ares lookup, its retransmissions included.
     """
     try:
-        from swarmget.net.ares import AresResolver, lookup_budget
+        from swarmget.net.ares import AresResolver
     except ImportError:
         if servers:
             raise UsageError("--dns-server needs pycares (pip install pycares)") from None
         return ThreadedResolver(loop)
-    first, tries = lookup_budget(timeout)
-    return AresResolver(loop, servers=servers, timeout=first, tries=tries)
+    return AresResolver(loop, servers=servers, within=timeout)
 
 
 class LazyResolver:

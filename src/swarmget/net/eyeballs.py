@@ -136,6 +136,7 @@ class HappyEyeballs:
             self._next += 1
             sock, err = start_connect(address)
             if err == errno.EINPROGRESS:
+                assert sock is not None
                 attempt = _Attempt(self, address, sock)
                 self._attempts.append(attempt)
                 self._loop.add(attempt.fd, EVENT_WRITE, attempt)

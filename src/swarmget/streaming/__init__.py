@@ -118,10 +118,15 @@ class AsyncStream(AsyncIterator[Item]):
 
     def __del__(self) -> None:
         # Left without aclose() (a break out of `async for`): the waiting thread
-        # must not outlive the stream (the stream itself closes when collected).
+        # must not outlive the stream.  The stream closes when collected, unless
+        # a wait is under way: that wait holds it (and its workers) until an
+        # item comes, so it is closed now, off the loop's thread.
         waiter = getattr(self, "_waiter", None)
-        if waiter is not None:
-            waiter.stop()
+        if waiter is None:
+            return
+        waiter.stop()
+        if getattr(self, "_waiting", None) is not None:
+            threading.Thread(target=self._stream.close, daemon=True).start()
 
 
 def astream(urls: Iterable[str | Row], **kwargs: Any) -> AsyncStream:
