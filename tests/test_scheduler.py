@@ -258,6 +258,21 @@ def test_the_circuit_breaker_gives_a_dead_host_up() -> None:
     assert kinds(scheduler.submit(p, transfer(9), now=2.0)) == ["Fail"]
 
 
+def test_failures_of_attempts_the_host_answered_after_do_not_count() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=10, host_failures=2)
+    p = pool()
+    timeout = TransferError(ErrorCode.TIMEOUT, "no data for 2s")
+    scheduler.host_answered(p, now=5.0)
+    # Began at 4.0, failed later: the host answered someone at 5.0, so it is up.
+    assert scheduler.host_failed(p, timeout, started=4.0) == []
+    assert scheduler.host_failed(p, timeout, started=4.5) == []
+    assert p.given_up is None and p.consecutive_failures == 0
+    scheduler.host_failed(p, timeout, started=6.0)
+    assert p.given_up is None
+    scheduler.host_failed(p, timeout, started=6.0)
+    assert p.given_up is not None  # two in a row, with no answer since they began
+
+
 def test_http_errors_do_not_trip_the_breaker() -> None:
     scheduler = Scheduler(concurrency=10, per_host=2, host_failures=1)
     p = pool()

@@ -458,6 +458,15 @@ class HTTPConnection(PooledConnection):
             self.window_bytes = received
             self.speed_window = options.min_speed_window
 
+    def abandon_unanswered(self, error: TransferError) -> None:
+        """Fail the transfer of a connection still connecting, or whose request
+        has had no byte of answer yet: its host was given up meanwhile, and
+        waiting out its own --timeout would only cost time."""
+        state = self.state
+        silent = self.verdict is None and self.last_activity == self.started
+        if state == CONNECTING or (state == ACTIVE and silent):
+            self._fail(error)
+
     def looks_closed(self) -> bool:
         # Bytes nobody asked for (a 408 some servers send before they close)
         # mean the connection cannot carry a request.

@@ -151,7 +151,8 @@ class Engine(ConnectionOwner):
         self.scheduler = Scheduler(options.concurrency, options.per_host, options.host_failures)
         self.pools: dict[Origin, HostPool] = {}
         self.connections: set[HTTPConnection] = set()
-        self.dialing: set[HappyEyeballs] = set()  # connects racing several addresses
+        # Connects racing several addresses, and the pool each is for.
+        self.dialing: dict[HappyEyeballs, HostPool] = {}
         self._split = UrlSplitter().split
         self.credentials, self._headers = _request_headers(options)
         self.user_authorizes = any(name.lower() == "authorization" for name in options.headers)
@@ -373,24 +374,31 @@ class Engine(ConnectionOwner):
 
     def _race(self, pool: HostPool, transfer: Transfer, addresses: list[Address]) -> None:
         """Race the addresses (net/eyeballs.py); the first to connect becomes the connection."""
+        started = self.loop.now
 
         def dialed(sock: socket.socket | None, error: TransferError | None) -> None:
-            self.dialing.discard(dial)
+            self.dialing.pop(dial, None)
             if sock is None:
                 assert error is not None
-                self._dial_failed(pool, transfer, error)
+                self._dial_failed(pool, transfer, error, started)
                 return
             # Already connected: the connection finds it writable on the next
             # turn and goes on as after any connect.
             self._connected(pool, sock, transfer)
 
         dial = HappyEyeballs(self.loop, addresses, dialed, timeout=self.options.timeout)
-        self.dialing.add(dial)
+        self.dialing[dial] = pool
         dial.start()
 
-    def _dial_failed(self, pool: HostPool, transfer: Transfer, error: TransferError) -> None:
+    def _dial_failed(
+        self,
+        pool: HostPool,
+        transfer: Transfer,
+        error: TransferError,
+        started: float = float("inf"),
+    ) -> None:
         # The breaker first: a host (or proxy) given up fails the transfer now.
-        self._execute(self.scheduler.host_failed(pool, error, dialling=True))
+        self._host_failed(pool, error, True, started)
         self._execute(self.scheduler.dial_failed(pool, self.loop.now))
         self._failed(transfer, error)
         self.loop.call_soon(self._refill)
@@ -443,7 +451,7 @@ class Engine(ConnectionOwner):
         kind = verdict.kind
         pool = conn.pool
         if verdict.status:
-            self.scheduler.host_answered(pool)
+            self.scheduler.host_answered(pool, self.loop.now)
         if kind == ACCEPT:
             self._succeeded(transfer, verdict)
         elif kind == REDIRECTED:
@@ -453,8 +461,8 @@ class Engine(ConnectionOwner):
         elif kind == RESTARTED:
             self._restart(transfer)
         else:
-            dialling = isinstance(conn, HTTPConnection) and conn.state == CONNECTING
-            self._transfer_failed(pool, transfer, verdict, dialling)
+            assert isinstance(conn, HTTPConnection)
+            self._transfer_failed(pool, transfer, verdict, conn.state == CONNECTING, conn.started)
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -519,7 +527,12 @@ class Engine(ConnectionOwner):
         self._submit(transfer)
 
     def _transfer_failed(
-        self, pool: HostPool, transfer: Transfer, verdict: Verdict, dialling: bool = False
+        self,
+        pool: HostPool,
+        transfer: Transfer,
+        verdict: Verdict,
+        dialling: bool = False,
+        started: float = float("inf"),
     ) -> None:
         error = verdict.error
         assert error is not None
@@ -535,8 +548,29 @@ class Engine(ConnectionOwner):
             transfer.fresh = True
             self._submit(transfer, front=True)
             return
-        self._execute(self.scheduler.host_failed(pool, error, dialling=dialling))
+        self._host_failed(pool, error, dialling, started)
         self._failed(transfer, error, verdict.status, verdict.retry_after)
+
+    def _host_failed(
+        self, pool: HostPool, error: TransferError, dialling: bool, started: float
+    ) -> None:
+        """Tell the circuit breaker; if it gives the host (or its proxy) up now, the
+        connects still under way to it fail at once: each waited out its own
+        --timeout, and a black-holed host cost two timeouts, not one."""
+        alive = pool.given_up is None
+        self._execute(self.scheduler.host_failed(pool, error, dialling=dialling, started=started))
+        given_up = pool.given_up
+        if not alive or given_up is None:
+            return
+        proxy_down = self.scheduler.dead_proxy(pool) is not None
+
+        def behind(other: HostPool) -> bool:
+            return other is pool or (proxy_down and other.connect_to == pool.connect_to)
+
+        for conn in [c for c in self.connections if behind(c.pool)]:
+            conn.abandon_unanswered(given_up)
+        for dial in [d for d, other in self.dialing.items() if behind(other)]:
+            dial.abandon(given_up)
 
     def _failed(
         self,

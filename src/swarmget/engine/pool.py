@@ -54,6 +54,7 @@ class PooledConnection:
 class HostPool:
     __slots__ = (
         "addresses",
+        "answered_at",
         "closing",
         "connect_to",
         "consecutive_failures",
@@ -98,6 +99,7 @@ class HostPool:
         # Circuit breaker: connect failures and timeouts in a row, and the error
         # every remaining transfer fails with once the host is given up.
         self.consecutive_failures = 0
+        self.answered_at = -1.0  # loop time of the host's last response
         self.given_up: TransferError | None = None
 
     @property

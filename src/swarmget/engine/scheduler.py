@@ -246,7 +246,12 @@ class Scheduler:
         return actions
 
     def host_failed(
-        self, pool: HostPool, error: TransferError, *, dialling: bool = False
+        self,
+        pool: HostPool,
+        error: TransferError,
+        *,
+        dialling: bool = False,
+        started: float = float("inf"),
     ) -> list[Action]:
         """A transfer on ``pool`` failed; maybe give the host up (the circuit breaker).
 
@@ -261,6 +266,11 @@ class Scheduler:
             # Accepted, then closed or reset before answering: a host that is up
             # and drops some connections (a burst of parallel ones failing at
             # once gave a flaky host up) is not a dead one.
+            return []
+        if pool.answered_at >= started:
+            # The host answered since this attempt began (``started``): it is up.
+            # Five stalled URLs that began together timed out together, "in a
+            # row", and a host serving 90 files a second was given up.
             return []
         if not self.host_failures:
             return []
@@ -290,10 +300,15 @@ class Scheduler:
         )
         return actions
 
-    def host_answered(self, pool: HostPool) -> None:
+    def host_answered(self, pool: HostPool, now: float = 0.0) -> None:
         pool.consecutive_failures = 0
+        pool.answered_at = now
         if pool.proxy is not None and self._proxy_failures:
             self._proxy_failures.pop(pool.connect_to, None)
+
+    def dead_proxy(self, pool: HostPool) -> TransferError | None:
+        """The error of ``pool``'s proxy, if it was given up."""
+        return self._dead_proxies.get(pool.connect_to) if pool.proxy is not None else None
 
     def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         pool.given_up = error

@@ -123,6 +123,11 @@ class HappyEyeballs:
         self._callback = _ignore
         self._finish()
 
+    def abandon(self, error: TransferError) -> None:
+        """Stop now and call back with ``error`` (the host was given up meanwhile)."""
+        if not self._done:
+            self._fail(error)
+
     # -- the race ---------------------------------------------------------------------
 
     def _try_next(self) -> None:
