@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -896,6 +897,11 @@ def test_an_astream_dropped_with_a_wait_under_way_ends_its_threads_and_workers(
     # The waiting thread held the stream (in next()) until an item came, so
     # the stream was never collected: threads, workers and downloads went on.
     urls = [server.file_url(f"stall{i}.bin", size=10, latency=30) for i in range(4)]
+    before = set(threading.enumerate())  # other tests' threads may still be ending
+
+    def ours() -> list[str]:
+        names = [t.name for t in set(threading.enumerate()) - before]
+        return [n for n in names if n.startswith(("swarmget-stream", "swarmget-astream"))]
 
     async def main() -> None:
         items = swarmget.astream(urls, workers=2, timeout=60)
@@ -906,17 +912,15 @@ def test_an_astream_dropped_with_a_wait_under_way_ends_its_threads_and_workers(
     asyncio.run(main())
     gc.collect()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (
-        multiprocessing.active_children()
-        or any(
-            t.name.startswith("swarmget-stream") or t.name.startswith("swarmget-astream")
-            for t in threading.enumerate()
-        )
-    ):
+    while time.monotonic() < deadline and (multiprocessing.active_children() or ours()):
         time.sleep(0.05)
     assert multiprocessing.active_children() == []
-    names = [t.name for t in threading.enumerate()]
-    assert [n for n in names if n.startswith(("swarmget-stream", "swarmget-astream"))] == []
+    stacks = {t.name: sys._current_frames().get(t.ident or 0) for t in threading.enumerate()}
+    assert ours() == [], [
+        "".join(traceback.format_stack(frame))
+        for name, frame in stacks.items()
+        if name in ours() and frame is not None
+    ]
 
 
 def test_a_stop_that_came_between_two_map_calls_stops_the_next(tmp_path: Path) -> None:
