@@ -104,8 +104,8 @@ class AsyncStream(AsyncIterator[Item]):
     async def aclose(self) -> None:
         # On a thread of its own: a wait for the next item may be under way
         # on the waiting thread, and the close is what ends it.
-        closing = threading.Thread(target=self._stream.close, name="swarmget-astream-close")
-        await _in_thread(closing)
+        closed, closing = _on_a_thread(self._stream.close)
+        await closed
         self._waiter.stop()
         # Gone before we return: a stream started next would see their threads
         # and fall back to one worker (no fork with other threads running).
@@ -175,12 +175,11 @@ _Job = tuple[
 ]
 
 
-def _in_thread(thread: threading.Thread) -> asyncio.Future[None]:
-    """Start ``thread`` (not yet started, its target taking no arguments) with its
-    outcome as a future of the running loop."""
+def _on_a_thread(call: Callable[[], object]) -> tuple[asyncio.Future[None], threading.Thread]:
+    """``call()`` on a daemon thread of its own: its outcome as a future of the
+    running loop, and the thread."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
-    call = thread._target  # type: ignore[attr-defined]
 
     def run() -> None:
         try:
@@ -190,10 +189,9 @@ def _in_thread(thread: threading.Thread) -> asyncio.Future[None]:
         else:
             _settle(loop, future, None, None)
 
-    thread._target = run  # type: ignore[attr-defined]
-    thread.daemon = True
+    thread = threading.Thread(target=run, name="swarmget-astream-close", daemon=True)
     thread.start()
-    return future
+    return future, thread
 
 
 async def _ended(thread: threading.Thread, within: float = 2.0) -> None:
