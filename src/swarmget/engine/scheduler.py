@@ -317,8 +317,8 @@ class Scheduler:
     # -- the rules ---------------------------------------------------------------------
 
     def _dispatch(self, pool: HostPool, now: float, actions: list[Action]) -> None:
-        if pool.proxy is not None and pool.given_up is None and self._dead_proxies:
-            pool.given_up = self._dead_proxies.get(pool.connect_to)
+        if pool.given_up is None and self._dead_proxies:
+            pool.given_up = self.dead_proxy(pool)
         if pool.given_up is not None:
             self._fail_queue(pool, pool.given_up, actions)
             return
@@ -398,14 +398,12 @@ class Scheduler:
         """The pool's most recently parked connection, if the server has not closed
         it meanwhile (a close that came while it idled, not yet seen by the loop:
         sending on it would cost the transfer an attempt); else None, and it closes."""
-        conn = pool.idle.pop()
-        del self._idle[conn]
+        conn = pool.idle[-1]
         if conn.looks_closed():
-            self._closing.add(conn)
-            self.closing += 1
-            pool.closing += 1
-            actions.append(Close(conn))
+            actions.append(self._close(conn))  # out of the idle lists, its slot counted free
             return None
+        pool.idle.pop()
+        del self._idle[conn]
         return conn
 
     def _evict_idle(self, actions: list[Action]) -> bool:
