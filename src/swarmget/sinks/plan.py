@@ -408,10 +408,8 @@ class FilePlanner:
     def _unpublish(self, previous: Previous) -> None:
         """A file done before that this row's checks do not vouch for is not left in
         place: whatever its redo gives, the file is verified or absent."""
-        path = previous.path
-        if previous.mine and path is not None and self.output.resolves_inside(path):
-            with contextlib.suppress(OSError):
-                os.unlink(f"{self.root}/{path}")
+        if previous.mine and previous.path is not None:
+            self._remove(previous.path)
 
     def _done(self, previous: Previous) -> bool:
         """Was the row finished by an earlier run, and is its file still whole?"""
@@ -616,10 +614,15 @@ class FilePlanner:
         to report it is at the row's path (this run's claim: nothing else can be
         there), and the redo is published only where nothing is."""
         for row in rows:
-            path = row.path
-            if path is not None and self.output.resolves_inside(path):
-                with contextlib.suppress(OSError):
-                    os.unlink(f"{self.root}/{path}")
+            if row.path is not None:
+                self._remove(row.path)
+
+    def _remove(self, path: str) -> None:
+        """Remove our file at ``path``, if any, never through a directory that
+        leads out of the output dir (one replaced by a symlink since)."""
+        if self.output.resolves_inside(path):
+            with contextlib.suppress(OSError):
+                os.unlink(f"{self.root}/{path}")
 
     def commit(self) -> None:
         self._flush()
