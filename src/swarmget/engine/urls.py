@@ -282,12 +282,16 @@ def redact(url: str) -> str:
     return f"{url[: colon + 1]}***{url[at:]}"
 
 
-def redact_invalid(url: str, message: str) -> tuple[str, str]:
-    """A URL that did not parse, and the message saying why, with anything that
-    may be a password hidden.  A password with an unencoded ``/``, ``?`` or
-    ``#`` breaks the URL where :func:`redact` looks for it (it reads as a port,
-    a path), so here everything up to the URL's last ``@`` goes; and the
-    parser's reason quotes pieces of it, so the message says less."""
+def redact_failure(url: str, error: TransferError) -> tuple[str, str]:
+    """The (already :func:`redact`-ed) URL of a row that failed before any request,
+    and the message of ``error``, as they may be shown.  A URL that did not
+    parse (``bad_url``) may still hold a password: one with an unencoded ``/``,
+    ``?`` or ``#`` breaks the URL where :func:`redact` looks for it (it reads as
+    a port, a path), so here everything up to the URL's last ``@`` goes; and
+    the parser's reason quotes pieces of it, so the message says less."""
+    message = error.message
+    if error.code != ErrorCode.BAD_URL:
+        return url, message
     start = url.find("://")
     at = url.rfind("@")
     if start < 0 or at < start:

@@ -47,7 +47,7 @@ import shutil
 import stat
 from hashlib import blake2b
 
-from swarmget.engine.urls import UrlSplitter, redact, redact_invalid
+from swarmget.engine.urls import UrlSplitter, redact, redact_failure
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.manifest import manifest_path, write_manifest
 from swarmget.options import Options
@@ -269,9 +269,7 @@ class FilePlanner:
             else:
                 path = self.names.allocate(row, candidate)
         except TransferError as exc:
-            message = exc.message
-            if exc.code == ErrorCode.BAD_URL:
-                url, message = redact_invalid(url, message)
+            url, message = redact_failure(url, exc)
             batch.results.append(_failed(row, key, url, exc.code, message))
             return
         overwrite = self.options.overwrite

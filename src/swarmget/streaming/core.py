@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Final
 
-from swarmget.engine.urls import UrlSplitter, redact, redact_invalid
+from swarmget.engine.urls import UrlSplitter, redact, redact_failure
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.options import Options
 from swarmget.parallel.backend import Backend
@@ -87,9 +87,7 @@ class StreamPlanner:
                     raise TransferError(ErrorCode.BAD_ROW, row.problem)
                 self._split(row.url)
             except TransferError as exc:
-                url, message = redact(row.url), exc.message
-                if exc.code == ErrorCode.BAD_URL:
-                    url, message = redact_invalid(url, message)
+                url, message = redact_failure(redact(row.url), exc)
                 batch.results.append(
                     FileResult(
                         url,
