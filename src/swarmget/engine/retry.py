@@ -28,6 +28,7 @@ cost a run:
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import random
 import time
 
@@ -144,12 +145,22 @@ def parse_retry_after(value: bytes | None, now: float | None = None) -> float | 
     text = value.decode("latin-1").strip()
     if text.isascii() and text.isdigit():  # not "\xb2": a digit to isdigit(), not to float()
         return float(text)
+    when = parse_http_date(value)
+    if when is None:
+        return None
+    try:
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
+def parse_http_date(value: bytes) -> datetime.datetime | None:
+    """An HTTP-date field value (Retry-After, Date, Last-Modified); None for one
+    that is not.  A field the server got wrong is ignored, never our error: this
+    runs while a head is judged, where any exception failed the row as protocol."""
     import email.utils  # ~14 ms to import, and HTTP-dates are rare here: only now
 
-    # A header the server got wrong is ignored, never our error: this runs
-    # while the head is judged, where any exception failed the row as protocol.
     try:
-        when = email.utils.parsedate_to_datetime(text)
-        return max(0.0, when.timestamp() - (time.time() if now is None else now))
-    except (TypeError, ValueError, IndexError, OverflowError, OSError):
+        return email.utils.parsedate_to_datetime(value.decode("latin-1").strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None

@@ -28,7 +28,7 @@ from typing import Final
 
 from swarmget.engine.job import Transfer, content_range_end, content_range_ok
 from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
-from swarmget.engine.retry import parse_retry_after
+from swarmget.engine.retry import parse_http_date, parse_retry_after
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.options import Options
 from swarmget.protocol import ResponseHead
@@ -209,14 +209,13 @@ def resume_validator(head: ResponseHead) -> str | None:
     modified, date = head.get(b"last-modified"), head.get(b"date")
     if modified is None or date is None:
         return None
-    import email.utils  # rare here (no strong ETag): imported when needed
-
-    try:
-        modified_at = email.utils.parsedate_to_datetime(modified.decode("latin-1"))
-        date_at = email.utils.parsedate_to_datetime(date.decode("latin-1"))
-        strong = (date_at - modified_at).total_seconds() >= 1.0
-    except (TypeError, ValueError, IndexError, OverflowError):
+    modified_at, date_at = parse_http_date(modified), parse_http_date(date)
+    if modified_at is None or date_at is None:
         return None  # a date we cannot read proves nothing
+    try:
+        strong = (date_at - modified_at).total_seconds() >= 1.0
+    except TypeError:
+        return None  # one with a time zone, one without: nothing to compare
     return modified.decode("latin-1") if strong else None
 
 
