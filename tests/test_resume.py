@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import swarmget
+import swarmget.sinks.noreplace
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import part_for, parts, small_tmpfs
@@ -184,9 +185,24 @@ def test_a_directory_swapped_for_a_symlink_during_a_download_is_refused(
     assert list(outside.iterdir()) == []
 
 
-def test_a_file_that_appears_while_its_row_downloads_is_not_replaced(
-    server: TestServer, out_dir: Path
+def test_without_renameat2_a_file_is_published_by_a_link(
+    server: TestServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(swarmget.sinks.noreplace, "_renameat2", None)
+    url = server.file_url("linked.bin", size=1000)
+    assert run([url], out_dir).ok == 1
+    assert (out_dir / "linked.bin").read_bytes() == expected_body("linked.bin", 1000)
+    assert (out_dir / "linked.bin").stat().st_nlink == 1  # the part's name is gone
+    assert parts(out_dir) == []
+
+
+@pytest.mark.parametrize("publish", ["renameat2", "link"])
+def test_a_file_that_appears_while_its_row_downloads_is_not_replaced(
+    publish: str, server: TestServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if publish == "link":  # a system without renameat2(RENAME_NOREPLACE)
+        monkeypatch.setattr(swarmget.sinks.noreplace, "_renameat2", None)
+
     def someone_writes_it(head: bytes, conn: ScriptedConnection) -> None:
         (out_dir / "a.bin").write_bytes(b"USER DATA")
         conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")

@@ -23,8 +23,9 @@ must not take the file there.  Each checked directory's identity (device and
 inode) is kept, and the publish looks again (one ``stat``) before it moves the
 part; a directory that changed is checked anew.
 
-A part is *linked* to its final name, then unlinked, unless ``--overwrite``
-(then renamed over whatever is there): a link never replaces a file, so a file
+A part is renamed to its final name only if no file is there
+(``renameat2(RENAME_NOREPLACE)``, else a link then an unlink), unless
+``--overwrite`` (then renamed over whatever is there), so a file
 that appeared at the path while the row downloaded (someone else's: the
 planner found the path free) fails the row with ``exists``, as a file there
 before the run would have, rather than being replaced.  On file systems
@@ -45,6 +46,7 @@ from typing import Final
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
+from swarmget.sinks.noreplace import rename_noreplace
 
 STATE_DIR: Final = ".swarmget"
 PARTS_DIR: Final = "parts"
@@ -220,6 +222,8 @@ class PartFile(Writer):
                 os.rename(self.part, self.final)
                 return
             try:
+                if rename_noreplace(self.part, self.final):
+                    return
                 os.link(self.part, self.final)
             except FileExistsError:
                 raise AppearedMeanwhile(
