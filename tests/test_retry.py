@@ -12,7 +12,7 @@ import pytest
 
 import swarmget
 from swarmget.engine.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
-from swarmget.testing import TestServer, expected_body
+from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import small_tmpfs
 
 
@@ -78,6 +78,46 @@ def test_a_waiting_retry_does_not_hold_up_other_files(server: TestServer, out_di
     first_done = max((out_dir / f"o{i}.bin").stat().st_mtime for i in range(100))
     assert first_done < (out_dir / "wait.bin").stat().st_mtime
     assert (out_dir / "wait.bin").read_bytes() == expected_body("wait.bin", 100)
+
+
+@pytest.mark.parametrize("retry_after", [b"Retry-After: 1\r\n", b""])
+def test_a_429_pauses_the_whole_host_not_only_its_row(
+    retry_after: bytes, server: TestServer, out_dir: Path
+) -> None:
+    # A rate limiter: every request in the first second is refused with 429.
+    # Pausing only the refused row sent each other row into the same refusal
+    # (40 rows, 40 refusals, each spending an attempt); the host is paused instead.
+    window: list[float] = []
+    answers: list[int] = []
+
+    def limited(head: bytes, conn: ScriptedConnection) -> None:
+        now = time.monotonic()
+        if not window:
+            window.append(now + 1.0)
+        if now < window[0]:
+            answers.append(429)
+            conn.send(
+                b"HTTP/1.1 429 Too Many Requests\r\n" + retry_after + b"Content-Length: 0\r\n\r\n"
+            )
+        else:
+            answers.append(200)
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    paths = [f"/limited-{len(retry_after)}/{i}" for i in range(40)]
+    for path in paths:
+        server.route(path, limited)
+    try:
+        report = swarmget.download(
+            [server.url(path) for path in paths], out_dir, retries=6, concurrency=4, workers=1
+        )
+    finally:
+        for path in paths:
+            server.unroute(path)
+    assert report.ok == 40
+    # Refused: only what was under way when the host said so, once per pause
+    # (without Retry-After: 0.5 s, then 1 s, ... the backoff's ceiling).
+    assert 1 <= answers.count(429) <= (4 if retry_after else 12)
+    assert answers.count(200) == 40
 
 
 @pytest.mark.parametrize("fault", ["two_cl", "nul_header", "bad_status", "huge_headers"])

@@ -20,6 +20,7 @@ from swarmget.engine.scheduler import (
     Resolve,
     Scheduler,
     Start,
+    WakeAt,
 )
 from swarmget.engine.urls import split_url
 from swarmget.errors import ErrorCode, TransferError
@@ -72,6 +73,27 @@ def test_a_finished_connection_takes_the_next_queued_transfer_at_once() -> None:
     (action,) = scheduler.released(conn, reusable=True, now=2.0)
     assert isinstance(action, Start) and action.conn is conn
     assert action.transfer.job.row.index == 1 and not p.queue
+
+
+def test_a_host_that_pushed_back_gets_nothing_new_until_its_wait_is_over() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=2)
+    p = pool()
+    dial_all(scheduler, p, 4)  # two out, two queued
+    (wake,) = scheduler.pushed_back(p, until=11.0)
+    assert isinstance(wake, WakeAt) and (wake.pool, wake.until) == (p, 11.0)
+    # A connection that finishes parks instead of taking the next row...
+    conn = PooledConnection(p)
+    assert scheduler.released(conn, reusable=True, now=2.0) == []
+    assert len(p.queue) == 2 and p.idle == [conn]
+    # ... and a new row (or a retry) queues.
+    assert scheduler.submit(p, transfer(9), now=3.0) == []
+    # A shorter pause does not cut the running one short; a longer one replaces it.
+    assert scheduler.pushed_back(p, until=5.0) == []
+    assert kinds(scheduler.pushed_back(p, until=12.0)) == ["WakeAt"]
+    assert scheduler.wake(p, until=11.0, now=11.0) == []  # the replaced wake-up
+    actions = scheduler.wake(p, until=12.0, now=12.0)
+    assert kinds(actions) == ["Start"]  # on the idle one (the other is still busy)
+    assert p.paused_until == 0.0 and len(p.queue) == 2
 
 
 def test_idle_connections_are_reused_before_dialling() -> None:

@@ -63,6 +63,7 @@ from swarmget.engine.scheduler import (
     Resolve,
     Scheduler,
     Start,
+    WakeAt,
 )
 from swarmget.engine.tunnel import TunnelHTTPSConnection
 from swarmget.engine.urls import Location, Origin, UrlSplitter, redact, split_url
@@ -335,6 +336,12 @@ class Engine(ConnectionOwner):
                 self._failed(action.transfer, action.error)
             elif isinstance(action, Defer):
                 self.loop.call_soon(self._dispatch_deferred)
+            elif isinstance(action, WakeAt):
+                delay = action.until - self.loop.now
+                self.loop.call_later(delay, self._wake, action.pool, action.until)
+
+    def _wake(self, pool: HostPool, until: float) -> None:
+        self._execute(self.scheduler.wake(pool, until, self.loop.now))
 
     def _dispatch_deferred(self) -> None:
         self._execute(self.scheduler.dispatch_deferred(self.loop.now))
@@ -584,6 +591,11 @@ class Engine(ConnectionOwner):
         transfer.retry = transfer.retry.failed(error)
         pool = self.pools.get(job.origin)
         given_up = pool.given_up if pool is not None else None
+        if status and pool is not None and given_up is None:
+            pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
+            if pause is not None:  # the host asked every row to wait, not only this one
+                now = self.loop.now
+                self._execute(self.scheduler.pushed_back(pool, now + pause))
         if self.fatal is None and given_up is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.decide(transfer.retry, error, retry_after, time_left)

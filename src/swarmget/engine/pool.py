@@ -64,6 +64,7 @@ class HostPool:
         "kind",
         "open",
         "origin",
+        "paused_until",
         "proxy",
         "queue",
         "refresh_at",
@@ -101,6 +102,9 @@ class HostPool:
         self.consecutive_failures = 0
         self.answered_at = -1.0  # loop time of the host's last response
         self.given_up: TransferError | None = None
+        # Push-back: nothing new is sent here before this loop time (the host
+        # answered 429; see Scheduler.pushed_back).
+        self.paused_until = 0.0
 
     @property
     def host(self) -> str:

@@ -110,7 +110,23 @@ class RetryPolicy:
     def delay(self, attempts: int, retry_after: float | None = None) -> float:
         if retry_after is not None:
             return min(max(0.0, retry_after), self.retry_after_cap)
-        return random.uniform(0.0, min(self.cap, self.base * 2 ** max(0, attempts - 1)))
+        return random.uniform(0.0, self.ceiling(attempts))
+
+    def ceiling(self, attempts: int) -> float:
+        """The longest backoff after ``attempts`` attempts."""
+        return min(self.cap, self.base * 2.0 ** max(0, attempts - 1))
+
+    def push_back(self, status: int, attempts: int, retry_after: float | None) -> float | None:
+        """How long the whole host should be sent nothing new after this reply,
+        None if it concerns only its own row.  A 429 (too many requests) speaks
+        of the client's rate, so of every row to the host: its Retry-After
+        (capped), else the backoff's ceiling.  A 503 may be one URL's trouble
+        (one file's backend down): only its row waits, the others go on."""
+        if status != 429:
+            return None
+        if retry_after is not None:
+            return self.delay(attempts, retry_after)
+        return self.ceiling(attempts)
 
     def decide(
         self,

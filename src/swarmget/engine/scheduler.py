@@ -37,6 +37,14 @@ The rules:
   queued row at once, and name servers that cap their clients (dnsmasq: 150)
   dropped the rest, failing resolvable hosts with ``dns``.  Pools wait for a
   lookup slot in order; a background refresh waits for a free one.
+* Push-back: a host that answers 429 (too many requests) is paused
+  (:meth:`Scheduler.pushed_back`): nothing new goes to it until the wait is
+  over, when a :class:`WakeAt` brings the scheduler back to it.  Requests
+  already sent finish; the queued rows wait without spending an attempt.
+  Pausing only the row that was told (as curl, aria2c and our round 1 do)
+  sent every other queued row into the same refusal, each spending an
+  attempt on it, and hammered a rate-limited host at full concurrency.  A
+  503 pauses only its row: it may be one URL's trouble.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
@@ -117,6 +125,17 @@ class Defer(Action):
     __slots__ = ()
 
 
+class WakeAt(Action):
+    """Call :meth:`Scheduler.wake` for ``pool`` at loop time ``until``, when its
+    push-back ends."""
+
+    __slots__ = ("pool", "until")
+
+    def __init__(self, pool: HostPool, until: float) -> None:
+        self.pool = pool
+        self.until = until
+
+
 class Scheduler:
     __slots__ = (
         "_closing",
@@ -186,7 +205,12 @@ class Scheduler:
         pool = conn.pool
         if not reusable or self.stopping:
             return [self._close(conn)]
-        if pool.queue and pool.given_up is None and not pool.queue[0].fresh:
+        if (
+            pool.queue
+            and pool.given_up is None
+            and not pool.queue[0].fresh
+            and pool.paused_until <= now
+        ):
             return [Start(conn, pool.queue.popleft())]
         if self._starved:
             return [self._close(conn)]
@@ -306,6 +330,23 @@ class Scheduler:
         if pool.proxy is not None and self._proxy_failures:
             self._proxy_failures.pop(pool.connect_to, None)
 
+    def pushed_back(self, pool: HostPool, until: float) -> list[Action]:
+        """The host asked us to slow down (429): send it nothing
+        new before loop time ``until``.  A longer pause already running stands."""
+        if until <= pool.paused_until:
+            return []
+        pool.paused_until = until
+        return [WakeAt(pool, until)]
+
+    def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:
+        """The pause that was to end at ``until`` is over, unless a later one replaced it."""
+        if pool.paused_until != until:
+            return []
+        pool.paused_until = 0.0
+        actions: list[Action] = []
+        self._dispatch(pool, now, actions)
+        return actions
+
     def dead_proxy(self, pool: HostPool) -> TransferError | None:
         """The error of ``pool``'s proxy, if it was given up."""
         return self._dead_proxies.get(pool.connect_to) if pool.proxy is not None else None
@@ -332,6 +373,8 @@ class Scheduler:
             else:
                 self._naming[pool] = None  # its turn comes as lookups end
             return
+        if pool.paused_until > now:
+            return  # pushed back: WakeAt comes back to the queue
         if (
             pool.refresh_at <= now
             and not pool.resolving
