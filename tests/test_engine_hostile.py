@@ -364,6 +364,52 @@ def _serve_once(handler: Callable[[socket.socket], None]) -> tuple[int, threadin
     return listener.getsockname()[1], thread
 
 
+def test_a_connection_is_not_reused_while_its_request_is_still_going_out(out_dir: Path) -> None:
+    # A server may answer before it has read the whole request (RFC 9112 allows
+    # it).  The connection then went back to the pool with the rest of a large
+    # request unsent, and the next row's request was written into the middle of
+    # it (over TLS, the next row got the first row's body, recorded as ok).
+    listener = socket.create_server(("127.0.0.1", 0))
+    request_lines: list[bytes] = []
+
+    def answer_at_the_request_line(conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader:
+            while line := reader.readline():
+                request_lines.append(line)
+                body = b"BODY-OF-" + line.split(b" ")[1]
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                time.sleep(0.3)  # the response is in while the request still goes out
+                while (field := reader.readline(1 << 26)) not in (b"\r\n", b""):
+                    if b"GET /" in field:
+                        request_lines.append(b"inside a header: " + field[:40])
+
+    def serve() -> None:
+        with listener:
+            listener.settimeout(20)
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, _ = listener.accept()
+                    threading.Thread(target=answer_at_the_request_line, args=(conn,)).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    port = listener.getsockname()[1]
+    urls = [f"http://127.0.0.1:{port}/big/{name}" for name in "ab"]
+    report = run(
+        urls,
+        out_dir,
+        concurrency=1,
+        per_host=1,
+        timeout=5,
+        retries=0,
+        headers={"X-Big": "x" * (16 << 20)},
+    )
+    listener.close()
+    assert report.ok == 2, report.failures
+    assert (out_dir / "a").read_bytes() == b"BODY-OF-/big/a"
+    assert (out_dir / "b").read_bytes() == b"BODY-OF-/big/b"
+    assert request_lines == [b"GET /big/a HTTP/1.1\r\n", b"GET /big/b HTTP/1.1\r\n"]
+
+
 def test_a_firehose_neither_outlives_its_deadline_nor_stalls_the_others(tmp_path: Path) -> None:
     # A body arriving faster than it is parsed kept the loop reading it for as
     # long as it came: the deadline went by (the row failed at 17 s of a 6 s

@@ -649,6 +649,41 @@ def test_a_request_the_socket_cannot_take_at_once_goes_out_whole(
     assert (out_dir / "big.bin").read_bytes() == BODY
 
 
+def test_an_answer_before_the_whole_request_is_read_does_not_splice_the_next_one(
+    certs: Certs, out_dir: Path
+) -> None:
+    # The server answers at the request line (RFC 9112 allows it) while most of
+    # an 8 MB request is still to go.  The connection was reused: the next
+    # request went into the middle of the first, OpenSSL carried on from the
+    # first one's offset into its bytes, and row b was saved, as ok, with a's body.
+    request_lines: list[bytes] = []
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        with tls.makefile("rb") as reader:
+            while line := reader.readline():
+                request_lines.append(line)
+                body = b"BODY-OF-" + line.split(b" ")[1]
+                tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+                while reader.readline(1 << 26) not in (b"\r\n", b""):
+                    pass
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("big/a"), server.url("big/b")],
+            out_dir,
+            cacert=str(certs.ca_pem),
+            headers={"X-Big": "x" * (8 << 20)},
+            concurrency=1,
+            per_host=1,
+            timeout=5,
+            retries=0,
+        )
+    assert report.ok == 2, report.failures
+    assert (out_dir / "a").read_bytes() == b"BODY-OF-/big/a"
+    assert (out_dir / "b").read_bytes() == b"BODY-OF-/big/b"
+    assert request_lines == [b"GET /big/a HTTP/1.1\r\n", b"GET /big/b HTTP/1.1\r\n"]
+
+
 def _server_ssl_pointer(tls: ssl.SSLSocket) -> tuple[Any, int]:
     """libssl through ctypes, and the server connection's ``SSL *`` (CPython's
     ``PySSLSocket``: the object header, a weak reference to the socket, then the

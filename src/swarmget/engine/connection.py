@@ -345,6 +345,12 @@ class HTTPConnection(PooledConnection):
     def _complete(self, reusable: bool) -> None:
         transfer, verdict = self.transfer, self.verdict
         assert transfer is not None and verdict is not None
+        if self._pending_out is not None:
+            # The server answered before it had all of the request (RFC 9112
+            # allows it): the rest is still to go, and the next request would
+            # be written into the middle of it.  Over TLS OpenSSL would even go
+            # on from the unsent request's offset into the next one's bytes.
+            reusable = False
         self.transfer = self.parser = self.verdict = self.writer = None
         self.served += 1
         # Idle until the owner gives it the next transfer (start) or closes it:

@@ -23,6 +23,11 @@ cost a run:
   that would end after the row's ``--deadline`` fails the row now;
 * the per-host circuit breaker (engine/scheduler.py) gives up the remaining
   rows of a host after ``--host-failures`` consecutive failures.
+
+:meth:`RetryPolicy.push_back` answers the question for the host rather than
+the row: a 429 says the client as a whole is too fast, so the scheduler sends
+that host nothing new for as long (its ``Retry-After``, else the backoff's
+ceiling), and the rows queued meanwhile spend no attempt on the refusal.
 """
 
 from __future__ import annotations
