@@ -97,7 +97,10 @@ def test_a_host_given_up_stays_given_up_when_its_pool_is_retired() -> None:
     dead = TransferError("connect", "h3 refused 5 connects in a row")
     pools[("http", "h3", 80)].given_up = dead
     pools[("http", "h0", 80)].open = 1  # busy: stays, however old
+    # Paused for a 429 (its refused row waits on a timer): stays, or the next
+    # pool for the host would forget the pause.
+    pools[("http", "h1", 80)].paused_until = 120.0
     given_up: dict[tuple[str, str, int], TransferError] = {}
     retire_idle(pools, 4, given_up)
-    assert len(pools) == 4 and ("http", "h0", 80) in pools
+    assert len(pools) == 4 and ("http", "h0", 80) in pools and ("http", "h1", 80) in pools
     assert given_up == {("http", "h3", 80): dead}

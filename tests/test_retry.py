@@ -5,7 +5,7 @@ from __future__ import annotations
 import email.utils
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -118,6 +118,73 @@ def test_a_429_pauses_the_whole_host_not_only_its_row(
     # (without Retry-After: 0.5 s, then 1 s, ... the backoff's ceiling).
     assert 1 <= answers.count(429) <= (4 if retry_after else 12)
     assert answers.count(200) == 40
+
+
+def rate_limiter(
+    per_second: int, answers: list[int]
+) -> Callable[[bytes, ScriptedConnection], None]:
+    """A route that lets ``per_second`` requests through in each second from the
+    first one, and refuses the others with ``429, Retry-After: 1``."""
+    start: list[float] = []
+    let_through: dict[int, int] = {}
+
+    def limited(head: bytes, conn: ScriptedConnection) -> None:
+        now = time.monotonic()
+        start[:] = start or [now]
+        second = int(now - start[0])
+        if let_through.get(second, 0) >= per_second:
+            answers.append(429)
+            conn.send(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
+            )
+            return
+        let_through[second] = let_through.get(second, 0) + 1
+        answers.append(200)
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    return limited
+
+
+def test_the_refused_row_goes_first_when_the_pause_is_over(
+    server: TestServer, out_dir: Path
+) -> None:
+    # One request a second.  The host's wake-up timer and the refused row's retry
+    # end at the same moment; the wake-up came first and sent the next queued row,
+    # so the refused row went out again inside the same second, was refused
+    # again, and ran out of attempts.
+    answers: list[int] = []
+    limited = rate_limiter(1, answers)
+    paths = [f"/one-a-second/{i}" for i in range(3)]
+    for path in paths:
+        server.route(path, limited)
+    try:
+        report = swarmget.download(
+            [server.url(path) for path in paths], out_dir, retries=1, concurrency=1, workers=1
+        )
+    finally:
+        for path in paths:
+            server.unroute(path)
+    assert report.ok == 3, report.failures
+    assert answers.count(429) <= 2
+
+
+def test_a_host_that_refuses_everything_is_given_up_not_waited_on(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Queued rows spend no attempt while a host pushes back, and 429 is not a
+    # failure the breaker counted: 40 rows took 40 pauses.  After --host-failures
+    # pauses in a row, the host is given up like a dead one.
+    refusing = [
+        server.file_url(f"refuse-{i}", size=10, status=429, retry_after=1) for i in range(40)
+    ]
+    started = time.monotonic()
+    report = swarmget.download(
+        refusing, out_dir, retries=5, concurrency=2, workers=1, host_failures=2
+    )
+    took = time.monotonic() - started
+    assert report.failed == 40 and set(report.error_counts()) == {"http_429"}
+    assert any("given up after 2 pauses in a row" in f.message for f in report.failures)
+    assert took < 5, took
 
 
 @pytest.mark.parametrize("fault", ["two_cl", "nul_header", "bad_status", "huge_headers"])

@@ -75,25 +75,78 @@ def test_a_finished_connection_takes_the_next_queued_transfer_at_once() -> None:
     assert action.transfer.job.row.index == 1 and not p.queue
 
 
+REFUSED = TransferError("http_429", "HTTP 429 Too Many Requests")
+
+
 def test_a_host_that_pushed_back_gets_nothing_new_until_its_wait_is_over() -> None:
-    scheduler = Scheduler(concurrency=10, per_host=2)
+    scheduler = Scheduler(concurrency=10, per_host=3)
     p = pool()
-    dial_all(scheduler, p, 4)  # two out, two queued
-    (wake,) = scheduler.pushed_back(p, until=11.0)
+    dial_all(scheduler, p, 6)  # three out, three queued
+    (wake,) = scheduler.pushed_back(p, until=11.0, now=1.5, error=REFUSED)
     assert isinstance(wake, WakeAt) and (wake.pool, wake.until) == (p, 11.0)
-    # A connection that finishes parks instead of taking the next row...
-    conn = PooledConnection(p)
-    assert scheduler.released(conn, reusable=True, now=2.0) == []
-    assert len(p.queue) == 2 and p.idle == [conn]
+    # Connections that finish park instead of taking the next row...
+    conns = [PooledConnection(p) for _ in range(3)]
+    for conn in conns:
+        assert scheduler.released(conn, reusable=True, now=2.0) == []
+    assert len(p.queue) == 3 and p.idle == conns
     # ... and a new row (or a retry) queues.
     assert scheduler.submit(p, transfer(9), now=3.0) == []
-    # A shorter pause does not cut the running one short; a longer one replaces it.
-    assert scheduler.pushed_back(p, until=5.0) == []
-    assert kinds(scheduler.pushed_back(p, until=12.0)) == ["WakeAt"]
+    # A shorter pause does not cut the running one short; a longer one replaces
+    # it; neither is another pause in a row (requests already under way).
+    assert scheduler.pushed_back(p, until=5.0, now=3.0, error=REFUSED) == []
+    assert kinds(scheduler.pushed_back(p, until=12.0, now=3.0, error=REFUSED)) == ["WakeAt"]
+    assert p.push_backs == 1
     assert scheduler.wake(p, until=11.0, now=11.0) == []  # the replaced wake-up
-    actions = scheduler.wake(p, until=12.0, now=12.0)
-    assert kinds(actions) == ["Start"]  # on the idle one (the other is still busy)
-    assert p.paused_until == 0.0 and len(p.queue) == 2
+    # Over: one request goes out, the rest wait for its answer.
+    assert kinds(scheduler.wake(p, until=12.0, now=12.0)) == ["Start"]
+    assert p.probing and len(p.queue) == 3
+    assert scheduler.submit(p, transfer(10), now=12.1) == []
+    # Answered (anything but 429): the queue goes out again, as far as per_host allows.
+    assert kinds(scheduler.host_answered(p, now=12.2, status=200)) == ["Start", "Start"]
+    assert not p.probing and p.push_backs == 0 and len(p.queue) == 2
+
+
+def test_a_pause_that_is_over_probes_even_before_its_wake_up_comes() -> None:
+    # The refused row's retry timer, set first, fires before the host's WakeAt at
+    # the same moment: it goes out alone, not with the whole queue behind it.
+    scheduler = Scheduler(concurrency=10, per_host=4)
+    p = pool()
+    dial_all(scheduler, p, 1)
+    scheduler.pushed_back(p, until=5.0, now=1.0, error=REFUSED)
+    scheduler.released(PooledConnection(p), reusable=True, now=1.1)
+    for i in range(3):
+        assert scheduler.submit(p, transfer(i + 1), now=2.0) == []
+    assert kinds(scheduler.submit(p, transfer(0), now=5.0, front=True)) == ["Start"]
+    assert scheduler.wake(p, until=5.0, now=5.0) == []
+    assert p.probing and len(p.queue) == 3
+
+
+def test_a_host_that_keeps_pushing_back_is_given_up() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=1, host_failures=3)
+    p = pool()
+    dial_all(scheduler, p, 5)
+    now = 1.0
+    for _ in range(2):
+        assert kinds(scheduler.pushed_back(p, until=now + 1, now=now, error=REFUSED)) == ["WakeAt"]
+        now += 1
+        scheduler.wake(p, until=now, now=now)
+        assert scheduler.host_answered(p, now=now, status=429) == []  # no reset
+    actions = scheduler.pushed_back(p, until=now + 1, now=now, error=REFUSED)
+    assert kinds(actions) == ["Fail"] * 4 and p.given_up is not None
+    fail = actions[0]
+    assert isinstance(fail, Fail) and fail.error.code == "http_429"
+    assert "given up after 3 pauses in a row" in fail.error.message
+
+
+def test_an_answer_between_pauses_starts_the_count_again() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=1, host_failures=2)
+    p = pool()
+    dial_all(scheduler, p, 3)
+    for now in (1.0, 3.0, 5.0):
+        assert kinds(scheduler.pushed_back(p, until=now + 1, now=now, error=REFUSED)) == ["WakeAt"]
+        scheduler.wake(p, until=now + 1, now=now + 1)
+        scheduler.host_answered(p, now=now + 1, status=200)
+    assert p.given_up is None
 
 
 def test_idle_connections_are_reused_before_dialling() -> None:

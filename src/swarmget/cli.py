@@ -262,7 +262,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "host_failures",
         "give a host up after N failed connections (connect errors or timeouts) in a row, "
-        "failing its remaining rows at once; 0: never (default: {default})",
+        "or N pauses in a row for 429 Too Many Requests, failing its remaining rows at "
+        "once; 0: never (default: {default})",
         "N",
     ),
     Flag(

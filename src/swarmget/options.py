@@ -45,7 +45,8 @@ class Options:
     min_speed_window: float = 30.0
     max_size: int | None = None
     retries: int = 3
-    host_failures: int = 5  # give a host up after this many failed connections in a row; 0: never
+    # Give a host up after this many failed connections, or pauses for 429, in a row; 0: never.
+    host_failures: int = 5
     overwrite: bool = False
     dedupe: bool = False  # fetch each distinct URL once; other rows get a link to its file
     workers: int = 0  # processes, each with its own event loop; 0 = one per CPU

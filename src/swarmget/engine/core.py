@@ -457,8 +457,11 @@ class Engine(ConnectionOwner):
     def ended(self, conn: PooledConnection, transfer: Transfer, verdict: Verdict) -> None:
         kind = verdict.kind
         pool = conn.pool
-        if verdict.status:
-            self.scheduler.host_answered(pool, self.loop.now)
+        status = verdict.status
+        if status:
+            answered = self.scheduler.host_answered(pool, self.loop.now, status)
+            if answered:
+                self._execute(answered)
         if kind == ACCEPT:
             self._succeeded(transfer, verdict)
         elif kind == REDIRECTED:
@@ -590,19 +593,28 @@ class Engine(ConnectionOwner):
         job = transfer.job
         transfer.retry = transfer.retry.failed(error)
         pool = self.pools.get(job.origin)
-        given_up = pool.given_up if pool is not None else None
-        if status and pool is not None and given_up is None:
+        pause = None
+        push_back: list[Action] = []
+        if status and pool is not None:
             pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
-            if pause is not None:  # the host asked every row to wait, not only this one
-                now = self.loop.now
-                self._execute(self.scheduler.pushed_back(pool, now + pause))
+        if pause is not None:
+            # The host asked every row to wait, not only this one; it may also
+            # be given up now (too many pauses in a row).  Its timer is set
+            # after this row's retry timer: at the same moment the refused row
+            # goes first, not behind the queue it was refused ahead of.
+            assert pool is not None
+            now = self.loop.now
+            push_back = self.scheduler.pushed_back(pool, now + pause, now, error)
+        given_up = pool.given_up if pool is not None else None
         if self.fatal is None and given_up is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.decide(transfer.retry, error, retry_after, time_left)
             if delay is not None:
                 self._prepare_retry(transfer, error)
                 self.loop.call_later(delay, self._submit, transfer, True)
+                self._execute(push_back)
                 return
+        self._execute(push_back)
         self._record(job, error, status, transfer)
 
     def _prepare_retry(self, transfer: Transfer, error: TransferError) -> None:

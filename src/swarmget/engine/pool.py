@@ -65,7 +65,9 @@ class HostPool:
         "open",
         "origin",
         "paused_until",
+        "probing",
         "proxy",
+        "push_backs",
         "queue",
         "refresh_at",
         "resolving",
@@ -105,6 +107,8 @@ class HostPool:
         # Push-back: nothing new is sent here before this loop time (the host
         # answered 429; see Scheduler.pushed_back).
         self.paused_until = 0.0
+        self.push_backs = 0  # pauses in a row with no other answer between them
+        self.probing = False  # after a pause: one request at a time until it is answered
 
     @property
     def host(self) -> str:
@@ -121,9 +125,15 @@ GIVEN_UP_LIMIT: Final = 65536
 
 
 def is_idle(pool: HostPool) -> bool:
-    """Nothing open, closing, queued or being resolved: forgetting the pool loses
+    """Nothing open, closing, queued, being resolved or paused: forgetting the pool loses
     only what it caches (addresses, which the resolver caches too; a TLS session)."""
-    return pool.open == 0 and pool.closing == 0 and not pool.queue and not pool.resolving
+    return (
+        pool.open == 0
+        and pool.closing == 0
+        and not pool.queue
+        and not pool.resolving
+        and pool.paused_until == 0.0  # a pause must outlast its refused row's wait
+    )
 
 
 def retire_idle(

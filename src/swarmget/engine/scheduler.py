@@ -43,8 +43,15 @@ The rules:
   already sent finish; the queued rows wait without spending an attempt.
   Pausing only the row that was told (as curl, aria2c and our round 1 do)
   sent every other queued row into the same refusal, each spending an
-  attempt on it, and hammered a rate-limited host at full concurrency.  A
-  503 pauses only its row: it may be one URL's trouble.
+  attempt on it, and hammered a rate-limited host at full concurrency.  After
+  a pause the host gets one request at a time (the refused row first) until
+  one is answered with anything but 429: a limiter that lets a few through
+  per second refused the whole ``per_host`` burst that went out at the wake.
+  After ``host_failures`` pauses in a row with no other answer, the host is
+  given up like a dead one (its rows fail ``http_429``): a host that refuses
+  everything would otherwise hold its rows, and the intake behind them, for
+  as long as it kept refusing.  A 503 pauses only its row: it may be one
+  URL's trouble.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
@@ -209,7 +216,8 @@ class Scheduler:
             pool.queue
             and pool.given_up is None
             and not pool.queue[0].fresh
-            and pool.paused_until <= now
+            and pool.paused_until == 0.0
+            and not pool.probing
         ):
             return [Start(conn, pool.queue.popleft())]
         if self._starved:
@@ -324,25 +332,58 @@ class Scheduler:
         )
         return actions
 
-    def host_answered(self, pool: HostPool, now: float = 0.0) -> None:
+    def host_answered(self, pool: HostPool, now: float = 0.0, status: int = 200) -> list[Action]:
+        """The host sent a response head (``status``): it is up, and unless that
+        was a 429 it is no longer pushing back (the queue may go out again)."""
         pool.consecutive_failures = 0
         pool.answered_at = now
         if pool.proxy is not None and self._proxy_failures:
             self._proxy_failures.pop(pool.connect_to, None)
-
-    def pushed_back(self, pool: HostPool, until: float) -> list[Action]:
-        """The host asked us to slow down (429): send it nothing
-        new before loop time ``until``.  A longer pause already running stands."""
-        if until <= pool.paused_until:
+        if status == 429:
             return []
-        pool.paused_until = until
-        return [WakeAt(pool, until)]
+        pool.push_backs = 0
+        if not pool.probing:
+            return []
+        pool.probing = False
+        actions: list[Action] = []
+        self._dispatch(pool, now, actions)
+        return actions
+
+    def pushed_back(
+        self, pool: HostPool, until: float, now: float, error: TransferError
+    ) -> list[Action]:
+        """The host asked us to slow down (429, failing with ``error``): send it
+        nothing new before loop time ``until``.  A longer pause already running
+        stands; a refusal while paused (a request already under way) does not
+        count as another pause."""
+        actions: list[Action] = []
+        if pool.given_up is not None:
+            return actions
+        if pool.paused_until == 0.0:
+            pool.push_backs += 1
+            if self.host_failures and pool.push_backs >= self.host_failures:
+                self._give_up(
+                    pool,
+                    TransferError(
+                        error.code,
+                        f"{error.message}; host {pool.host} given up after {pool.push_backs} "
+                        "pauses in a row for 429 Too Many Requests (--host-failures)",
+                    ),
+                    actions,
+                )
+                return actions
+        if until > pool.paused_until:
+            pool.paused_until = until
+            actions.append(WakeAt(pool, until))
+        return actions
 
     def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:
-        """The pause that was to end at ``until`` is over, unless a later one replaced it."""
+        """The pause that was to end at ``until`` is over, unless a later one replaced
+        it: one request goes out, the rest once the host answers it (probing)."""
         if pool.paused_until != until:
-            return []
+            return []  # replaced by a later pause, or already over (see _dispatch)
         pool.paused_until = 0.0
+        pool.probing = True
         actions: list[Action] = []
         self._dispatch(pool, now, actions)
         return actions
@@ -373,8 +414,13 @@ class Scheduler:
             else:
                 self._naming[pool] = None  # its turn comes as lookups end
             return
-        if pool.paused_until > now:
-            return  # pushed back: WakeAt comes back to the queue
+        if pool.paused_until:
+            if pool.paused_until > now:
+                return  # pushed back: WakeAt comes back to the queue
+            # Over, though its WakeAt may come later in this turn (the refused
+            # row's retry timer, set first, comes first): probe from now.
+            pool.paused_until = 0.0
+            pool.probing = True
         if (
             pool.refresh_at <= now
             and not pool.resolving
@@ -384,6 +430,8 @@ class Scheduler:
             self._resolve(pool, actions)  # in the background; connects use what we have
         queue = pool.queue
         while queue and not self.stopping:
+            if pool.probing and pool.open - len(pool.idle) - pool.closing > 0:
+                return  # after a pause, one request at a time until one is answered
             if queue[0].fresh:
                 # Its kept-alive connection had been closed by the server: this
                 # one goes out on a new connection, not on another old one (which
