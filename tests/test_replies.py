@@ -79,6 +79,13 @@ REPLIES = [
         b"a\r\n\r\nbcd\n",
     ),
     Reply("lf-http10-until-close", head(status=b"HTTP/1.0 200 OK", end=b"\n") + BODY, BODY, True),
+    # CR CR LF: a Windows text-mode CGI's CRLF.  The head was never seen to end.
+    Reply("cr-cr-lf", head(b"Server: cgi", CL, end=b"\r\r\n") + BODY, BODY),
+    Reply(
+        "cr-cr-cr-lf-chunked",
+        head(b"Transfer-Encoding: chunked", end=b"\r\r\r\n") + chunked(BODY),
+        BODY,
+    ),
     # -- obs-fold and whitespace lines (RFC 9112 sections 5.2 and 2.2) ---------
     Reply("obs-fold", head(b"X-A: a", b" b", b"\tc", CL) + BODY, BODY),
     Reply("folded-length", head(b"Content-Length:", b" 13") + BODY, BODY),
@@ -180,10 +187,14 @@ REPLIES = [
     Reply("chunk-size-17-digits", CHUNKED + b"1" * 17 + b"\r\n", PROTOCOL),
     Reply("chunk-trailer-nul", CHUNKED + b"0\r\nX: a\x00b\r\n\r\n", PROTOCOL),
     Reply("chunk-data-overrun", CHUNKED + b"3\r\nhello\r\n0\r\n\r\n", PROTOCOL),
+    # -- fields llhttp refuses and curl reads (RFC 9112 5.1, RFC 9110 5.5) ------
+    Reply("space-before-colon", head(b"X-Foo : bar", b"Content-Length\t: 13") + BODY, BODY),
+    Reply("controls-in-values", head(b"Set-Cookie: a\x7fb", b"X-E: \x1b[0m\x01", CL) + BODY, BODY),
+    Reply("bad-field-name", head(b"X A: b", CL, end=b"\n") + BODY, BODY),
+    Reply("field-names-not-tokens", head("X-Grüße: 1".encode(), b'X-"q": 2', CL) + BODY, BODY),
     # -- what stays refused, bare LF or not -------------------------------------
     Reply("nul-in-field", head(b"X-A: a\x00b", CL, end=b"\n") + BODY, PROTOCOL),
     Reply("bare-cr-in-field", head(b"X-A: a\rb", CL, end=b"\n") + BODY, PROTOCOL),
-    Reply("bad-field-name", head(b"X A: b", CL, end=b"\n") + BODY, PROTOCOL),
     Reply("colon-less-field", head(b"nocolon", CL, end=b"\n") + BODY, PROTOCOL),
     # What curl still reads: a 100 KB field, 150 fields, 20 interim responses.
     Reply("big-head", head(b"X-Pad: " + b"a" * 100_000, CL) + BODY, BODY),
@@ -244,6 +255,12 @@ def test_head_end_finds_every_kind_of_empty_line() -> None:
     assert head_end(b"HTTP/1.1 200 OK\nA: b\n\r\nbody") == 23
     assert head_end(b"HTTP/1.1 200 OK\nA: b\n\nx\r\n\r\n") == 22  # the first one wins
     assert head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n\r") == -1
+    assert head_end(b"HTTP/1.1 200 OK\r\r\nA: b\r\r\n\r\r\nbody") == 28
+    assert head_end(b"HTTP/1.1 200 OK\r\r\nA: b\r\r\n\r\r\r\nbody") == 29
+    assert head_end(b"HTTP/1.1 200 OK\r\r\nA: b\r\r\n\r\r") == -1  # the LF may come
+    assert head_end(b"HTTP/1.1 200 OK\r\r\nA: b\r\r\n\r\rX\r\r\n\r\r\n") == 34
+    # The first empty line wins, whatever its kind.
+    assert head_end(b"HTTP/1.1 200 OK\r\r\nA: b\r\r\n\r\r\nx\n\r\n") == 28
     assert head_end(b"HTTP/1.1 200 OK\r\nA: b\r\n\r\n", 20) == 25
 
 

@@ -7,8 +7,9 @@ nothing extra, and what we accept beyond llhttp's strict rules is exactly the
 list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
 
 * **Bare LF line ends** (section 2.2: a recipient MAY recognize a single LF as a
-  line terminator and ignore any preceding CR): lines are split at LF, one CR
-  before it is dropped, and the head is rewritten with CRLF.  Any other CR
+  line terminator and ignore any preceding CR): lines are split at LF, the CRs
+  before it are dropped (``CR CR LF`` is how a Windows text-mode CGI writes
+  CRLF; curl reads it), and the head is rewritten with CRLF.  Any other CR
   stays where it was, so llhttp still refuses a bare CR inside a line.
 * **Whitespace-led lines right after the status line** (section 2.2: a
   recipient MUST either reject the message or ignore each such line): ignored.
@@ -18,21 +19,35 @@ list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
 * **A repeated Content-Length** (RFC 9110 section 8.6: a list of identical
   values, ``42, 42``, or several identical fields, MAY be taken as one): merged
   into one field; differing or non-numeric values are a :class:`ProtocolError`.
+* **Whitespace between a field name and its colon** (section 5.1: a proxy
+  MUST remove it before forwarding; curl reads the field): removed.
+* **Fields no one could mean**: a name that is not a token (a space, a quote
+  or UTF-8 in it): the field is dropped, as none of the fields we read is
+  named so; curl keeps such lines as headers it never reads.
+* **Control characters in a value** (RFC 9110 section 5.5 lets a recipient
+  keep them; llhttp refuses them): each C0 control other than tab, CR and NUL,
+  and DEL, becomes a space.
 * **A tab for a space in the status line**, or blanks around the reason phrase
   (RFC 9112 section 4 names SP; curl takes any blank): rewritten with SP.  The
   three-digit code must still follow the version after exactly one blank.
 
-Nothing here makes llhttp accept a NUL, a bare CR, a bad status line or an
-invalid field name: those stay in the rewritten head and llhttp refuses them.
+Nothing here makes llhttp accept a NUL, a bare CR, a line without a colon or
+a bad status line (curl refuses a NUL too): those stay in the rewritten head
+and llhttp refuses them.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from swarmget.errors import ProtocolError
 
 _FOLD: Final = (b" ", b"\t")
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 section 5.6.2
+# C0 controls but NUL, tab and CR, and DEL: a space each (see the module docstring).
+_CONTROLS: Final = bytes([*range(1, 9), *range(10, 13), *range(14, 32), 127])
+_CONTROLS_TO_SPACE: Final = bytes.maketrans(_CONTROLS, b" " * len(_CONTROLS))
 _CONTENT_LENGTH: Final = b"content-length"
 # RFC 9110 section 8.6 leaves the limit to us; past 2**63 - 1 no file is real.
 MAX_CONTENT_LENGTH: Final = (1 << 63) - 1
@@ -44,10 +59,22 @@ def repair(block: bytes | bytearray) -> bytes:
     Raises :class:`ProtocolError` for Content-Length values that conflict.
     """
     lines = bytes(block).split(b"\n")[:-1]  # the last piece is after the blank line's LF
-    lines = [line[:-1] if line.endswith(b"\r") else line for line in lines]
-    fields = _unfold(lines[1:-1])  # without the status line and the blank line
+    lines = [line.rstrip(b"\r") for line in lines]
+    fields = [_field(line) for line in _unfold(lines[1:-1])]  # no status line, no blank line
     status = _status_line(lines[0])
-    return b"\r\n".join([status, *_merge_content_length(fields), b"", b""])
+    kept = [field for field in fields if field is not None]
+    return b"\r\n".join([status, *_merge_content_length(kept), b"", b""])
+
+
+def _field(line: bytes) -> bytes | None:
+    """``line`` as a field llhttp reads, None to drop it (see the module docstring)."""
+    name, colon, value = line.partition(b":")
+    if not colon:
+        return line  # not a field at all: llhttp refuses it
+    name = name.rstrip(b" \t")
+    if not _TOKEN.fullmatch(name):
+        return None
+    return name + b":" + value.translate(_CONTROLS_TO_SPACE)
 
 
 def _status_line(line: bytes) -> bytes:
@@ -72,15 +99,17 @@ def _status_line(line: bytes) -> bytes:
 
 def _unfold(lines: list[bytes]) -> list[bytes]:
     """Fields with obs-fold undone and whitespace-led lines before the first dropped."""
-    fields: list[bytes] = []
-    for line in lines:
+    fields: list[list[bytes]] = []  # each field's pieces, joined once at the end:
+    for line in lines:  # a head of 70,000 folded lines must not cost quadratic time
         if line[:1] not in _FOLD:
-            fields.append(line)
+            fields.append([line])
         elif fields:
             # RFC 9112 section 5.2: replace the obs-fold with SP.
-            fields[-1] = fields[-1].rstrip(b" \t") + b" " + line.strip(b" \t")
+            pieces = fields[-1]
+            pieces[-1] = pieces[-1].rstrip(b" \t")
+            pieces.append(line.strip(b" \t"))
         # else: whitespace before the first field, ignored (RFC 9112 section 2.2).
-    return fields
+    return [b" ".join(pieces) for pieces in fields]
 
 
 def _merge_content_length(fields: list[bytes]) -> list[bytes]:

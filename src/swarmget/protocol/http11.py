@@ -99,16 +99,38 @@ def head_end(data: bytes | bytearray, start: int = 0) -> int:
 
     The empty line is CRLF or a bare LF, after a line ended by either: so the
     head ends at the first ``LF CRLF`` or ``LF LF``, whichever comes first.
+    Failing both, at ``LF CR CR LF`` (more CRs too): the lines of a head
+    written as ``CR CR LF``, as a Windows text-mode CGI writes CRLF.
     ``start`` is where to begin looking (a line end found before it is not
     looked at again).
     """
     crlf = data.find(b"\n\r\n", start)
     lf = data.find(b"\n\n", start, crlf + 2 if crlf >= 0 else len(data))
-    if lf >= 0:
-        return lf + 2
-    if crlf >= 0:
-        return crlf + 3
-    return -1
+    found = lf + 2 if lf >= 0 else crlf + 3 if crlf >= 0 else -1
+    back = start  # an LF and a run of CRs may have begun before ``start``
+    while back > 0 and data[back - 1] == 13:
+        back -= 1
+    back = max(0, back - 1)
+    if data.find(b"\n\r\r", back, found if found >= 0 else len(data)) < 0:
+        return found  # the usual case: no CR CR before the end found
+    return _crs_head_end(data, back, found)
+
+
+def _crs_head_end(data: bytes | bytearray, start: int, found: int) -> int:
+    """The end of the first empty line of two or more CRs and an LF, if it comes
+    before ``found`` (the end :func:`head_end` found otherwise, or -1)."""
+    limit = found if found >= 0 else len(data)
+    at = data.find(b"\n\r\r", start, limit)
+    while at >= 0:
+        end = at + 3
+        while end < len(data) and data[end] == 13:
+            end += 1
+        if end == len(data):
+            return -1  # more CRs, or the LF, still to come
+        if data[end] == 10:
+            return end + 1
+        at = data.find(b"\n\r\r", end, limit)
+    return found
 
 
 def _check_locations(block: bytes | bytearray) -> None:
