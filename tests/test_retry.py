@@ -187,6 +187,46 @@ def test_a_host_that_refuses_everything_is_given_up_not_waited_on(
     assert took < 5, took
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rows_waiting_for_a_paused_host_do_not_hold_up_the_others(
+    workers: int, server: TestServer, out_dir: Path
+) -> None:
+    # Every other row is on a host that refuses everything for its first 2.5 s
+    # (429, Retry-After: 3).  Its rows, waiting, filled the engine's intake and
+    # the driver's dealing window, and the other host's rows waited with them.
+    started: list[float] = []
+
+    def limited(head: bytes, conn: ScriptedConnection) -> None:
+        now = time.monotonic()
+        started[:] = started or [now]
+        if now - started[0] < 2.5:
+            conn.send(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 3\r\nContent-Length: 0\r\n\r\n"
+            )
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    limited_paths = [f"/paused-{workers}/{i}" for i in range(600)]
+    for path in limited_paths:
+        server.route(path, limited)
+    try:
+        with TestServer() as other:
+            urls: list[str] = []
+            for i, path in enumerate(limited_paths):
+                urls += [server.url(path), other.file_url(f"free-{i}.bin", size=10)]
+            begun = time.monotonic()
+            report = swarmget.download(urls, out_dir, workers=workers, retries=2)
+            free_done = max(
+                (out_dir / f"free-{i}.bin").stat().st_mtime for i in range(len(limited_paths))
+            )
+    finally:
+        for path in limited_paths:
+            server.unroute(path)
+    assert report.ok == 1200, report.error_counts()
+    # The free host's rows were all done during the pause (wall clock: mtimes).
+    assert free_done - (time.time() - (time.monotonic() - begun)) < 2.0
+
+
 @pytest.mark.parametrize("fault", ["two_cl", "nul_header", "bad_status", "huge_headers"])
 def test_connection_is_never_reused_after_a_protocol_error(
     server: TestServer, out_dir: Path, fault: str

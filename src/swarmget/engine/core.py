@@ -89,6 +89,8 @@ RECV_BUFFER_SIZE: Final = 256 * 1024
 # Pools kept before idle ones are retired (engine/pool.py, retire_idle): enough
 # that the hosts of a run's recent rows keep their addresses and TLS sessions.
 POOL_LIMIT: Final = 4096
+# How far rows parked on pushed-back hosts may stretch the intake window, in windows.
+PARKED_WINDOWS: Final = 4
 CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Requests wait for the end of the loop turn (see engine/connection.py), but no
 # more than this many: a long turn then costs the first of them at most ~3 ms.
@@ -261,9 +263,19 @@ class Engine(ConnectionOwner):
 
     # -- intake -----------------------------------------------------------------------
 
+    def parked(self) -> int:
+        """Rows waiting for hosts that pushed back (429), as far as they may stretch
+        the intake window: up to PARKED_WINDOWS windows more."""
+        parked = self.scheduler.parked()
+        return min(parked, PARKED_WINDOWS * self._window) if parked else 0
+
     def _refill(self) -> None:
         rows = self._rows
-        while rows and self.in_memory < self._window and self.fatal is None:
+        # Rows parked on a pushed-back host do not hold the others out: a list
+        # whose every fourth row is on a rate-limited host stalled whole while
+        # that host's rows filled the window, pause after pause.
+        window = self._window + self.parked()
+        while rows and self.in_memory < window and self.fatal is None:
             row = rows.popleft()
             self.in_memory += 1
             try:

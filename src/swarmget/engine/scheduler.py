@@ -49,8 +49,10 @@ The rules:
   per second refused the whole ``per_host`` burst that went out at the wake.
   After ``host_failures`` pauses in a row with no other answer, the host is
   given up like a dead one (its rows fail ``http_429``): a host that refuses
-  everything would otherwise hold its rows, and the intake behind them, for
-  as long as it kept refusing.  A 503 pauses only its row: it may be one
+  everything would otherwise hold its rows for as long as it kept refusing.
+  Rows queued for a paused host are :meth:`Scheduler.parked`: the engine's
+  intake and the driver's dealing leave them out of their windows (up to a
+  bound), so the other hosts' rows keep coming meanwhile.  A 503 pauses only its row: it may be one
   URL's trouble.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
@@ -159,6 +161,7 @@ class Scheduler:
         "host_failures",
         "max_resolving",
         "open",
+        "paused",
         "per_host",
         "resolving",
         "stopping",
@@ -184,6 +187,7 @@ class Scheduler:
         # failed in a row, and the error of a proxy given up.
         self._proxy_failures: dict[tuple[str, int], int] = {}
         self._dead_proxies: dict[tuple[str, int], TransferError] = {}
+        self.paused: dict[HostPool, None] = {}  # pools pushed back, until their pause is over
 
     # -- transfers in ------------------------------------------------------------------
 
@@ -374,8 +378,14 @@ class Scheduler:
                 return actions
         if until > pool.paused_until:
             pool.paused_until = until
+            self.paused[pool] = None
             actions.append(WakeAt(pool, until))
         return actions
+
+    def parked(self) -> int:
+        """Rows queued for hosts that are pushed back: they wait, and should not
+        keep other hosts' rows out of the engine meanwhile (Engine._refill)."""
+        return sum(len(pool.queue) for pool in self.paused) if self.paused else 0
 
     def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:
         """The pause that was to end at ``until`` is over, unless a later one replaced
@@ -383,6 +393,7 @@ class Scheduler:
         if pool.paused_until != until:
             return []  # replaced by a later pause, or already over (see _dispatch)
         pool.paused_until = 0.0
+        self.paused.pop(pool, None)
         pool.probing = True
         actions: list[Action] = []
         self._dispatch(pool, now, actions)
@@ -394,6 +405,7 @@ class Scheduler:
 
     def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         pool.given_up = error
+        self.paused.pop(pool, None)
         self._fail_queue(pool, error, actions)
 
     # -- the rules ---------------------------------------------------------------------
@@ -420,6 +432,7 @@ class Scheduler:
             # Over, though its WakeAt may come later in this turn (the refused
             # row's retry timer, set first, comes first): probe from now.
             pool.paused_until = 0.0
+            self.paused.pop(pool, None)
             pool.probing = True
         if (
             pool.refresh_at <= now

@@ -64,6 +64,7 @@ class Progress:
     partials: list[tuple[int, str | None]]  # (key, validator) of bodies that began
     active: int  # transfers receiving now
     in_flight: int  # body bytes they have received so far
+    parked: int = 0  # rows waiting for a host that pushed back (Engine.parked)
 
 
 @dataclasses.dataclass(slots=True)

@@ -70,7 +70,11 @@ class InlineBackend:
         collected = self._events
         if collected.results or collected.partials or not (engine.finished or self._stopped):
             active, in_flight = engine.active()
-            events.append(Progress(0, collected.results, collected.partials, active, in_flight))
+            events.append(
+                Progress(
+                    0, collected.results, collected.partials, active, in_flight, engine.parked()
+                )
+            )
             collected.results, collected.partials = [], []
         if engine.finished and not self._done:
             self._done = True

@@ -105,13 +105,14 @@ class NoDelivery:
 
 
 class _Worker:
-    __slots__ = ("active", "done", "ended", "gone", "in_flight", "outstanding", "sent")
+    __slots__ = ("active", "done", "ended", "gone", "in_flight", "outstanding", "parked", "sent")
 
     def __init__(self) -> None:
         self.sent = 0  # rows dealt to it
         self.done = 0  # rows it reported
         self.active = 0
         self.in_flight = 0
+        self.parked = 0  # of the rows it holds, those waiting for a host that pushed back
         self.ended = False  # told there are no more rows
         self.gone = False  # finished, stopped or dead: deal it nothing more
         # Rows dealt and not reported: what a crash would cost.
@@ -119,7 +120,9 @@ class _Worker:
 
     @property
     def backlog(self) -> int:
-        return self.sent - self.done
+        """Rows dealt, not reported, and not parked on a pushed-back host (those
+        wait for it, and must not keep the worker from getting others)."""
+        return self.sent - self.done - self.parked
 
 
 class Supervisor:
@@ -346,6 +349,7 @@ class Supervisor:
         worker = self._workers[event.worker]
         if isinstance(event, Progress):
             worker.active, worker.in_flight = event.active, event.in_flight
+            worker.parked = event.parked
             # Parts first: a large file can begin and end between two messages.
             for key, validator in event.partials:
                 self._planner.partial(key, validator)

@@ -77,8 +77,10 @@ class PipeEvents:
         self._partials.append((row.key, validator))
 
     def flush(self) -> None:
-        active, in_flight = self.engine.active() if self.engine is not None else (0, 0)
-        message = Progress(self._worker, self._results, self._partials, active, in_flight)
+        engine = self.engine
+        active, in_flight = engine.active() if engine is not None else (0, 0)
+        parked = engine.parked() if engine is not None else 0
+        message = Progress(self._worker, self._results, self._partials, active, in_flight, parked)
         self._results, self._partials = [], []
         pickle_values(message.results)
         data = ForkingPickler.dumps(message)
