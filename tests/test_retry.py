@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import random
 import time
@@ -185,6 +186,82 @@ def test_a_host_that_refuses_everything_is_given_up_not_waited_on(
     assert report.failed == 40 and set(report.error_counts()) == {"http_429"}
     assert any("given up after 2 pauses in a row" in f.message for f in report.failures)
     assert took < 5, took
+
+
+def test_one_burst_refused_slowly_is_one_pause(server: TestServer, out_dir: Path) -> None:
+    # A queueing limiter answers a burst of five with 429 one by one, 0.6 s apart
+    # (longer than the 0.5 s pause), then lets everything through.  Each late
+    # refusal of a request sent before the pause counted as another pause in a
+    # row, and the host was given up with every row failed.
+    answered: list[int] = []
+
+    async def queueing(head: bytes, conn: ScriptedConnection) -> None:
+        turn = len(answered)
+        answered.append(turn)
+        if turn < 5:
+            await asyncio.sleep(0.6 * turn)
+            conn.send(b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n")
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    paths = [f"/queueing/{i}" for i in range(20)]
+    for path in paths:
+        server.route(path, queueing)
+    try:
+        report = swarmget.download(
+            [server.url(path) for path in paths],
+            out_dir,
+            concurrency=5,
+            per_host=5,
+            workers=1,
+            host_failures=2,
+        )
+    finally:
+        for path in paths:
+            server.unroute(path)
+    assert report.ok == 20, report.failures
+
+
+def test_a_long_download_under_way_does_not_hold_back_the_probe(
+    server: TestServer, out_dir: Path
+) -> None:
+    # After a pause one request goes out before the rest; the check counted every
+    # busy connection as a probe, so a long body already downloading when the
+    # 429 came held the host's queue until it ended.
+    seen: list[tuple[float, str]] = []
+    refused: list[bool] = []
+
+    async def slow_body(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n")
+        for _ in range(4):
+            await asyncio.sleep(1.0)
+            conn.send(b"x" * 10)
+        seen.append((time.monotonic(), "end of the long one"))
+
+    async def small(head: bytes, conn: ScriptedConnection) -> None:
+        await asyncio.sleep(0.2)  # the long one is under way first
+        seen.append((time.monotonic(), "small"))
+        if not refused:
+            refused.append(True)
+            conn.send(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
+            )
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    server.route("/probe/long", slow_body)
+    smalls = [f"/probe/s{i}" for i in range(5)]
+    for path in smalls:
+        server.route(path, small)
+    try:
+        urls = [server.url("/probe/long")] + [server.url(path) for path in smalls]
+        report = swarmget.download(urls, out_dir, concurrency=2, per_host=2, workers=1)
+    finally:
+        for path in ["/probe/long", *smalls]:
+            server.unroute(path)
+    assert report.ok == 6, report.failures
+    order = [what for _, what in sorted(seen)]
+    assert order[-1] == "end of the long one", order  # the small ones did not wait for it
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -121,6 +121,36 @@ def test_a_pause_that_is_over_probes_even_before_its_wake_up_comes() -> None:
     assert p.probing and len(p.queue) == 3
 
 
+def test_a_refusal_of_a_request_sent_before_the_pause_is_old_news() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=4, host_failures=2)
+    p = pool()
+    dial_all(scheduler, p, 4)  # a burst, all sent at 1.0
+    assert kinds(scheduler.pushed_back(p, until=2.0, now=1.5, error=REFUSED, started=1.0)) == [
+        "WakeAt"
+    ]
+    scheduler.wake(p, until=2.0, now=2.0)
+    # The rest of the burst, refused later still: neither a pause nor a count.
+    for now in (2.1, 2.7, 3.3):
+        assert scheduler.pushed_back(p, until=now + 1, now=now, error=REFUSED, started=1.0) == []
+    assert p.given_up is None and p.push_backs == 1 and p.paused_until == 0.0
+
+
+def test_the_probe_goes_out_past_requests_still_under_way_and_again_if_lost() -> None:
+    scheduler = Scheduler(concurrency=10, per_host=4)
+    p = pool()
+    dial_all(scheduler, p, 2, now=1.0)  # two under way (one a long download)
+    scheduler.pushed_back(p, until=3.0, now=1.5, error=REFUSED, started=1.0)
+    for i in range(3):
+        scheduler.submit(p, transfer(10 + i), now=2.0)
+    assert kinds(scheduler.wake(p, until=3.0, now=3.0)) == ["Dial"]  # one, not held back
+    assert p.probe_out and len(p.queue) == 2
+    assert scheduler.submit(p, transfer(20), now=3.1) == []
+    # The probe ended unanswered (a timeout, a reset): another goes.
+    assert kinds(scheduler.probe_lost(p, now=4.0)) == ["Dial"]
+    assert kinds(scheduler.host_answered(p, now=4.5, status=200)) == []  # per_host is full
+    assert not p.probing and not p.probe_out
+
+
 def test_a_host_that_keeps_pushing_back_is_given_up() -> None:
     scheduler = Scheduler(concurrency=10, per_host=1, host_failures=3)
     p = pool()

@@ -569,9 +569,11 @@ class Engine(ConnectionOwner):
             transfer.retry = transfer.retry.forgiven(STALE)
             transfer.fresh = True
             self._submit(transfer, front=True)
+            if pool.probe_out:  # it was the probe after a pause: it goes again, first
+                self._execute(self.scheduler.probe_lost(pool, self.loop.now))
             return
         self._host_failed(pool, error, dialling, started)
-        self._failed(transfer, error, verdict.status, verdict.retry_after)
+        self._failed(transfer, error, verdict.status, verdict.retry_after, started)
 
     def _host_failed(
         self, pool: HostPool, error: TransferError, dialling: bool, started: float
@@ -600,8 +602,10 @@ class Engine(ConnectionOwner):
         error: TransferError,
         status: int = 0,
         retry_after: float | None = None,
+        started: float = float("inf"),
     ) -> None:
-        """``transfer`` failed: retry it after a backoff, or record its row as failed."""
+        """``transfer`` failed: retry it after a backoff, or record its row as failed.
+        ``started``: when its request went out (a refusal from before a pause is old news)."""
         job = transfer.job
         transfer.retry = transfer.retry.failed(error)
         pool = self.pools.get(job.origin)
@@ -616,7 +620,9 @@ class Engine(ConnectionOwner):
             # goes first, not behind the queue it was refused ahead of.
             assert pool is not None
             now = self.loop.now
-            push_back = self.scheduler.pushed_back(pool, now + pause, now, error)
+            push_back = self.scheduler.pushed_back(pool, now + pause, now, error, started)
+        elif not status and pool is not None and pool.probe_out:
+            push_back = self.scheduler.probe_lost(pool, self.loop.now)  # no answer: probe again
         given_up = pool.given_up if pool is not None else None
         if self.fatal is None and given_up is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)

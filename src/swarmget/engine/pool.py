@@ -64,7 +64,9 @@ class HostPool:
         "kind",
         "open",
         "origin",
+        "pause_began",
         "paused_until",
+        "probe_out",
         "probing",
         "proxy",
         "push_backs",
@@ -107,8 +109,10 @@ class HostPool:
         # Push-back: nothing new is sent here before this loop time (the host
         # answered 429; see Scheduler.pushed_back).
         self.paused_until = 0.0
+        self.pause_began = -1.0  # loop time the latest pause began
         self.push_backs = 0  # pauses in a row with no other answer between them
-        self.probing = False  # after a pause: one request at a time until it is answered
+        self.probing = False  # after a pause: one request, until it is answered
+        self.probe_out = False  # that one request has gone out
 
     @property
     def host(self) -> str:

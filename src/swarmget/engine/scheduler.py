@@ -44,9 +44,11 @@ The rules:
   Pausing only the row that was told (as curl, aria2c and our round 1 do)
   sent every other queued row into the same refusal, each spending an
   attempt on it, and hammered a rate-limited host at full concurrency.  After
-  a pause the host gets one request at a time (the refused row first) until
-  one is answered with anything but 429: a limiter that lets a few through
-  per second refused the whole ``per_host`` burst that went out at the wake.
+  a pause the host gets one request (the refused row first) until it is
+  answered with anything but 429 (a request that ends unanswered is replaced,
+  :meth:`Scheduler.probe_lost`): a limiter that lets a few through per second
+  refused the whole ``per_host`` burst that went out at the wake.  Requests
+  still under way from before the pause do not hold the probe back.
   After ``host_failures`` pauses in a row with no other answer, the host is
   given up like a dead one (its rows fail ``http_429``): a host that refuses
   everything would otherwise hold its rows for as long as it kept refusing.
@@ -348,22 +350,29 @@ class Scheduler:
         pool.push_backs = 0
         if not pool.probing:
             return []
-        pool.probing = False
+        pool.probing = pool.probe_out = False
         actions: list[Action] = []
         self._dispatch(pool, now, actions)
         return actions
 
     def pushed_back(
-        self, pool: HostPool, until: float, now: float, error: TransferError
+        self,
+        pool: HostPool,
+        until: float,
+        now: float,
+        error: TransferError,
+        started: float = float("inf"),
     ) -> list[Action]:
-        """The host asked us to slow down (429, failing with ``error``): send it
-        nothing new before loop time ``until``.  A longer pause already running
-        stands; a refusal while paused (a request already under way) does not
-        count as another pause."""
+        """The host asked us to slow down (429, failing with ``error``, for a request
+        sent at loop time ``started``): send it nothing new before loop time
+        ``until``.  A refusal of a request sent before the latest pause began
+        tells nothing new (a burst refused one by one, however slowly, is one
+        pause): it neither pauses again nor counts towards giving up."""
         actions: list[Action] = []
-        if pool.given_up is not None:
+        if pool.given_up is not None or started < pool.pause_began:
             return actions
         if pool.paused_until == 0.0:
+            pool.pause_began = now
             pool.push_backs += 1
             if self.host_failures and pool.push_backs >= self.host_failures:
                 self._give_up(
@@ -382,6 +391,22 @@ class Scheduler:
             actions.append(WakeAt(pool, until))
         return actions
 
+    def probe_lost(self, pool: HostPool, now: float) -> list[Action]:
+        """A request to ``pool`` ended with no answer (a timeout, a reset, a failed
+        connect): if it was the probe after a pause, another goes out."""
+        if not pool.probing or not pool.probe_out:
+            return []
+        pool.probe_out = False
+        actions: list[Action] = []
+        self._dispatch(pool, now, actions)
+        return actions
+
+    def _end_pause(self, pool: HostPool) -> None:
+        pool.paused_until = 0.0
+        self.paused.pop(pool, None)
+        pool.probing = True
+        pool.probe_out = False
+
     def parked(self) -> int:
         """Rows queued for hosts that are pushed back: they wait, and should not
         keep other hosts' rows out of the engine meanwhile (Engine._refill)."""
@@ -392,9 +417,7 @@ class Scheduler:
         it: one request goes out, the rest once the host answers it (probing)."""
         if pool.paused_until != until:
             return []  # replaced by a later pause, or already over (see _dispatch)
-        pool.paused_until = 0.0
-        self.paused.pop(pool, None)
-        pool.probing = True
+        self._end_pause(pool)
         actions: list[Action] = []
         self._dispatch(pool, now, actions)
         return actions
@@ -431,9 +454,7 @@ class Scheduler:
                 return  # pushed back: WakeAt comes back to the queue
             # Over, though its WakeAt may come later in this turn (the refused
             # row's retry timer, set first, comes first): probe from now.
-            pool.paused_until = 0.0
-            self.paused.pop(pool, None)
-            pool.probing = True
+            self._end_pause(pool)
         if (
             pool.refresh_at <= now
             and not pool.resolving
@@ -443,8 +464,8 @@ class Scheduler:
             self._resolve(pool, actions)  # in the background; connects use what we have
         queue = pool.queue
         while queue and not self.stopping:
-            if pool.probing and pool.open - len(pool.idle) - pool.closing > 0:
-                return  # after a pause, one request at a time until one is answered
+            if pool.probe_out:
+                return  # after a pause, one request, until it is answered
             if queue[0].fresh:
                 # Its kept-alive connection had been closed by the server: this
                 # one goes out on a new connection, not on another old one (which
@@ -455,6 +476,7 @@ class Scheduler:
                 conn = self._take_idle(pool, actions)
                 if conn is not None:
                     actions.append(Start(conn, queue.popleft()))
+                    pool.probe_out = pool.probing
                 continue
             if pool.open - pool.closing >= self.per_host:
                 return
@@ -468,6 +490,7 @@ class Scheduler:
             pool.open += 1
             self.open += 1
             actions.append(Dial(pool, transfer))
+            pool.probe_out = pool.probing
 
     def _resolve(self, pool: HostPool, actions: list[Action]) -> None:
         pool.resolving = True

@@ -19,21 +19,22 @@ list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
 * **A repeated Content-Length** (RFC 9110 section 8.6: a list of identical
   values, ``42, 42``, or several identical fields, MAY be taken as one): merged
   into one field; differing or non-numeric values are a :class:`ProtocolError`.
-* **Whitespace between a field name and its colon** (section 5.1: a proxy
-  MUST remove it before forwarding; curl reads the field): removed.
 * **Fields no one could mean**: a name that is not a token (a space, a quote
-  or UTF-8 in it): the field is dropped, as none of the fields we read is
-  named so; curl keeps such lines as headers it never reads.
+  or UTF-8 in it), or whitespace between the name and its colon (section 5.1
+  has a server refuse it and a proxy remove it): the field is dropped, as curl
+  ignores it (``Content-Length : 5`` does not frame the body for curl either).
 * **Control characters in a value** (RFC 9110 section 5.5 lets a recipient
   keep them; llhttp refuses them): each C0 control other than tab, CR and NUL,
-  and DEL, becomes a space.
+  and DEL, becomes a space; but not in the fields we act on (``_ACTED_ON``:
+  framing, Location, validators), which stay refused as curl refuses a
+  Location with a control character in it.
 * **A tab for a space in the status line**, or blanks around the reason phrase
   (RFC 9112 section 4 names SP; curl takes any blank): rewritten with SP.  The
   three-digit code must still follow the version after exactly one blank.
 
-Nothing here makes llhttp accept a NUL, a bare CR, a line without a colon or
-a bad status line (curl refuses a NUL too): those stay in the rewritten head
-and llhttp refuses them.
+Nothing here makes llhttp accept a NUL or a bare CR anywhere in a field, a line
+without a colon or a bad status line (curl refuses a NUL too): those stay in
+the rewritten head and llhttp refuses them.
 """
 
 from __future__ import annotations
@@ -48,6 +49,21 @@ _TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 section
 # C0 controls but NUL, tab and CR, and DEL: a space each (see the module docstring).
 _CONTROLS: Final = bytes([*range(1, 9), *range(10, 13), *range(14, 32), 127])
 _CONTROLS_TO_SPACE: Final = bytes.maketrans(_CONTROLS, b" " * len(_CONTROLS))
+# Fields whose values we act on: a control character there is not read as a space.
+_ACTED_ON: Final = frozenset(
+    {
+        b"content-length",
+        b"transfer-encoding",
+        b"content-encoding",
+        b"content-range",
+        b"location",
+        b"etag",
+        b"last-modified",
+        b"retry-after",
+        b"connection",
+        b"date",
+    }
+)
 _CONTENT_LENGTH: Final = b"content-length"
 # RFC 9110 section 8.6 leaves the limit to us; past 2**63 - 1 no file is real.
 MAX_CONTENT_LENGTH: Final = (1 << 63) - 1
@@ -69,11 +85,12 @@ def repair(block: bytes | bytearray) -> bytes:
 def _field(line: bytes) -> bytes | None:
     """``line`` as a field llhttp reads, None to drop it (see the module docstring)."""
     name, colon, value = line.partition(b":")
-    if not colon:
-        return line  # not a field at all: llhttp refuses it
-    name = name.rstrip(b" \t")
+    if not colon or b"\0" in line or b"\r" in line:
+        return line  # not a field at all, or a NUL or CR in it: llhttp refuses it
     if not _TOKEN.fullmatch(name):
         return None
+    if name.lower() in _ACTED_ON:
+        return line
     return name + b":" + value.translate(_CONTROLS_TO_SPACE)
 
 

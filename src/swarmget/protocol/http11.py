@@ -107,29 +107,17 @@ def head_end(data: bytes | bytearray, start: int = 0) -> int:
     crlf = data.find(b"\n\r\n", start)
     lf = data.find(b"\n\n", start, crlf + 2 if crlf >= 0 else len(data))
     found = lf + 2 if lf >= 0 else crlf + 3 if crlf >= 0 else -1
-    back = start  # an LF and a run of CRs may have begun before ``start``
-    while back > 0 and data[back - 1] == 13:
-        back -= 1
-    back = max(0, back - 1)
-    if data.find(b"\n\r\r", back, found if found >= 0 else len(data)) < 0:
-        return found  # the usual case: no CR CR before the end found
-    return _crs_head_end(data, back, found)
-
-
-def _crs_head_end(data: bytes | bytearray, start: int, found: int) -> int:
-    """The end of the first empty line of two or more CRs and an LF, if it comes
-    before ``found`` (the end :func:`head_end` found otherwise, or -1)."""
     limit = found if found >= 0 else len(data)
-    at = data.find(b"\n\r\r", start, limit)
+    # An empty line of two or more CRs ends in CR CR LF, three bytes wholly at
+    # or after ``start - 2`` if its LF came after the last look: so each is
+    # found once however the head arrives in pieces (no rescanning of CR runs).
+    at = data.find(b"\r\r\n", max(0, start - 2), limit)
     while at >= 0:
-        end = at + 3
-        while end < len(data) and data[end] == 13:
-            end += 1
-        if end == len(data):
-            return -1  # more CRs, or the LF, still to come
-        if data[end] == 10:
-            return end + 1
-        at = data.find(b"\n\r\r", end, limit)
+        line_start = data.rfind(b"\n", 0, at) + 1
+        # A line of CRs only, after another line (not the status line).
+        if line_start and data.count(b"\r", line_start, at + 2) == at + 2 - line_start:
+            return at + 3
+        at = data.find(b"\r\r\n", at + 1, limit)
     return found
 
 
