@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import random
 import time
@@ -13,7 +14,7 @@ import pytest
 
 import swarmget
 from swarmget.engine.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
-from swarmget.testing import ScriptedConnection, TestServer, expected_body
+from swarmget.testing import RouteHandler, ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import small_tmpfs
 
 
@@ -81,6 +82,18 @@ def test_a_waiting_retry_does_not_hold_up_other_files(server: TestServer, out_di
     assert (out_dir / "wait.bin").read_bytes() == expected_body("wait.bin", 100)
 
 
+@contextlib.contextmanager
+def routed(server: TestServer, handler: RouteHandler, paths: list[str]) -> Iterator[list[str]]:
+    """``handler`` answers each of ``paths`` for the block; their URLs."""
+    for path in paths:
+        server.route(path, handler)
+    try:
+        yield [server.url(path) for path in paths]
+    finally:
+        for path in paths:
+            server.unroute(path)
+
+
 @pytest.mark.parametrize("retry_after", [b"Retry-After: 1\r\n", b""])
 def test_a_429_pauses_the_whole_host_not_only_its_row(
     retry_after: bytes, server: TestServer, out_dir: Path
@@ -105,15 +118,8 @@ def test_a_429_pauses_the_whole_host_not_only_its_row(
             conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     paths = [f"/limited-{len(retry_after)}/{i}" for i in range(40)]
-    for path in paths:
-        server.route(path, limited)
-    try:
-        report = swarmget.download(
-            [server.url(path) for path in paths], out_dir, retries=6, concurrency=4, workers=1
-        )
-    finally:
-        for path in paths:
-            server.unroute(path)
+    with routed(server, limited, paths) as urls:
+        report = swarmget.download(urls, out_dir, retries=6, concurrency=4, workers=1)
     assert report.ok == 40
     # Refused: only what was under way when the host said so, once per pause
     # (without Retry-After: 0.5 s, then 1 s, ... the backoff's ceiling).
@@ -156,15 +162,8 @@ def test_the_refused_row_goes_first_when_the_pause_is_over(
     answers: list[int] = []
     limited = rate_limiter(1, answers)
     paths = [f"/one-a-second/{i}" for i in range(3)]
-    for path in paths:
-        server.route(path, limited)
-    try:
-        report = swarmget.download(
-            [server.url(path) for path in paths], out_dir, retries=1, concurrency=1, workers=1
-        )
-    finally:
-        for path in paths:
-            server.unroute(path)
+    with routed(server, limited, paths) as urls:
+        report = swarmget.download(urls, out_dir, retries=1, concurrency=1, workers=1)
     assert report.ok == 3, report.failures
     assert answers.count(429) <= 2
 
@@ -205,20 +204,10 @@ def test_one_burst_refused_slowly_is_one_pause(server: TestServer, out_dir: Path
             conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     paths = [f"/queueing/{i}" for i in range(20)]
-    for path in paths:
-        server.route(path, queueing)
-    try:
+    with routed(server, queueing, paths) as urls:
         report = swarmget.download(
-            [server.url(path) for path in paths],
-            out_dir,
-            concurrency=5,
-            per_host=5,
-            workers=1,
-            host_failures=2,
+            urls, out_dir, concurrency=5, per_host=5, workers=1, host_failures=2
         )
-    finally:
-        for path in paths:
-            server.unroute(path)
     assert report.ok == 20, report.failures
 
 
@@ -249,16 +238,9 @@ def test_a_long_download_under_way_does_not_hold_back_the_probe(
         else:
             conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
-    server.route("/probe/long", slow_body)
     smalls = [f"/probe/s{i}" for i in range(5)]
-    for path in smalls:
-        server.route(path, small)
-    try:
-        urls = [server.url("/probe/long")] + [server.url(path) for path in smalls]
-        report = swarmget.download(urls, out_dir, concurrency=2, per_host=2, workers=1)
-    finally:
-        for path in ["/probe/long", *smalls]:
-            server.unroute(path)
+    with routed(server, slow_body, ["/probe/long"]) as long, routed(server, small, smalls) as urls:
+        report = swarmget.download(long + urls, out_dir, concurrency=2, per_host=2, workers=1)
     assert report.ok == 6, report.failures
     order = [what for _, what in sorted(seen)]
     assert order[-1] == "end of the long one", order  # the small ones did not wait for it
@@ -283,22 +265,14 @@ def test_rows_waiting_for_a_paused_host_do_not_hold_up_the_others(
         else:
             conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
-    limited_paths = [f"/paused-{workers}/{i}" for i in range(600)]
-    for path in limited_paths:
-        server.route(path, limited)
-    try:
-        with TestServer() as other:
-            urls: list[str] = []
-            for i, path in enumerate(limited_paths):
-                urls += [server.url(path), other.file_url(f"free-{i}.bin", size=10)]
-            begun = time.monotonic()
-            report = swarmget.download(urls, out_dir, workers=workers, retries=2)
-            free_done = max(
-                (out_dir / f"free-{i}.bin").stat().st_mtime for i in range(len(limited_paths))
-            )
-    finally:
-        for path in limited_paths:
-            server.unroute(path)
+    paths = [f"/paused-{workers}/{i}" for i in range(600)]
+    with routed(server, limited, paths) as limited_urls, TestServer() as other:
+        urls: list[str] = []
+        for i, url in enumerate(limited_urls):
+            urls += [url, other.file_url(f"free-{i}.bin", size=10)]
+        begun = time.monotonic()
+        report = swarmget.download(urls, out_dir, workers=workers, retries=2)
+        free_done = max((out_dir / f"free-{i}.bin").stat().st_mtime for i in range(len(paths)))
     assert report.ok == 1200, report.error_counts()
     # The free host's rows were all done during the pause (wall clock: mtimes).
     assert free_done - (time.time() - (time.monotonic() - begun)) < 2.0
