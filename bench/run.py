@@ -47,6 +47,7 @@ REPO = BENCH.parent
 RESULTS = BENCH / "results"
 TMPFS = Path("/dev/shm")
 SIZE = 51200
+BIG_SIZE = 1 << 30  # nginx-1g
 BASELINE = "pycurl"
 STREAM = "stream-100ms"  # W6: the scenarios whose tables show the limit
 STREAM_NGINX = "stream-100ms-nginx"
@@ -101,6 +102,19 @@ def setup_nginx(work: Path, files: int) -> Iterator[Setup]:
     with servers.nginx(root) as server:
         jobs = [(server.url(name), name) for name in names]
         yield server, [Case("", 100, jobs, SIZE, lambda rel: (root / rel).read_bytes())]
+
+
+@contextlib.contextmanager
+def setup_nginx_big(work: Path, files: int) -> Iterator[Setup]:
+    """Big files: ``files`` of 1 GiB from nginx, a few at a time."""
+    from swarmget.testing.nginx import make_tree
+
+    root = work / "srv"
+    root.mkdir()
+    names = make_tree(root, files, BIG_SIZE, name_fmt="{prefix}{i:03d}.bin", prefix="big")
+    with servers.nginx(root) as server:
+        jobs = [(server.url(name), name) for name in names]
+        yield server, [Case("", 8, jobs, BIG_SIZE, lambda rel: (root / rel).read_bytes())]
 
 
 @contextlib.contextmanager
@@ -230,6 +244,23 @@ SCENARIOS = {
         10_000,
         180.0,
         setup_nginx,
+    ),
+    "nginx-1g": Scenario(
+        "nginx-1g",
+        "{files:,} x 1 GiB from nginx (1 worker) on loopback, up to 8 at a time",
+        [
+            "swarmget",
+            "swarmget-1",
+            "swarmget-cli",
+            "pycurl",
+            "aiohttp",
+            "requests",
+            "aria2c",
+            "curl",
+        ],
+        1,
+        300.0,
+        setup_nginx_big,
     ),
     "nginx-https-50k": Scenario(
         "nginx-https-50k",

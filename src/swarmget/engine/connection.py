@@ -104,10 +104,11 @@ class _Abandon(Exception):
 
 
 # Full buffers read for one readable event before the loop's other connections
-# and its clock get a turn (2 MiB): a body arriving faster than we parse it held
-# the loop for seconds, past --deadline, stalling every other transfer.
-# (epoll is level-triggered: what is left is reported again at once.)
-MAX_READS_PER_EVENT: Final = 8
+# and its clock get a turn (8 MiB with the engine's 4 MiB buffer): a body
+# arriving faster than we parse it held the loop for seconds, past --deadline,
+# stalling every other transfer.  (epoll is level-triggered: what is left is
+# reported again at once.)
+MAX_READS_PER_EVENT: Final = 2
 
 
 class HTTPConnection(PooledConnection):
