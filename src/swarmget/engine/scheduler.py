@@ -54,8 +54,8 @@ The rules:
   everything would otherwise hold its rows for as long as it kept refusing.
   Rows queued for a paused host are :meth:`Scheduler.parked`: the engine's
   intake and the driver's dealing leave them out of their windows (up to a
-  bound), so the other hosts' rows keep coming meanwhile.  A 503 pauses only its row: it may be one
-  URL's trouble.
+  bound), so the other hosts' rows keep coming meanwhile.  A 503 pauses only
+  its row: it may be one URL's trouble.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
