@@ -246,6 +246,54 @@ def test_a_long_download_under_way_does_not_hold_back_the_probe(
     assert order[-1] == "end of the long one", order  # the small ones did not wait for it
 
 
+def test_the_queue_goes_on_when_the_probe_is_answered_not_when_its_body_ends(
+    server: TestServer, out_dir: Path
+) -> None:
+    seen: list[tuple[float, str]] = []
+    refused: list[bool] = []
+
+    async def probe(head: bytes, conn: ScriptedConnection) -> None:
+        if not refused:
+            refused.append(True)
+            conn.send(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
+            )
+            return
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 30\r\n\r\n")
+        for _ in range(3):
+            await asyncio.sleep(1.0)
+            conn.send(b"x" * 10)
+        seen.append((time.monotonic(), "end of the probe's body"))
+
+    def quick(head: bytes, conn: ScriptedConnection) -> None:
+        seen.append((time.monotonic(), "queued row"))
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    with (
+        routed(server, probe, ["/answered/probe"]) as first,
+        routed(server, quick, [f"/answered/q{i}" for i in range(4)]) as rest,
+    ):
+        report = swarmget.download(first + rest, out_dir, concurrency=2, per_host=2, workers=1)
+    assert report.ok == 5, report.failures
+    order = [what for _, what in sorted(seen)]
+    assert order[-1] == "end of the probe's body", order  # the head said 200: the queue went on
+
+
+def test_a_retry_after_past_the_deadline_gives_the_host_up_at_once(
+    server: TestServer, out_dir: Path
+) -> None:
+    # No row may wait 20 s under --deadline 2: the queued rows were held for the
+    # whole pause (and the next), only to fail.
+    refusing = [
+        server.file_url(f"later-{i}", size=10, status=429, retry_after=20) for i in range(6)
+    ]
+    started = time.monotonic()
+    report = swarmget.download(refusing, out_dir, concurrency=2, workers=1, deadline=2)
+    assert time.monotonic() - started < 5
+    assert report.failed == 6 and set(report.error_counts()) == {"http_429"}
+    assert any("past --deadline" in f.message for f in report.failures)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_rows_waiting_for_a_paused_host_do_not_hold_up_the_others(
     workers: int, server: TestServer, out_dir: Path

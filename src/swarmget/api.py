@@ -109,7 +109,7 @@ def _row_of(index: int, item: object) -> Row:
         text = repr(item)
         shown = text if len(text) <= 200 else text[:197] + "..."
         what = "None" if item is None else f"of type {type(item).__name__}"
-        problem = f"input item {index} is {what}, not a URL (a str, bytes or swarmget.Row)"
+        problem = f"input item {index} is {what}, not a URL (a str, bytes or swarmget.sources.Row)"
         return Row(index, shown, problem=problem)
     return Row(index, strip_url(str(item)))
 

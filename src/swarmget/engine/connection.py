@@ -321,6 +321,9 @@ class HTTPConnection(PooledConnection):
         assert transfer is not None
         verdict = judge(transfer, head, self.owner.options, self.pool.via)
         self.verdict = verdict
+        pool = self.pool
+        if pool.probing and head.status != 429:
+            self.owner.answered(pool, head.status)
         if verdict.kind == ACCEPT:
             self.writer = transfer.writer = self.owner.open_writer(transfer, verdict, head)
         elif not verdict.discard:

@@ -34,6 +34,7 @@ them, and a rerun redoes them), and their parts are kept.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import socket
 from collections import deque
 from collections.abc import Iterable
@@ -166,7 +167,9 @@ class Engine(ConnectionOwner):
         self.credentials, self._headers = _request_headers(options)
         self.user_authorizes = any(name.lower() == "authorization" for name in options.headers)
         self._own_host = not any(k.lower() == "host" for k in options.headers)
-        self._recv_buffer = bytearray(RECV_BUFFER_SIZE)
+        # An anonymous map, not a bytearray: CPython zeroes a bytearray, which
+        # would make all 4 MiB resident in every worker before the first read.
+        self._recv_buffer = mmap.mmap(-1, RECV_BUFFER_SIZE)
         self.recv_view = memoryview(self._recv_buffer)
         self._rows: deque[Assignment] = deque()
         self._input_done = False
@@ -357,6 +360,11 @@ class Engine(ConnectionOwner):
             elif isinstance(action, WakeAt):
                 delay = action.until - self.loop.now
                 self.loop.call_later(delay, self._wake, action.pool, action.until)
+
+    def answered(self, pool: HostPool, status: int) -> None:
+        # A head came: if it ends a pause's probe, the queue goes on now, not
+        # when the probe's body ends (a large file would hold the host for hours).
+        self._execute(self.scheduler.host_answered(pool, self.loop.now, status))
 
     def _wake(self, pool: HostPool, until: float) -> None:
         self._execute(self.scheduler.wake(pool, until, self.loop.now))
@@ -619,7 +627,13 @@ class Engine(ConnectionOwner):
         push_back: list[Action] = []
         if status and pool is not None:
             pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
-        if pause is not None:
+        if pause is not None and pause >= self.options.deadline:
+            # No row may wait that long (--deadline): waiting would only delay
+            # every queued row's failure.  The host is given up at once.
+            assert pool is not None
+            message = f"{error.message}; Retry-After {pause:g} s is past --deadline"
+            push_back = self.scheduler.give_up(pool, TransferError(error.code, message))
+        elif pause is not None:
             # The host asked every row to wait, not only this one; it may also
             # be given up now (too many pauses in a row).  Its timer is set
             # after this row's retry timer: at the same moment the refused row

@@ -11,7 +11,7 @@ never imports the engine, which keeps the import graph a tree.
 from __future__ import annotations
 
 from swarmget.engine.job import Transfer
-from swarmget.engine.pool import PooledConnection
+from swarmget.engine.pool import HostPool, PooledConnection
 from swarmget.engine.verdicts import Verdict
 from swarmget.loop import EventLoop
 from swarmget.net.tls import ClientTLS
@@ -40,6 +40,11 @@ class ConnectionOwner:
 
     def open_writer(self, transfer: Transfer, verdict: Verdict, head: ResponseHead) -> Writer:
         """The body of ``transfer`` is accepted: where to write it (raises TransferError)."""
+        raise NotImplementedError
+
+    def answered(self, pool: HostPool, status: int) -> None:
+        """``pool``'s host sent a response head with ``status`` while it was probed
+        after a push-back (see Scheduler.host_answered)."""
         raise NotImplementedError
 
     def ended(self, conn: PooledConnection, transfer: Transfer, verdict: Verdict) -> None:

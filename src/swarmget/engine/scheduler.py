@@ -426,6 +426,13 @@ class Scheduler:
         """The error of ``pool``'s proxy, if it was given up."""
         return self._dead_proxies.get(pool.connect_to) if pool.proxy is not None else None
 
+    def give_up(self, pool: HostPool, error: TransferError) -> list[Action]:
+        """Give ``pool``'s host up now: its queued and future transfers fail with ``error``."""
+        actions: list[Action] = []
+        if pool.given_up is None:
+            self._give_up(pool, error, actions)
+        return actions
+
     def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         pool.given_up = error
         self.paused.pop(pool, None)
