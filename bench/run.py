@@ -227,20 +227,23 @@ def decode_all(case: Case) -> tuple[dict[int, str], float]:
     return decoded, cpu
 
 
+# The file-writing peers of W1 and of the big files.
+FILE_TOOLS = [
+    "swarmget",
+    "swarmget-1",
+    "swarmget-cli",
+    "pycurl",
+    "aiohttp",
+    "requests",
+    "aria2c",
+    "curl",
+]
+
 SCENARIOS = {
     "nginx-50k": Scenario(
         "nginx-50k",
         "{files:,} x 50 KB from nginx (1 worker) on loopback, concurrency 100",
-        [
-            "swarmget",
-            "swarmget-1",
-            "swarmget-cli",
-            "pycurl",
-            "aiohttp",
-            "requests",
-            "aria2c",
-            "curl",
-        ],
+        FILE_TOOLS,
         10_000,
         180.0,
         setup_nginx,
@@ -248,16 +251,7 @@ SCENARIOS = {
     "nginx-1g": Scenario(
         "nginx-1g",
         "{files:,} x 1 GiB from nginx (1 worker) on loopback, up to 8 at a time",
-        [
-            "swarmget",
-            "swarmget-1",
-            "swarmget-cli",
-            "pycurl",
-            "aiohttp",
-            "requests",
-            "aria2c",
-            "curl",
-        ],
+        FILE_TOOLS,
         1,
         300.0,
         setup_nginx_big,
