@@ -33,6 +33,7 @@ import os
 import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sysconfig
 import tempfile
@@ -50,6 +51,13 @@ from swarmget.testing.nginx import (
     make_tls_files,
     make_tree,
 )
+
+# A shell that starts a job in the background without job control (`cmd &` in
+# a script) starts it with SIGINT ignored, and an ignored signal stays ignored
+# through exec: every swarmget the tests start would then shrug off the Ctrl-C
+# the tests send it.  A handler of our own is reset to the default at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 from swarmget.testing.tinyproxy import find_tinyproxy
 
 # CI must not turn red by chance: there the property tests draw the same examples
