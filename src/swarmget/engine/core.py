@@ -362,8 +362,9 @@ class Engine(ConnectionOwner):
                 self.loop.call_later(delay, self._wake, action.pool, action.until)
 
     def answered(self, pool: HostPool, status: int) -> None:
-        # A head came: if it ends a pause's probe, the queue goes on now, not
-        # when the probe's body ends (a large file would hold the host for hours).
+        # A head came (a connection reports it at once when it ends a pause's
+        # probe: the queue goes on then, not when the probe's body ends), or a
+        # transfer ended with an answer.
         self._execute(self.scheduler.host_answered(pool, self.loop.now, status))
 
     def _wake(self, pool: HostPool, until: float) -> None:
@@ -483,11 +484,8 @@ class Engine(ConnectionOwner):
     def ended(self, conn: PooledConnection, transfer: Transfer, verdict: Verdict) -> None:
         kind = verdict.kind
         pool = conn.pool
-        status = verdict.status
-        if status:
-            answered = self.scheduler.host_answered(pool, self.loop.now, status)
-            if answered:
-                self._execute(answered)
+        if verdict.status:
+            self.answered(pool, verdict.status)
         if kind == ACCEPT:
             self._succeeded(transfer, verdict)
         elif kind == REDIRECTED:

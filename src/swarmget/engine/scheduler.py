@@ -200,9 +200,7 @@ class Scheduler:
             pool.queue.appendleft(transfer)
         else:
             pool.queue.append(transfer)
-        actions: list[Action] = []
-        self._dispatch(pool, now, actions)
-        return actions
+        return self._dispatched(pool, now)
 
     def dispatch_deferred(self, now: float) -> list[Action]:
         deferred, self._deferred = self._deferred, {}
@@ -233,9 +231,7 @@ class Scheduler:
         self._idle[conn] = None
         if not pool.queue:
             return []
-        actions: list[Action] = []  # the next transfer must have a new connection
-        self._dispatch(pool, now, actions)
-        return actions
+        return self._dispatched(pool, now)  # the next transfer must have a new connection
 
     def closed(self, conn: PooledConnection, now: float) -> list[Action]:
         """``conn`` is closed (by us or by the server): its slot is free."""
@@ -351,9 +347,7 @@ class Scheduler:
         if not pool.probing:
             return []
         pool.probing = pool.probe_out = False
-        actions: list[Action] = []
-        self._dispatch(pool, now, actions)
-        return actions
+        return self._dispatched(pool, now)
 
     def pushed_back(
         self,
@@ -397,9 +391,7 @@ class Scheduler:
         if not pool.probing or not pool.probe_out:
             return []
         pool.probe_out = False
-        actions: list[Action] = []
-        self._dispatch(pool, now, actions)
-        return actions
+        return self._dispatched(pool, now)
 
     def _end_pause(self, pool: HostPool) -> None:
         pool.paused_until = 0.0
@@ -418,9 +410,7 @@ class Scheduler:
         if pool.paused_until != until:
             return []  # replaced by a later pause, or already over (see _dispatch)
         self._end_pause(pool)
-        actions: list[Action] = []
-        self._dispatch(pool, now, actions)
-        return actions
+        return self._dispatched(pool, now)
 
     def dead_proxy(self, pool: HostPool) -> TransferError | None:
         """The error of ``pool``'s proxy, if it was given up."""
@@ -498,6 +488,12 @@ class Scheduler:
             self.open += 1
             actions.append(Dial(pool, transfer))
             pool.probe_out = pool.probing
+
+    def _dispatched(self, pool: HostPool, now: float) -> list[Action]:
+        """The actions :meth:`_dispatch` takes for ``pool`` now."""
+        actions: list[Action] = []
+        self._dispatch(pool, now, actions)
+        return actions
 
     def _resolve(self, pool: HostPool, actions: list[Action]) -> None:
         pool.resolving = True
