@@ -142,3 +142,15 @@ def test_every_error_pickles_with_its_code_and_message() -> None:
         assert copy.code == error.code, cls
         if isinstance(error, TransferError):
             assert isinstance(copy, TransferError) and copy.message == error.message, cls
+
+
+def test_a_file_result_pickles_with_every_field_in_its_place() -> None:
+    # Workers report rows as pickled FileResults; a field that came back in
+    # another's place would be recorded wrong, silently.
+    from swarmget.report import _FIELDS, FileResult
+
+    values = {name: f"value of {name}" for name in _FIELDS}
+    result = FileResult(**values)
+    copy = pickle.loads(pickle.dumps(result))
+    assert type(copy) is FileResult
+    assert {name: getattr(copy, name) for name in _FIELDS} == values

@@ -391,3 +391,44 @@ def test_a_url_with_a_nul_cannot_take_another_rows_identity() -> None:
         assert row_key(*first) != row_key(*second)
     keys = {row_key(f"{url}\x00{n}", path, 0) for n in range(3) for path in (None, "x")}
     assert len(keys) == 6
+
+
+def test_each_row_is_keyed_by_its_occurrence_whether_its_batch_is_all_new_or_not(
+    tmp_path: Path,
+) -> None:
+    # A fresh run plans a batch of identities it has never seen without asking
+    # the journal; a batch with a repeat (inside it, or of an earlier batch)
+    # goes the long way.  Both must give the keys a rerun will look up.
+    planner = FilePlanner(str(tmp_path), Options())
+    batches = [
+        ["http://h/a", "http://h/b"],  # all new
+        ["http://h/a", "http://h/e"],  # a repeat of the first batch
+        ["http://h/c", "http://h/c", "http://h/d"],  # a repeat inside the batch
+        ["http://h/f"],  # all new again, after repeats
+        ["http://h/a"],
+    ]
+    index, keys, expected = 0, [], []
+    seen: dict[str, int] = {}
+    for urls in batches:
+        batch = [Row(index + i, url) for i, url in enumerate(urls)]
+        index += len(urls)
+        keys += [a.key for a in planner.plan(batch).assignments]
+        for url in urls:
+            expected.append(row_key(url, None, seen.get(url, 0)))
+            seen[url] = seen.get(url, 0) + 1
+    planner.finish(interrupted=True)
+    assert keys == expected
+    assert len(set(keys)) == len(keys)
+
+
+def test_a_repeat_inside_a_fresh_runs_first_batch_is_its_second_occurrence(
+    tmp_path: Path,
+) -> None:
+    planner = FilePlanner(str(tmp_path), Options())
+    batch = planner.plan(rows("http://h/c", "http://h/c", "http://h/d"))
+    planner.finish(interrupted=True)
+    keys = [a.key for a in batch.assignments]
+    assert keys == [row_key("http://h/c", None, n) for n in (0, 1)] + [
+        row_key("http://h/d", None, 0)
+    ]
+    assert [a.path for a in batch.assignments] == ["c", "c-1", "d"]

@@ -29,13 +29,9 @@ def _find() -> Any:
         function = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
         return None
-    function.argtypes = (
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    )
+    # No argtypes: every argument is a Python int (a C int) or bytes (a char *),
+    # which ctypes passes as they are; converting through declared argtypes
+    # was most of the call's cost, paid once per file.
     function.restype = ctypes.c_int
     return function
 

@@ -451,6 +451,10 @@ class FilePlanner:
     def _identify(self, rows: list[Row]) -> tuple[list[int], dict[int, Previous]]:
         """The key of each row -- (url, path column, occurrence in this run's input) --
         and what the journal knows of each key, in as few queries as possible."""
+        if self._seen_keys is not None and not self._occurrences:
+            keys = self._identify_new(rows, self._seen_keys)
+            if keys is not None:
+                return keys, {}
         journal = self.journal
         idents = [(row.url, row.path) for row in rows]
         occurrences = self._occurrences
@@ -496,6 +500,27 @@ class FilePlanner:
             for key in keys:
                 seen_keys.add(key)
         return keys, previous
+
+    @staticmethod
+    def _identify_new(rows: list[Row], seen: Bloom) -> list[int] | None:
+        """The keys of a batch whose identities are all new, or None when one may not be.
+
+        Most batches of a run whose journal started empty: every identity so
+        far came once (nothing is in ``_occurrences``), and the filter of this
+        run's keys has never seen any of this batch's.  Then each row is the
+        first occurrence of its identity, and no earlier run knows it: nothing
+        to look up.  Any doubt (a "maybe" from the filter, two rows alike in
+        the batch) and :meth:`_identify` does it the long way.
+        """
+        keys = [row_key(row.url, row.path, 0) for row in rows]
+        for key in keys:
+            if key in seen:
+                return None
+        if len(set(keys)) != len(keys):
+            return None
+        for key in keys:
+            seen.add(key)
+        return keys
 
     def _maybe_known(self, keys: list[int]) -> list[int]:
         """The keys the journal may know: all of them, unless it started empty and
