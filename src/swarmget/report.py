@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 _FIELDS = (
     "url", "path", "status", "http_status", "bytes", "error", "attempts", "elapsed_ms",
-    "message", "digests", "final_url", "index", "key", "payload",
+    "message", "digests", "final_url", "index", "key", "payload", "resumed",
 )  # fmt: skip
 
 
@@ -37,6 +37,7 @@ class FileResult:
         index: int = -1,  # the row's position in the input
         key: int = -1,  # the row's identity across runs (sinks/plan.py); not recorded
         payload: Any = None,  # what a sink hands on (a stream's body); not recorded
+        resumed: int = 0,  # of ``bytes``, those an earlier run had kept (a part); not recorded
     ) -> None:
         self.url = url
         self.path = path
@@ -52,6 +53,7 @@ class FileResult:
         self.index = index
         self.key = key
         self.payload = payload
+        self.resumed = resumed
 
     def __reduce__(self) -> tuple[type[FileResult], tuple[Any, ...]]:
         # Spelled out, in _FIELDS' order: one is pickled per row that a worker
@@ -61,7 +63,7 @@ class FileResult:
             (
                 self.url, self.path, self.status, self.http_status, self.bytes, self.error,
                 self.attempts, self.elapsed_ms, self.message, self.digests, self.final_url,
-                self.index, self.key, self.payload,
+                self.index, self.key, self.payload, self.resumed,
             ),
         )  # fmt: skip
 
@@ -121,6 +123,9 @@ class Report:
     # million objects in memory).
     failures: list[FileResult] = dataclasses.field(default_factory=list, repr=False)
     manifest: str | None = None
+    # Of ``bytes``, those that parts kept by an earlier run already held: on
+    # disk before this run, so not in its transfer rate (mb_per_s).
+    resumed: int = 0
     _error_counts: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -142,13 +147,21 @@ class Report:
         return self.total / self.elapsed if self.elapsed > 0 else 0.0
 
     @property
+    def received(self) -> int:
+        """Body bytes of the files done that came over the network in this run."""
+        return self.bytes - self.resumed
+
+    @property
     def mb_per_s(self) -> float:
-        return self.bytes / 1e6 / self.elapsed if self.elapsed > 0 else 0.0
+        """The run's transfer rate: bytes received in this run (not a resumed part's
+        bytes from an earlier run: 2 GB resumed of 4 GB is not twice the speed)."""
+        return self.received / 1e6 / self.elapsed if self.elapsed > 0 else 0.0
 
     def add(self, result: FileResult) -> None:
         if result.ok:
             self.ok += 1
             self.bytes += result.bytes
+            self.resumed += result.resumed
         else:
             self.failed += 1
             if len(self.failures) < MAX_FAILURES_KEPT:
@@ -162,6 +175,7 @@ class Report:
         self.failed += other.failed
         self.skipped += other.skipped
         self.bytes += other.bytes
+        self.resumed += other.resumed
         room = MAX_FAILURES_KEPT - len(self.failures)
         self.failures.extend(other.failures[: max(0, room)])
         for code, count in other._error_counts.items():
@@ -178,6 +192,7 @@ class Report:
             "skipped": self.skipped,
             "total": self.total,
             "bytes": self.bytes,
+            "resumed_bytes": self.resumed,
             "elapsed_s": round(self.elapsed, 3),
             "files_per_s": round(self.files_per_s, 1),
             "mb_per_s": round(self.mb_per_s, 2),

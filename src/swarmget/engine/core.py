@@ -260,14 +260,16 @@ class Engine(ConnectionOwner):
             self.loop.close()
 
     def active(self) -> tuple[int, int]:
-        """(transfers receiving, body bytes received by them so far): for progress."""
+        """(transfers receiving, body bytes received by them so far): for progress.
+        A resumed part's bytes from an earlier run are not received ones."""
         active = in_flight = 0
         for conn in self.connections:
             if conn.state == ACTIVE:
                 active += 1
-                writer = conn.writer
+                writer, transfer = conn.writer, conn.transfer
                 if writer is not None:
-                    in_flight += writer.written
+                    carried = transfer.job.carried if transfer is not None else 0
+                    in_flight += max(0, writer.written - carried)
         return active, in_flight
 
     # -- intake -----------------------------------------------------------------------
@@ -463,6 +465,8 @@ class Engine(ConnectionOwner):
         job = transfer.job
         if verdict.start == 0 and transfer.start:
             transfer.start = 0  # the server ignored our Range: the whole body comes
+        if verdict.start < job.carried:
+            job.carried = verdict.start  # an earlier run's bytes are written over
         length = head.content_length if not head.chunked else None
         writer = self.sink.open(job.row, verdict.start, length, self._hashers_for(job.row))
         if verdict.start == 0 and self.sink.resumable:
@@ -521,6 +525,7 @@ class Engine(ConnectionOwner):
             transfer.retry.attempts, self._elapsed_ms(job),
             digests=writer.digests() if writer.hashers else None,
             final_url=_redacted(job.final_url), index=row.index, key=row.key,
+            resumed=job.carried,
         )  # fmt: skip
         # Rows finished in this loop turn are published together: see _end_turn.
         self._to_publish.append((transfer, result))

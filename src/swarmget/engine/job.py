@@ -21,6 +21,7 @@ class Job:
     __slots__ = (
         "admitted",
         "authorization",
+        "carried",
         "cross_origin",
         "first_start",
         "host_header",
@@ -46,6 +47,10 @@ class Job:
         self.first_start = 0.0  # loop time of the first attempt (--deadline counts from it)
         self.admitted = 0.0  # loop time the engine took the row (waiting for DNS counts)
         self.validator: str | None = row.validator  # ETag / Last-Modified for If-Range
+        # Bytes of the file that an earlier run kept (its part) and this row still
+        # builds on: the resume point, until a body starts below it (from zero).
+        # Not received in this run, so not in its transfer rate.
+        self.carried = row.resume_from
 
     def move_to(self, url: str, location: Location) -> None:
         """Follow a redirect to ``url``."""

@@ -447,7 +447,7 @@ class Supervisor:
         # The highest so far: bytes of a transfer that fails (then is retried, or
         # resumed from its part) leave the in-flight sum, and a display's byte
         # rate went below zero.
-        received = report.bytes + sum(w.in_flight for w in workers)
+        received = report.received + sum(w.in_flight for w in workers)
         self._bytes_shown = max(self._bytes_shown, received)
         self._progress.update(
             Snapshot(
