@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import sys
 from typing import Any, Final
 
 _AT_FDCWD: Final = -100
@@ -37,6 +38,9 @@ def _find() -> Any:
 
 
 _renameat2: Final[Any] = _find()
+# What os.fsencode does, without its two Python frames per path (once per file).
+_ENCODING: Final = sys.getfilesystemencoding()
+_ERRORS: Final = sys.getfilesystemencodeerrors()
 
 
 def rename_noreplace(source: str, target: str) -> bool:
@@ -47,7 +51,11 @@ def rename_noreplace(source: str, target: str) -> bool:
         return False
     if (
         _renameat2(
-            _AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE
+            _AT_FDCWD,
+            source.encode(_ENCODING, _ERRORS),
+            _AT_FDCWD,
+            target.encode(_ENCODING, _ERRORS),
+            _RENAME_NOREPLACE,
         )
         == 0
     ):
