@@ -196,6 +196,44 @@ def test_without_renameat2_a_file_is_published_by_a_link(
     assert parts(out_dir) == []
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_under_a_mount_point_inside_the_output_dir_is_published(
+    server: TestServer, out_dir: Path, overwrite: bool
+) -> None:
+    # The parts live under <out>/.swarmget; a directory of the output dir that
+    # is another file system (a mount: tmpfs here, NFS or a volume for users)
+    # cannot be renamed into.  The file is copied beside its name, then moved.
+    url = server.file_url("m.bin", size=300_000)
+    with small_tmpfs(out_dir / "mnt", "4m") as mnt:
+        if overwrite:
+            (mnt / "m.bin").write_bytes(b"an older copy")
+        report = run([Row(0, url, path="mnt/m.bin")], out_dir, overwrite=overwrite)
+        assert (report.ok, report.error_counts()) == (1, {})
+        assert (mnt / "m.bin").read_bytes() == expected_body("m.bin", 300_000)
+        assert sorted(p.name for p in mnt.iterdir()) == ["m.bin"]  # no copy left beside it
+        assert parts(out_dir) == []
+
+
+def test_a_file_that_appears_under_a_mount_point_is_not_replaced(
+    server: TestServer, out_dir: Path
+) -> None:
+    with small_tmpfs(out_dir / "mnt", "4m") as mnt:
+
+        def someone_writes_it(head: bytes, conn: ScriptedConnection) -> None:
+            (mnt / "m2.bin").write_bytes(b"USER DATA")
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+        server.route("/m2.bin", someone_writes_it)
+        try:
+            report = run([Row(0, server.url("/m2.bin"), path="mnt/m2.bin")], out_dir)
+        finally:
+            server.unroute("/m2.bin")
+        assert report.error_counts() == {"exists": 1}
+        assert (mnt / "m2.bin").read_bytes() == b"USER DATA"
+        assert sorted(p.name for p in mnt.iterdir()) == ["m2.bin"]  # the copy is gone
+        assert parts(out_dir) == []
+
+
 @pytest.mark.parametrize("publish", ["renameat2", "link"])
 def test_a_file_that_appears_while_its_row_downloads_is_not_replaced(
     publish: str, server: TestServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch

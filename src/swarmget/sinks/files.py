@@ -29,7 +29,9 @@ A part is renamed to its final name only if no file is there
 that appeared at the path while the row downloaded (someone else's: the
 planner found the path free) fails the row with ``exists``, as a file there
 before the run would have, rather than being replaced.  On file systems
-without hard links it is a rename after a look.
+without hard links it is a rename after a look.  A final name on another
+file system than the parts (a mount point inside the output dir) is reached
+by a copy beside it (``.swarmget-<part>``), moved into place the same way.
 
 The state directory (``.swarmget``) and what is in it are ours alone: a
 symlink there (planted, or left by a tool) would take the journal, the
@@ -52,6 +54,7 @@ STATE_DIR: Final = ".swarmget"
 PARTS_DIR: Final = "parts"
 _OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # link() errors of file systems that have no hard links (FAT, some FUSE and SMB).
 _NO_LINKS: Final = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK})
 # Errors that will hit every other file too: the run should stop, not grind on.
@@ -218,33 +221,81 @@ class PartFile(Writer):
         """Move the closed part to its final name: over a file there if ``replace``,
         else never (see the module docstring)."""
         try:
-            if replace:
-                os.rename(self.part, self.final)
-                return
             try:
-                if rename_noreplace(self.part, self.final):
-                    return
-                os.link(self.part, self.final)
-            except FileExistsError:
-                raise AppearedMeanwhile(
-                    f"{self.final} appeared while it downloaded and was not written by "
-                    "swarmget (use --overwrite to replace it)"
-                ) from None
+                self._move(self.part, replace)
             except OSError as exc:
-                if exc.errno not in _NO_LINKS:
+                if exc.errno != errno.EXDEV:
                     raise
-                if os.path.lexists(self.final):
-                    raise AppearedMeanwhile(f"{self.final} appeared while it downloaded") from None
-                os.rename(self.part, self.final)
-                return
-            os.unlink(self.part)
+                self._move_across(replace)
         except OSError as exc:
             raise io_error("finish", self.final, exc) from None
+
+    def _move(self, source: str, replace: bool) -> None:
+        """Rename ``source`` to the final name (over a file there only if ``replace``)."""
+        if replace:
+            os.rename(source, self.final)
+            return
+        try:
+            if rename_noreplace(source, self.final):
+                return
+            os.link(source, self.final)
+        except FileExistsError:
+            raise AppearedMeanwhile(
+                f"{self.final} appeared while it downloaded and was not written by "
+                "swarmget (use --overwrite to replace it)"
+            ) from None
+        except OSError as exc:
+            if exc.errno not in _NO_LINKS:
+                raise
+            if os.path.lexists(self.final):
+                raise AppearedMeanwhile(f"{self.final} appeared while it downloaded") from None
+            os.rename(source, self.final)
+            return
+        os.unlink(source)
+
+    def _move_across(self, replace: bool) -> None:
+        """The final name is on another file system than the parts (a mount point
+        inside the output dir), where no rename reaches: copy the part beside it,
+        under a name of our own, and move that into place as any part.  The
+        copy is removed if anything fails, so the final name still only ever
+        holds a whole file."""
+        head, _, _ = self.final.rpartition("/")
+        temp = f"{head}/.swarmget-{os.path.basename(self.part)}"
+        _copy_file(self.part, temp)  # never over a file there: not ours to remove
+        try:
+            self._move(temp, replace)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        os.unlink(self.part)
 
     def _close_fd(self) -> None:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+
+
+def _copy_file(source: str, target: str) -> None:
+    """Copy ``source`` to ``target``, a new file (never through a symlink there)."""
+    source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        target_fd = os.open(target, _NEW_FLAGS, 0o644)
+        try:
+            size, offset = os.fstat(source_fd).st_size, 0
+            while offset < size:
+                # In the kernel, without passing through Python (Linux: file to file).
+                sent = os.sendfile(target_fd, source_fd, offset, min(size - offset, 1 << 30))
+                if sent <= 0:
+                    raise OSError(errno.EIO, f"{source} ended at byte {offset} of {size}")
+                offset += sent
+            os.close(target_fd)
+        except BaseException:
+            os.close(target_fd)
+            os.unlink(target)  # ours (O_EXCL made it): no half copy stays behind
+            raise
+    finally:
+        os.close(source_fd)
 
 
 class OutputDir:
