@@ -106,6 +106,39 @@ def test_a_host_that_pushed_back_gets_nothing_new_until_its_wait_is_over() -> No
     assert not p.probing and p.push_backs == 0 and len(p.queue) == 2
 
 
+def test_the_rows_parked_on_paused_hosts_are_counted_as_they_come_and_go() -> None:
+    # parked() is asked once per finished row; it keeps a count rather than
+    # summing every paused host's queue, and the count must stay that sum.
+    import random
+
+    rng = random.Random(7)
+    scheduler = Scheduler(concurrency=8, per_host=2, host_failures=3)
+    pools = [pool(f"h{i}.test") for i in range(6)]
+    now, serial, seen_parked = 1.0, 0, 0
+
+    def expected() -> int:
+        return sum(len(p.queue) for p in scheduler.paused)
+
+    for _ in range(600):
+        now += 0.25
+        p = rng.choice(pools)
+        step = rng.randrange(6)
+        if step <= 1:
+            serial += 1
+            scheduler.submit(p, transfer(serial, p.host), now, front=step == 1)
+        elif step == 2:
+            scheduler.pushed_back(p, until=now + rng.choice([0.5, 2.0]), now=now, error=REFUSED)
+        elif step == 3 and p.paused_until:
+            scheduler.wake(p, until=p.paused_until, now=max(now, p.paused_until))
+        elif step == 4:
+            scheduler.released(PooledConnection(p), reusable=True, now=now)
+        elif rng.random() < 0.1:
+            scheduler.give_up(p, REFUSED)
+        assert scheduler.parked() == expected()
+        seen_parked += scheduler.parked() > 0
+    assert seen_parked > 30  # the walk did park rows, often
+
+
 def test_a_pause_that_is_over_probes_even_before_its_wake_up_comes() -> None:
     # The refused row's retry timer, set first, fires before the host's WakeAt at
     # the same moment: it goes out alone, not with the whole queue behind it.

@@ -154,6 +154,7 @@ class Scheduler:
         "_deferred",
         "_idle",
         "_naming",
+        "_parked",
         "_proxy_failures",
         "_slice_connects",
         "_slice_turn",
@@ -190,6 +191,10 @@ class Scheduler:
         self._proxy_failures: dict[tuple[str, int], int] = {}
         self._dead_proxies: dict[tuple[str, int], TransferError] = {}
         self.paused: dict[HostPool, None] = {}  # pools pushed back, until their pause is over
+        # Transfers queued on paused pools, kept as they come and go: parked() is
+        # asked once per row finished, and summing over thousands of paused
+        # hosts each time made a large crawl quadratic.
+        self._parked = 0
 
     # -- transfers in ------------------------------------------------------------------
 
@@ -200,6 +205,8 @@ class Scheduler:
             pool.queue.appendleft(transfer)
         else:
             pool.queue.append(transfer)
+        if pool.paused_until and pool in self.paused:
+            self._parked += 1
         return self._dispatched(pool, now)
 
     def dispatch_deferred(self, now: float) -> list[Action]:
@@ -381,7 +388,9 @@ class Scheduler:
                 return actions
         if until > pool.paused_until:
             pool.paused_until = until
-            self.paused[pool] = None
+            if pool not in self.paused:
+                self.paused[pool] = None
+                self._parked += len(pool.queue)
             actions.append(WakeAt(pool, until))
         return actions
 
@@ -395,14 +404,21 @@ class Scheduler:
 
     def _end_pause(self, pool: HostPool) -> None:
         pool.paused_until = 0.0
-        self.paused.pop(pool, None)
+        self._unpause(pool)
         pool.probing = True
         pool.probe_out = False
 
+    def _unpause(self, pool: HostPool) -> None:
+        if pool in self.paused:
+            del self.paused[pool]
+            self._parked -= len(pool.queue)
+
     def parked(self) -> int:
         """Rows queued for hosts that are pushed back: they wait, and should not
-        keep other hosts' rows out of the engine meanwhile (Engine._refill)."""
-        return sum(len(pool.queue) for pool in self.paused) if self.paused else 0
+        keep other hosts' rows out of the engine meanwhile (Engine._refill).
+        While a pool is paused its queue only grows (submit) or is failed whole
+        (_fail_queue): nothing is sent to it."""
+        return self._parked
 
     def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:
         """The pause that was to end at ``until`` is over, unless a later one replaced
@@ -425,7 +441,7 @@ class Scheduler:
 
     def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         pool.given_up = error
-        self.paused.pop(pool, None)
+        self._unpause(pool)
         self._fail_queue(pool, error, actions)
 
     # -- the rules ---------------------------------------------------------------------
@@ -555,5 +571,7 @@ class Scheduler:
         return Close(conn)
 
     def _fail_queue(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
+        if pool in self.paused:
+            self._parked -= len(pool.queue)
         while pool.queue:
             actions.append(Fail(pool.queue.popleft(), error))
