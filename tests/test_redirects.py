@@ -131,6 +131,32 @@ def test_redirect_loop_ends(server: TestServer, out_dir: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    "target",
+    [
+        "http://u2:s3cr3t@127.0.0.1:{port}/leak",  # followed until too_many_redirects
+        "http://u2:s3/cr3t@127.0.0.1:99999/x",  # a password with a "/": does not split
+    ],
+)
+def test_a_password_in_a_location_never_reaches_the_manifest(
+    server: TestServer, out_dir: Path, target: str
+) -> None:
+    location = target.format(port=server.port).encode()
+
+    def handler(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(b"HTTP/1.1 302 Found\r\nLocation: " + location + b"\r\nContent-Length: 0\r\n\r\n")
+
+    server.route("/leak", handler)
+    try:
+        report = run([server.url("/leak")], out_dir, max_redirects=3)
+    finally:
+        server.unroute("/leak")
+    assert report.failures[0].error in ("too_many_redirects", "bad_redirect")
+    text = (out_dir / ".swarmget" / "manifest.jsonl").read_text()
+    assert "s3cr3t" not in text and "cr3t" not in text, text
+    assert "***@" in report.failures[0].message
+
+
+@pytest.mark.parametrize(
     "location",
     ["file:///etc/passwd", "ftp://127.0.0.1/x", "gopher://127.0.0.1/x", "data:text/plain,hi"],
 )

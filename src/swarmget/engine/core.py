@@ -67,7 +67,7 @@ from swarmget.engine.scheduler import (
     WakeAt,
 )
 from swarmget.engine.tunnel import TunnelHTTPSConnection
-from swarmget.engine.urls import Location, Origin, UrlSplitter, redact, split_url
+from swarmget.engine.urls import Location, Origin, UrlSplitter, redact, redact_text, split_url
 from swarmget.engine.verdicts import ACCEPT, Verdict, resume_validator
 from swarmget.engine.verdicts import REDIRECT as REDIRECTED
 from swarmget.engine.verdicts import RESTART as RESTARTED
@@ -812,6 +812,8 @@ def _redacted(url: str | None) -> str | None:
 
 
 def _redact_message(message: str, url: str) -> str:
-    """A message may quote the URL: never with its password."""
+    """A message may quote the URL, or a redirect's target: never with a password."""
     safe = redact(url)
-    return message.replace(url, safe) if safe != url else message
+    if safe != url:
+        message = message.replace(url, safe)
+    return redact_text(message)

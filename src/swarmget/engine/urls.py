@@ -282,6 +282,30 @@ def redact(url: str) -> str:
     return f"{url[: colon + 1]}***{url[at:]}"
 
 
+_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a message) with the ``user:password@`` of every URL it quotes hidden.
+
+    A message may quote a URL we never parsed: a redirect's ``Location``, a
+    target that did not split.  Everything from ``://`` up to the last ``@``
+    before the quote ends goes, as :func:`redact_failure` does for a row: a
+    password with an unencoded ``/`` must not survive because it looks like a
+    path (an ``@`` in a path is hidden along with it, which costs nothing in a
+    message).
+    """
+    if "@" not in text:
+        return text
+    return _URL_IN_TEXT.sub(_hide_userinfo, text)
+
+
+def _hide_userinfo(match: re.Match[str]) -> str:
+    quoted = match.group(0)
+    start = quoted.find("://") + 3
+    return f"{quoted[:start]}***@"
+
+
 def redact_failure(url: str, error: TransferError) -> tuple[str, str]:
     """The (already :func:`redact`-ed) URL of a row that failed before any request,
     and the message of ``error``, as they may be shown.  A URL that did not
