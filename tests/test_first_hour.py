@@ -99,6 +99,22 @@ def test_dedupe_copies_record_what_their_file_was_checked_and_fetched_as(
     assert (copy["sha256"], copy["final_url"]) == (first["sha256"], first["final_url"])
 
 
+def test_a_dedupe_rerun_waits_for_the_leaders_new_outcome(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # The first run fails all three (one request, a 503); the rerun's request
+    # succeeds, and the copies follow it, not the first run's failure.
+    url = server.file_url("again.bin", size=1000, status=503, times=1)
+    first = swarmget.download([url] * 3, tmp_path, workers=1, dedupe=True, retries=0)
+    assert (first.ok, first.failed) == (0, 3)
+    again = swarmget.download([url] * 3, tmp_path, workers=1, dedupe=True, retries=0)
+    assert (again.ok, again.failed, again.error_counts()) == (3, 0, {})
+    body = expected_body("again.bin", 1000)
+    assert [(tmp_path / n).read_bytes() for n in ("again.bin", "again-1.bin", "again-2.bin")] == [
+        body
+    ] * 3
+
+
 def test_dedupe_passes_a_failure_on_to_every_copy(server: TestServer, tmp_path: Path) -> None:
     bad = server.file_url("gone.bin", status=404)
     report = swarmget.download([bad, bad, bad], tmp_path, workers=1, dedupe=True, retries=0)

@@ -105,6 +105,7 @@ class Outcome:
     message: str | None
     digests: dict[str, str] | None = None  # what --hash recorded
     final_url: str | None = None
+    run: int = 0  # the run that recorded it
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
@@ -231,15 +232,15 @@ class Journal:
     def outcome(self, key: int) -> Outcome | None:
         with self._guard("read"):
             row = self._db.execute(
-                "SELECT idx, path, status, bytes, record FROM rows WHERE key=?", (key,)
+                "SELECT idx, path, status, bytes, record, run FROM rows WHERE key=?", (key,)
             ).fetchone()
         if row is None:
             return None
-        index, path, status, size, text = row
+        index, path, status, size, text, run = row
         record = json.loads(text) if text else {}
         return Outcome(
             index, path, status, record.get("http_status"), size, record.get("error"),
-            record.get("message"), _digests_of(record) or None, record.get("final_url"),
+            record.get("message"), _digests_of(record) or None, record.get("final_url"), run,
         )  # fmt: skip
 
     # -- --dedupe ----------------------------------------------------------------------

@@ -322,7 +322,14 @@ class FilePlanner:
         if leader is not None and leader[0] != key:
             leader_key, run = leader
             outcome = journal.outcome(leader_key)
-            settled = outcome is not None and outcome.status in (OK, FAILED)
+            # A leader chosen in this run is settled only by an outcome of this
+            # run: until then the table holds what an earlier run made of it (a
+            # failure it is now trying again), which is not its outcome.
+            settled = (
+                outcome is not None
+                and outcome.status in (OK, FAILED)
+                and (run != journal.run or outcome.run == journal.run)
+            )
             if run == journal.run or (settled and self._leader_file(outcome)):
                 follower = Follower(key, leader_key, row.index, url, path)
                 if settled and outcome is not None:
