@@ -214,6 +214,27 @@ def test_a_file_under_a_mount_point_inside_the_output_dir_is_published(
         assert parts(out_dir) == []
 
 
+def test_a_full_mount_point_fails_its_rows_and_the_rest_of_the_run_goes_on(
+    server: TestServer, out_dir: Path
+) -> None:
+    urls = [server.file_url(f"full{i}.bin", size=300_000) for i in range(3)]
+    with small_tmpfs(out_dir / "mnt", "64k") as mnt:
+        # A copy a kill left beside the final name (of some earlier run) is not
+        # in the way either: each copy gets a name of its own.
+        leftover = mnt / ".swarmget-leftover"
+        leftover.write_bytes(b"x")
+        rows = [Row(0, urls[0], path="mnt/full0.bin")]
+        rows += [Row(i, url, path=f"elsewhere/full{i}.bin") for i, url in enumerate(urls) if i]
+        report = run(rows, out_dir)
+        assert report.ok == 2 and report.error_counts() == {"io": 1}
+        assert "another file system" in report.failures[0].message
+        assert sorted(p.name for p in mnt.iterdir()) == [".swarmget-leftover"]
+        assert sorted(p.name for p in (out_dir / "elsewhere").iterdir()) == [
+            "full1.bin",
+            "full2.bin",
+        ]
+
+
 def test_a_file_that_appears_under_a_mount_point_is_not_replaced(
     server: TestServer, out_dir: Path
 ) -> None:

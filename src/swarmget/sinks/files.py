@@ -31,7 +31,8 @@ planner found the path free) fails the row with ``exists``, as a file there
 before the run would have, rather than being replaced.  On file systems
 without hard links it is a rename after a look.  A final name on another
 file system than the parts (a mount point inside the output dir) is reached
-by a copy beside it (``.swarmget-<part>``), moved into place the same way.
+by a copy beside it (``.swarmget-<part>-<random>``), moved into place the
+same way.
 
 The state directory (``.swarmget``) and what is in it are ours alone: a
 symlink there (planted, or left by a tool) would take the journal, the
@@ -259,9 +260,7 @@ class PartFile(Writer):
         under a name of our own, and move that into place as any part.  The
         copy is removed if anything fails, so the final name still only ever
         holds a whole file."""
-        head, _, _ = self.final.rpartition("/")
-        temp = f"{head}/.swarmget-{os.path.basename(self.part)}"
-        _copy_file(self.part, temp)  # never over a file there: not ours to remove
+        temp = self._copy_beside()
         try:
             self._move(temp, replace)
         except BaseException:
@@ -269,6 +268,30 @@ class PartFile(Writer):
                 os.unlink(temp)
             raise
         os.unlink(self.part)
+
+    def _copy_beside(self) -> str:
+        """A copy of the part in the final name's directory, under a new name.
+
+        A new name each time (never over a file there: not ours to remove), so
+        that a copy a kill left behind cannot block the row on later runs.  A
+        failure is this row's (``io``), not the run's: that file system being
+        full says nothing of the one the other rows go to.
+        """
+        head, _, _ = self.final.rpartition("/")
+        prefix = f"{head}/.swarmget-{os.path.basename(self.part)}"
+        for _ in range(8):
+            temp = f"{prefix}-{os.urandom(4).hex()}"
+            try:
+                _copy_file(self.part, temp)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise OutputError(
+                    f"cannot copy the download to {temp} (the final name is on another "
+                    f"file system than {os.path.dirname(self.part)}): {exc.strerror}"
+                ) from None
+            return temp
+        raise OutputError(f"cannot copy the download beside {self.final}: every name was taken")
 
     def _close_fd(self) -> None:
         if self.fd >= 0:
