@@ -71,6 +71,8 @@ def test_dedupe_fetches_each_url_once_and_links_the_rest(
     assert (report.ok, report.failed) == (5, 0)
     assert requests_for(server, "da.bin", seen) == 1
     assert requests_for(server, "db.bin", seen) == 1
+    # The copies' bytes are the run's files, not what it received (mb_per_s).
+    assert (report.bytes, report.received) == (2 * 6000 + 3 * 5000, 5000 + 6000)
     copies = ["da.bin", "da-1.bin", "da-2.bin"]
     for name in copies:
         assert (tmp_path / name).read_bytes() == expected_body("da.bin", 5000)

@@ -175,12 +175,13 @@ def test_summary_all_ok() -> None:
 
 def test_summary_rate_counts_only_what_came_in_this_run() -> None:
     report = Report(elapsed=2.0)
-    report.add(FileResult("http://a/big", "big", "ok", 206, 4_000_000_000, resumed=2_000_000_000))
+    report.add(FileResult("http://a/big", "big", "ok", 206, 4_000_000_000, reused=2_000_000_000))
     assert summary_lines(report) == [
         "1 files ok, 0 failed, 4.0 GB in 2.00 s (0.5 files/s, 1.0 GB/s)",
-        "2.0 GB of it was in parts kept by an earlier run (resumed, not counted in the rate)",
+        "2.0 GB of it was already on disk (parts kept by an earlier run, --dedupe copies): "
+        "not counted in the rate",
     ]
-    assert (report.to_json()["mb_per_s"], report.to_json()["resumed_bytes"]) == (1000.0, 2e9)
+    assert (report.to_json()["mb_per_s"], report.to_json()["reused_bytes"]) == (1000.0, 2e9)
 
 
 def test_summary_with_failures() -> None:

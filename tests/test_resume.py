@@ -319,9 +319,9 @@ def test_large_file_keeps_its_part_and_resumes_with_range(
     # The file is all there, but only its second half came in this run: the
     # rate counts that half (half the bytes in the same time is not the speed
     # of all of them).
-    assert (second.bytes, second.resumed, second.received) == (size, size // 2, size // 2)
+    assert (second.bytes, second.reused, second.received) == (size, size // 2, size // 2)
     summary = second.to_json()
-    assert (summary["bytes"], summary["resumed_bytes"]) == (size, size // 2)
+    assert (summary["bytes"], summary["reused_bytes"]) == (size, size // 2)
     assert summary["mb_per_s"] == round(size // 2 / 1e6 / second.elapsed, 2)
     ranged = range_requests(server, seen)
     assert len(ranged) == 1 and f"bytes={size // 2}-".encode() in ranged[0]
@@ -333,7 +333,7 @@ def test_retry_within_a_run_continues_the_part(server: TestServer, out_dir: Path
     seen = len(server.requests)
     report = run([server.file_url("r.bin", size=size, fault="reset", times=1)], out_dir, retries=2)
     assert report.ok == 1
-    assert report.resumed == 0  # every byte came in this run, before and after the cut
+    assert report.reused == 0  # every byte came in this run, before and after the cut
     assert (out_dir / "r.bin").read_bytes() == expected_body("r.bin", size)
     assert len(range_requests(server, seen)) == 1
 
@@ -345,7 +345,7 @@ def test_server_ignoring_range_restarts_from_zero(server: TestServer, out_dir: P
     report = run([url], out_dir)
     assert report.ok == 1
     assert (out_dir / "nr.bin").read_bytes() == expected_body("nr.bin", size)
-    assert report.resumed == 0  # the kept part was written over: all received now
+    assert report.reused == 0  # the kept part was written over: all received now
 
 
 def test_changed_validator_restarts_from_zero(server: TestServer, out_dir: Path) -> None:

@@ -325,10 +325,10 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
         f"in {report.elapsed:.2f} s ({format_files_rate(report.files_per_s)}, "
         f"{format_bytes(report.received / report.elapsed if report.elapsed > 0 else 0)}/s)"
     ]
-    if report.resumed:
+    if report.reused:
         lines.append(
-            f"{format_bytes(report.resumed)} of it was in parts kept by an earlier run "
-            "(resumed, not counted in the rate)"
+            f"{format_bytes(report.reused)} of it was already on disk (parts kept by an "
+            "earlier run, --dedupe copies): not counted in the rate"
         )
     if report.skipped:
         lines.append(f"{report.skipped} files skipped: already downloaded by an earlier run")

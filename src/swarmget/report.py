@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 _FIELDS = (
     "url", "path", "status", "http_status", "bytes", "error", "attempts", "elapsed_ms",
-    "message", "digests", "final_url", "index", "key", "payload", "resumed",
+    "message", "digests", "final_url", "index", "key", "payload", "reused",
 )  # fmt: skip
 
 
@@ -37,7 +37,7 @@ class FileResult:
         index: int = -1,  # the row's position in the input
         key: int = -1,  # the row's identity across runs (sinks/plan.py); not recorded
         payload: Any = None,  # what a sink hands on (a stream's body); not recorded
-        resumed: int = 0,  # of ``bytes``, those an earlier run had kept (a part); not recorded
+        reused: int = 0,  # of ``bytes``, those not received now (a kept part, a link); not recorded
     ) -> None:
         self.url = url
         self.path = path
@@ -53,7 +53,7 @@ class FileResult:
         self.index = index
         self.key = key
         self.payload = payload
-        self.resumed = resumed
+        self.reused = reused
 
     def __reduce__(self) -> tuple[type[FileResult], tuple[Any, ...]]:
         # Spelled out, in _FIELDS' order: one is pickled per row that a worker
@@ -63,7 +63,7 @@ class FileResult:
             (
                 self.url, self.path, self.status, self.http_status, self.bytes, self.error,
                 self.attempts, self.elapsed_ms, self.message, self.digests, self.final_url,
-                self.index, self.key, self.payload, self.resumed,
+                self.index, self.key, self.payload, self.reused,
             ),
         )  # fmt: skip
 
@@ -123,9 +123,10 @@ class Report:
     # million objects in memory).
     failures: list[FileResult] = dataclasses.field(default_factory=list, repr=False)
     manifest: str | None = None
-    # Of ``bytes``, those that parts kept by an earlier run already held: on
-    # disk before this run, so not in its transfer rate (mb_per_s).
-    resumed: int = 0
+    # Of ``bytes``, those this run did not receive: what parts kept by an earlier
+    # run already held, and the files --dedupe linked from another row's
+    # download.  Not in the transfer rate (mb_per_s).
+    reused: int = 0
     _error_counts: dict[str, int] = dataclasses.field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
@@ -149,19 +150,20 @@ class Report:
     @property
     def received(self) -> int:
         """Body bytes of the files done that came over the network in this run."""
-        return self.bytes - self.resumed
+        return self.bytes - self.reused
 
     @property
     def mb_per_s(self) -> float:
         """The run's transfer rate: bytes received in this run (not a resumed part's
-        bytes from an earlier run: 2 GB resumed of 4 GB is not twice the speed)."""
+        bytes from an earlier run: 2 GB resumed of 4 GB is not twice the speed;
+        nor a --dedupe copy's)."""
         return self.received / 1e6 / self.elapsed if self.elapsed > 0 else 0.0
 
     def add(self, result: FileResult) -> None:
         if result.ok:
             self.ok += 1
             self.bytes += result.bytes
-            self.resumed += result.resumed
+            self.reused += result.reused
         else:
             self.failed += 1
             if len(self.failures) < MAX_FAILURES_KEPT:
@@ -175,7 +177,7 @@ class Report:
         self.failed += other.failed
         self.skipped += other.skipped
         self.bytes += other.bytes
-        self.resumed += other.resumed
+        self.reused += other.reused
         room = MAX_FAILURES_KEPT - len(self.failures)
         self.failures.extend(other.failures[: max(0, room)])
         for code, count in other._error_counts.items():
@@ -192,7 +194,7 @@ class Report:
             "skipped": self.skipped,
             "total": self.total,
             "bytes": self.bytes,
-            "resumed_bytes": self.resumed,
+            "reused_bytes": self.reused,
             "elapsed_s": round(self.elapsed, 3),
             "files_per_s": round(self.files_per_s, 1),
             "mb_per_s": round(self.mb_per_s, 2),

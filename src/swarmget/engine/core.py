@@ -525,7 +525,7 @@ class Engine(ConnectionOwner):
             transfer.retry.attempts, self._elapsed_ms(job),
             digests=writer.digests() if writer.hashers else None,
             final_url=_redacted(job.final_url), index=row.index, key=row.key,
-            resumed=job.carried,
+            reused=job.carried,
         )  # fmt: skip
         # Rows finished in this loop turn are published together: see _end_turn.
         self._to_publish.append((transfer, result))

@@ -374,6 +374,7 @@ class FilePlanner:
                 leader.final_url,
                 index=follower.index,
                 key=follower.key,
+                reused=leader.bytes,  # not received: another row's download
             )
         error = leader.error or ErrorCode.CANCELLED
         message = f"{note}, which failed: {leader.message}"
