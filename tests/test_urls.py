@@ -150,6 +150,8 @@ def test_an_ipv6_zone_id_picks_the_interface_and_stays_off_the_wire(tmp_path: Pa
         (["http://h.test:81?x=/a/b", "http://h.test:81?x=/c"], ["/?x=/a/b", "/?x=/c"]),
         (["http://h.test#/a", "http://h.test#/b"], ["/", "/"]),
         (["http://h.test/p?x=/a", "http://h.test/q#/b"], ["/p?x=/a", "/q"]),
+        # An empty query is sent as it came, as curl sends it, cached or not.
+        (["http://h.test/a.jpg?", "http://h.test/b.jpg?#f"], ["/a.jpg?", "/b.jpg?"]),
     ],
 )
 def test_the_origin_cache_never_changes_a_target(urls: list[str], targets: list[str]) -> None:

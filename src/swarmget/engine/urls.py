@@ -100,8 +100,9 @@ def split_url(url: str) -> Location:
         except UnicodeEncodeError:  # lone surrogates: bytes that were never text
             shown = url.encode("utf-8", "backslashreplace").decode("ascii", "replace")
             raise TransferError(ErrorCode.BAD_URL, f"URL is not valid text: {shown!r}") from None
+    stripped = strip_url(url)
     try:
-        parts = urlsplit(strip_url(url))
+        parts = urlsplit(stripped)
         port = parts.port
     except ValueError as exc:
         raise TransferError(ErrorCode.BAD_URL, f"invalid URL {redact(url)!r}: {exc}") from None
@@ -123,7 +124,9 @@ def split_url(url: str) -> Location:
     target = parts.path or "/"
     if "/." in target:
         target = remove_dot_segments(target)
-    if parts.query:
+    if parts.query or "?" in stripped.partition("#")[0]:
+        # An empty query (``a.jpg?``) is sent as it is, as curl sends it (and as
+        # UrlSplitter's cached path did: the same row went out two ways).
         target = f"{target}?{parts.query}"
     if not (target.isascii() and target.isprintable()) or " " in target:
         target = quote(target, safe=_SAFE_TARGET)
