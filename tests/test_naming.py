@@ -42,6 +42,7 @@ OUT = os.path.abspath("/srv/out")
         ("http://h/a%00b", "a_b"),
         ("http://h/a\x01\x1f\x7f\x80\x9fb", "a_____b"),
         ("http://h/tab%09new%0Aline", "tab_new_line"),
+        ("http://h/raw\ttab\r\nbreak.jpg", "rawtabbreak.jpg"),  # the request drops them too
         ("http://h/line%E2%80%A8para%E2%80%A9.txt", "line_para_.txt"),
         ("http://h/x/..", "index"),
         ("http://h/x/.", "index"),

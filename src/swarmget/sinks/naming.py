@@ -56,6 +56,10 @@ _DOUBLE_EXTS = (".tar",)  # a.tar.gz -> a-1.tar.gz, not a.tar-1.gz
 def default_name(url: str) -> str:
     """A safe file name from the last segment of ``url``'s path."""
     segment = _last_segment(url)
+    if not segment.isprintable():
+        # A raw tab or line break is not part of the URL: the request leaves it
+        # out (urlsplit, as browsers do), and so does the name.
+        segment = segment.replace("\t", "").replace("\n", "").replace("\r", "")
     name = unquote(segment, errors="replace") if "%" in segment else segment
     # isprintable() is a cheap pre-check: it is False for every character
     # _UNSAFE matches except the two separators.
