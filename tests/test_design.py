@@ -149,7 +149,13 @@ def test_a_file_result_pickles_with_every_field_in_its_place() -> None:
     # another's place would be recorded wrong, silently.
     from swarmget.report import _FIELDS, FileResult
 
-    values = {name: f"value of {name}" for name in _FIELDS}
+    values = {
+        "url": "http://h/u", "path": "p", "status": "ok", "http_status": 201, "bytes": 2,
+        "error": "e", "attempts": 3, "elapsed_ms": 4, "message": "m",
+        "digests": {"sha256": "d"}, "final_url": "http://h/f", "index": 5, "key": 6,
+        "payload": b"body", "reused": 7,
+    }  # fmt: skip
+    assert sorted(values) == sorted(_FIELDS)
     result = FileResult(**values)
     copy = pickle.loads(pickle.dumps(result))
     assert type(copy) is FileResult
