@@ -796,3 +796,76 @@ def test_a_stopped_run_names_the_manifest_only_if_there_is_one(tmp_path: Path) -
     (tmp_path / ".swarmget").mkdir()
     (tmp_path / ".swarmget" / "manifest.jsonl").write_text("")
     assert "rows that finished are listed in" in _where_listed(str(tmp_path))
+
+
+def test_a_run_without_a_stderr_downloads_in_silence(tmp_path: Path) -> None:
+    # `2>&-` (cron, a daemon): the first progress line, two seconds in, raised
+    # on a stderr that is None, and the run stopped with nothing downloaded.
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        urls = [srv.file_url(f"q{i}.bin", size=100, latency=i * 0.8) for i in range(4)]
+        command = [sys.executable, "-m", "swarmget", "-o", str(tmp_path / "out"), "--json", *urls]
+        script = " ".join(f"'{word}'" for word in command) + " 2>&-"
+        done = subprocess.run(
+            ["bash", "-c", script], capture_output=True, text=True, env=child_env(), timeout=60
+        )
+    assert done.returncode == 0, done.stdout
+    assert json.loads(done.stdout)["ok"] == 4
+    assert len(swarmget.read_manifest(tmp_path / "out")) == 4
+
+
+@pytest.mark.parametrize("redirect", [">/dev/full", "| head -c 5 >/dev/null"])
+def test_the_demo_with_a_stdout_that_cannot_take_it_is_one_line_not_a_traceback(
+    redirect: str,
+) -> None:
+    command = [sys.executable, "-m", "swarmget", "demo", "--files", "20", "--size", "1000"]
+    script = " ".join(f"'{word}'" for word in command) + f" {redirect}; exit ${{PIPESTATUS[0]}}"
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=child_env(), timeout=120
+    )
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    if redirect.startswith(">"):
+        assert done.returncode == 1
+        assert done.stderr.strip().splitlines()[-1] == (
+            "swarmget: error: cannot write the summary to stdout"
+        )
+
+
+def test_a_locale_that_cannot_spell_a_name_fails_only_that_row(tmp_path: Path) -> None:
+    # Under an ASCII (or Latin-1) file system encoding, 日本.bin cannot be a file
+    # name: the worker died at the rename, after the download, and took the run
+    # with it; and a failure line with such a URL lost the whole summary.
+    from swarmget.testing import TestServer
+
+    env = child_env()
+    env.update(LC_ALL="C", PYTHONUTF8="0")
+    env.pop("PYTHONIOENCODING", None)
+    with TestServer() as srv:
+        rows = [
+            {"url": srv.file_url("plain.bin", size=100)},
+            {"url": srv.file_url("\u65e5\u672c.bin", size=100)},
+            {"url": srv.file_url("named.bin", size=100), "path": "\u65e5/\u672c.bin"},
+            {"url": srv.url("/files/%E6%97%A5.bin", status=404)},
+            {"url": srv.file_url("after.bin", size=100)},
+        ]
+        source = tmp_path / "list.jsonl"
+        source.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        done = subprocess.run(
+            [sys.executable, "-m", "swarmget", str(source), "-o", str(tmp_path / "out")],
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env=env,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1
+    records = {r["index"]: r for r in swarmget.read_manifest(tmp_path / "out")}
+    assert [records[i]["status"] for i in range(5)] == ["ok", "ok", "failed", "failed", "ok"]
+    assert records[1]["path"] == "__.bin"  # what the file system can spell
+    assert (records[2]["error"], records[3]["error"]) == ("bad_path", "http_404")
+    assert "3 files ok, 2 failed" in done.stdout
+    assert "\\u65e5" in done.stdout  # the failure lines, with escapes

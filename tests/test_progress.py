@@ -184,6 +184,14 @@ def test_summary_rate_counts_only_what_came_in_this_run() -> None:
     assert (report.to_json()["mb_per_s"], report.to_json()["reused_bytes"]) == (1000.0, 2e9)
 
 
+def test_a_failure_line_is_cut_to_a_readable_length() -> None:
+    report = Report(elapsed=1.0)
+    report.add(FileResult("http://a/" + "x" * 100_000, None, "failed", error="http_414",
+                          message="m" * 10_000))  # fmt: skip
+    line = summary_lines(report)[-1]
+    assert len(line) < 600 and line.startswith("  http://a/xxx") and line.endswith("...")
+
+
 def test_summary_with_failures() -> None:
     report = Report(elapsed=2.0, manifest="/out/.swarmget/manifest.jsonl")
     report.add(FileResult(url="http://a/1", path="1", status="ok", bytes=10))

@@ -484,7 +484,13 @@ def say(text: str, stream: IO[str] | None) -> bool:
     if stream is None:
         return False
     try:
-        stream.write(text)
+        try:
+            stream.write(text)
+        except UnicodeEncodeError:
+            # A locale that cannot spell a name (日本.bin under ISO-8859-1): the
+            # line is written with escapes rather than lost.
+            encoding = getattr(stream, "encoding", None) or "ascii"
+            stream.write(text.encode(encoding, "backslashreplace").decode(encoding))
         stream.flush()
     except (OSError, ValueError):  # ValueError: a closed file object
         # Python flushes the stream again at exit; failing there too would print

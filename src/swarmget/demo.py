@@ -30,7 +30,9 @@ from swarmget.cli import (
     add_output_flags,
     check_output,
     download_with_display,
+    fail,
     parse_size,
+    say,
 )
 from swarmget.errors import UsageError
 from swarmget.options import Options
@@ -192,13 +194,16 @@ def main(argv: list[str]) -> int:
     talk = not (args.quiet or args.json)
     dest = args.output or scratch_dir(args.files * args.size)
     remove = args.output is None and not args.keep
+    stdout_ok = True  # every line so far reached stdout
     try:
         with interrupts.SigtermLikeInterrupt(), serve_in_subprocess() as server:
             if talk:
-                print(
+                # A stdout that cannot take it (a full disk, `| head`) does not
+                # stop the demo; the summary at the end says so.
+                stdout_ok = say(
                     f"swarmget demo: {args.files} files of {format_bytes(args.size)} "
-                    f"from {server.base_url} into {dest}",
-                    flush=True,
+                    f"from {server.base_url} into {dest}\n",
+                    sys.stdout,
                 )
             report = download_with_display(
                 demo_rows(server.base_url, args.files, args.size),
@@ -230,7 +235,8 @@ def main(argv: list[str]) -> int:
             "problems": problems[:1000],
             "output": None if remove else dest,
         }
-        print(json.dumps(data), flush=True)
+        if not say(json.dumps(data) + "\n", sys.stdout):
+            return fail("cannot write the JSON summary to stdout", EXIT_FAILED)
     elif talk:
         lines = summary_lines(report)
         lines.append(
@@ -240,5 +246,6 @@ def main(argv: list[str]) -> int:
         lines += [f"  {problem}" for problem in problems[:SHOW_PROBLEMS]]
         if not remove:
             lines.append(f"files kept in {dest}")
-        print("\n".join(lines), flush=True)
+        if not (say("\n".join(lines) + "\n", sys.stdout) and stdout_ok):
+            return fail("cannot write the summary to stdout", EXIT_FAILED)
     return EXIT_OK if report.failed == 0 and not problems else EXIT_FAILED

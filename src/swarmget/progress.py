@@ -242,9 +242,11 @@ class RichProgress:
             self._live.update(line, refresh=True)
 
 
-def make_progress(stream: IO[str], *, quiet: bool = False) -> Display:
-    """The listener the CLI uses: nothing, plain lines, or a live bar on a terminal."""
-    if quiet:
+def make_progress(stream: IO[str] | None, *, quiet: bool = False) -> Display:
+    """The listener the CLI uses: nothing, plain lines, or a live bar on a terminal.
+    ``stream`` is None when the process has no stderr at all (``2>&-``, a daemon):
+    then nothing, as with ``quiet``."""
+    if quiet or stream is None:
         return NullProgress()
     try:
         interactive = stream.isatty()
@@ -313,6 +315,12 @@ def _escaped(match: re.Match[str]) -> str:
     return match.group().encode("unicode_escape").decode("ascii")
 
 
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters: a summary line is for reading (a 1 MB
+    URL made a 1 MB line); the manifest has the whole of it."""
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
 def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5) -> list[str]:
     """The human summary the CLI prints when a run ends.
 
@@ -342,7 +350,7 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
         detail = failure.error or "unknown"
         if failure.message:
             detail += ": " + " ".join(failure.message.split())  # one line per failure
-        lines.append(printable(f"  {failure.url} -> {detail}"))
+        lines.append(printable(f"  {_clip(failure.url, 200)} -> {_clip(detail, 300)}"))
     where = report.manifest or manifest
     if where:
         lines.append(f"every row is listed in {where}")

@@ -29,7 +29,10 @@ base name; the counter makes a million ``image.jpg`` linear, not quadratic.
 
 from __future__ import annotations
 
+import codecs
 import re
+import sys
+from typing import Final
 from urllib.parse import unquote
 
 from swarmget.errors import ErrorCode, TransferError
@@ -49,6 +52,13 @@ _CONTROLS = (
 )
 _CONTROL = re.compile(f"[{_CONTROLS}]")
 _UNSAFE = re.compile(f"[{_CONTROLS}/\\\\]")
+# The file system's encoding: UTF-8 nearly everywhere (Python's UTF-8 mode
+# makes it so even in the C locale), but a locale such as ISO-8859-1 cannot
+# spell 日本.bin, and a name it cannot spell failed at the very end, when the
+# finished file was renamed into place.
+_FS_ENCODING: Final = sys.getfilesystemencoding()
+_FS_ERRORS: Final = sys.getfilesystemencodeerrors()
+_FS_UTF8: Final = codecs.lookup(_FS_ENCODING).name == "utf-8"
 _MAX_EXT_CHARS = 16  # longer "extensions" are just part of the name
 _DOUBLE_EXTS = (".tar",)  # a.tar.gz -> a-1.tar.gz, not a.tar-1.gz
 
@@ -69,8 +79,19 @@ def default_name(url: str) -> str:
     # Leading dots would hide the file (and make "." / ".." / ".swarmget");
     # trailing dots and spaces are silently dropped by Windows and SMB shares.
     name = name.lstrip(".").rstrip(". ")
+    if not _FS_UTF8 and not name.isascii():
+        name = "".join(ch if _spelled(ch) else "_" for ch in name)
     name = _truncate_name(name, MAX_NAME_BYTES)
     return name or FALLBACK_NAME
+
+
+def _spelled(text: str) -> bool:
+    """Can the file system's encoding spell ``text``?"""
+    try:
+        text.encode(_FS_ENCODING, _FS_ERRORS)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def confine(path: str) -> str:
@@ -96,6 +117,8 @@ def confine(path: str) -> str:
     if raw[-1] in ("", "."):
         raise _bad_path(path, "names a directory, not a file")
     parts = [part for part in raw if part and part != "."]
+    if not _FS_UTF8 and not path.isascii() and not _spelled(path):
+        raise _bad_path(path, f"cannot be spelled in this system's file names ({_FS_ENCODING})")
     if parts[0].lower() == RESERVED:  # lower(): case-insensitive file systems
         raise _bad_path(path, f"is inside the reserved {RESERVED!r} directory")
     # Fast path: no character needs more than 4 bytes in UTF-8.
