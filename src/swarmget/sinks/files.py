@@ -305,17 +305,19 @@ def _copy_file(source: str, target: str) -> None:
     try:
         target_fd = os.open(target, _NEW_FLAGS, 0o644)
         try:
-            size, offset = os.fstat(source_fd).st_size, 0
-            while offset < size:
-                # In the kernel, without passing through Python (Linux: file to file).
-                sent = os.sendfile(target_fd, source_fd, offset, min(size - offset, 1 << 30))
-                if sent <= 0:
-                    raise OSError(errno.EIO, f"{source} ended at byte {offset} of {size}")
-                offset += sent
-            os.close(target_fd)
+            try:
+                size, offset = os.fstat(source_fd).st_size, 0
+                while offset < size:
+                    # In the kernel, not through Python (Linux: file to file).
+                    sent = os.sendfile(target_fd, source_fd, offset, min(size - offset, 1 << 30))
+                    if sent <= 0:
+                        raise OSError(errno.EIO, f"{source} ended at byte {offset} of {size}")
+                    offset += sent
+            finally:
+                os.close(target_fd)  # a network file system may report a failure only here
         except BaseException:
-            os.close(target_fd)
-            os.unlink(target)  # ours (O_EXCL made it): no half copy stays behind
+            with contextlib.suppress(OSError):
+                os.unlink(target)  # ours (O_EXCL made it): no half copy stays behind
             raise
     finally:
         os.close(source_fd)
