@@ -459,7 +459,7 @@ class FilePlanner:
     def _identify(self, rows: list[Row]) -> tuple[list[int], dict[int, Previous]]:
         """The key of each row -- (url, path column, occurrence in this run's input) --
         and what the journal knows of each key, in as few queries as possible."""
-        if self._seen_keys is not None and not self._occurrences:
+        if self._seen_keys is not None:
             keys = self._identify_new(rows, self._seen_keys)
             if keys is not None:
                 return keys, {}
@@ -513,12 +513,12 @@ class FilePlanner:
     def _identify_new(rows: list[Row], seen: Bloom) -> list[int] | None:
         """The keys of a batch whose identities are all new, or None when one may not be.
 
-        Most batches of a run whose journal started empty: every identity so
-        far came once (nothing is in ``_occurrences``), and the filter of this
-        run's keys has never seen any of this batch's.  Then each row is the
+        Most batches of a run whose journal started empty: the filter of this
+        run's keys has never seen the key of any row's first occurrence (every
+        identity this run has met put that key in it).  Then each row is the
         first occurrence of its identity, and no earlier run knows it: nothing
-        to look up.  Any doubt (a "maybe" from the filter, two rows alike in
-        the batch) and :meth:`_identify` does it the long way.
+        to look up, nothing to remember.  Any doubt (a "maybe" from the filter,
+        two rows alike in the batch) and :meth:`_identify` does it the long way.
         """
         keys = [row_key(row.url, row.path, 0) for row in rows]
         for key in keys:
