@@ -14,6 +14,10 @@ Usage (from the repository root)::
     PYTHONPATH=build/compiled .venv/bin/python bench/profile_https.py callgrind \
         --tools swarmget-1,pycurl --files 2000 --base-files 200 --keep /tmp/cg
 
+    # the same with two worker processes: the driver's share and the workers'
+    PYTHONPATH=build/compiled .venv/bin/python bench/profile_https.py callgrind --plain \
+        --tools "swarmget@/tmp/old-build,swarmget" --workers 2 --files 2000
+
     # cProfile of the pure build, workers=1 (the Python-level calls per file)
     .venv/bin/python bench/profile_https.py cprofile --files 10000
 
@@ -183,13 +187,18 @@ def cmd_cpu(args: argparse.Namespace) -> None:
 
 
 def _callgrind(
-    tool: str, jobs: Path, ca: Path, work: Path, concurrency: int, out_file: Path
-) -> int:
-    prefix = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}"]
+    tool: str, jobs: Path, ca: Path, work: Path, concurrency: int, out_file: Path, workers: int = 1
+) -> tuple[int, int]:
+    """Instructions of the tool's own process and of the processes it forked
+    (swarmget's workers: callgrind follows a fork, one file per process)."""
+    for old in out_file.parent.glob(f"{out_file.name}.*"):
+        old.unlink()
+    prefix = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}.%p"]
     prefix += ["--trace-children=no"]
-    # One process: swarmget's default forks workers that callgrind would not follow.
-    run_tool(tool, jobs, ca, work, concurrency, prefix, {"SWARMGET_WORKERS": "1"})
-    return _total(out_file)
+    run_tool(tool, jobs, ca, work, concurrency, prefix, {"SWARMGET_WORKERS": str(workers)})
+    files = sorted(out_file.parent.glob(f"{out_file.name}.*"), key=lambda f: int(f.suffix[1:]))
+    totals = [_total(f) for f in files]  # the first pid is the tool's process: the driver
+    return totals[0], sum(totals[1:])
 
 
 def _total(out_file: Path) -> int:
@@ -211,26 +220,38 @@ def cmd_callgrind(args: argparse.Namespace) -> None:
             big_file = keep / f"{name}-{args.files}.out"
             small_file = keep / f"{name}-{args.base_files}.out"
             one_file = keep / f"{name}-{args.base_files}-c1.out"
-            big = _callgrind(tool, jobs, ca, work, args.concurrency, big_file)
-            base = _callgrind(tool, small, ca, work, args.concurrency, small_file)
-            one = _callgrind(tool, small, ca, work, 1, one_file) if args.handshakes else None
-            per_file = (big - base) / (args.files - args.base_files)
+            workers = args.workers
+            big_main, big_forked = _callgrind(
+                tool, jobs, ca, work, args.concurrency, big_file, workers
+            )
+            base_main, base_forked = _callgrind(
+                tool, small, ca, work, args.concurrency, small_file, workers
+            )
+            big, base = big_main + big_forked, base_main + base_forked
+            one = None
+            if args.handshakes:
+                one = sum(_callgrind(tool, small, ca, work, 1, one_file, workers))
+            extra = args.files - args.base_files
+            per_file = (big - base) / extra
+            # With workers: what the driver (the tool's process) and the workers spend.
+            split = ((big_main - base_main) / extra, (big_forked - base_forked) / extra)
             per_handshake = (base - one) / (args.concurrency - 1) if one is not None else None
-            rows.append((tool, big, base, per_file, per_handshake))
+            rows.append((tool, big, per_file, split, per_handshake))
             print(
                 f"{tool}: {big:,} Ir at {args.files}, {base:,} at {args.base_files}: "
-                f"{per_file:,.0f} Ir/file; handshake {per_handshake or 0:,.0f} Ir; "
-                f"load {loadavg()}",
+                f"{per_file:,.0f} Ir/file (main process {split[0]:,.0f}, forked "
+                f"{split[1]:,.0f}); handshake {per_handshake or 0:,.0f} Ir; load {loadavg()}",
                 file=sys.stderr,
                 flush=True,
             )
     print(
-        f"\n| tool | Ir per file (marginal) | Ir per extra connection | total Ir at {args.files} |"
+        "\n| tool | Ir per file (marginal) | of which the main process | of which its workers "
+        f"| Ir per extra connection | total Ir at {args.files} |"
     )
-    print("|---|--:|--:|--:|")
-    for tool, big, _base, per_file, per_handshake in rows:
+    print("|---|--:|--:|--:|--:|--:|")
+    for tool, big, per_file, split, per_handshake in rows:
         hs = f"{per_handshake:,.0f}" if per_handshake is not None else "-"
-        print(f"| {tool} | {per_file:,.0f} | {hs} | {big:,} |")
+        print(f"| {tool} | {per_file:,.0f} | {split[0]:,.0f} | {split[1]:,.0f} | {hs} | {big:,} |")
     print(f"\ncallgrind files in {keep}; e.g. callgrind_annotate --inclusive=yes FILE | head -60")
 
 
@@ -304,6 +325,13 @@ def main() -> None:
     p.add_argument("--tools", default="swarmget-1,pycurl")
     p.add_argument("--base-files", type=int, default=200)
     p.add_argument("--handshakes", action="store_true", help="also measure a handshake")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="swarmget worker processes (callgrind follows the forks; the table "
+        "splits the main process, the driver, from its workers)",
+    )
     p.add_argument("--keep", type=Path, default=Path("/tmp/swarmget-callgrind"))
     p = sub.add_parser("wrap", parents=[common])
     p.add_argument("--tools", default="swarmget-1,pycurl")
