@@ -67,7 +67,15 @@ from swarmget.engine.scheduler import (
     WakeAt,
 )
 from swarmget.engine.tunnel import TunnelHTTPSConnection
-from swarmget.engine.urls import Location, Origin, UrlSplitter, redact, redact_text, split_url
+from swarmget.engine.urls import (
+    Location,
+    Origin,
+    UrlSplitter,
+    redact,
+    redact_failure,
+    redact_text,
+    split_url,
+)
 from swarmget.engine.verdicts import ACCEPT, Verdict, resume_validator
 from swarmget.engine.verdicts import REDIRECT as REDIRECTED
 from swarmget.engine.verdicts import RESTART as RESTARTED
@@ -557,7 +565,10 @@ class Engine(ConnectionOwner):
         try:
             location = split_url(target)
         except TransferError as exc:  # recorded with the redirect's status, as other bad_redirects
-            self._failed(transfer, TransferError(ErrorCode.BAD_REDIRECT, exc.message), status)
+            # The parser's reason may quote a piece of a password (one with a
+            # "/" reads as a port): redact_failure says less then.
+            _, message = redact_failure(target, exc)
+            self._failed(transfer, TransferError(ErrorCode.BAD_REDIRECT, message), status)
             return
         job.move_to(target, location)
         # transfer.start stays: a kept part continues at the redirect's target

@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.job import Job
+from swarmget.engine.urls import hide_userinfo
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.options import Options
 from swarmget.sources.rows import strip_url
@@ -14,17 +15,22 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
 def redirect_target(job: Job, location: bytes, options: Options) -> str:
     """The URL a 3xx sends ``job`` to, or a ``bad_redirect``/``too_many_redirects`` error."""
+    # Messages quote the Location without its user:password (never the parser's
+    # reason either, which may quote a piece of it).
     if job.redirects >= options.max_redirects:
+        shown = hide_userinfo(location_text(location))
         raise TransferError(
             ErrorCode.TOO_MANY_REDIRECTS,
-            f"more than {options.max_redirects} redirects (last to {location!r})",
+            f"more than {options.max_redirects} redirects (last to {shown!r})",
         )
     try:
         target = urljoin(job.url, location_text(location))
         scheme = urlsplit(target).scheme.lower()
     except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
+        shown = hide_userinfo(location_text(location))
+        reason = f": {exc}" if shown == location_text(location) else ""
         raise TransferError(
-            ErrorCode.BAD_REDIRECT, f"redirect to an invalid URL ({location!r}): {exc}"
+            ErrorCode.BAD_REDIRECT, f"redirect to an invalid URL ({shown!r}){reason}"
         ) from None
     if scheme not in ("http", "https"):
         # file:, ftp:, data:... are never followed, and nothing local is read.
@@ -32,7 +38,8 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
     if job.origin[0] == "https" and scheme == "http" and not options.allow_downgrade:
         raise TransferError(
             ErrorCode.BAD_REDIRECT,
-            f"redirect from https to http refused ({target}); --allow-downgrade permits it",
+            f"redirect from https to http refused ({hide_userinfo(target)}); "
+            "--allow-downgrade permits it",
         )
     return target
 

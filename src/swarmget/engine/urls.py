@@ -285,28 +285,45 @@ def redact(url: str) -> str:
     return f"{url[: colon + 1]}***{url[at:]}"
 
 
-_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]*@")
+def hide_userinfo(url: str) -> str:
+    """``url`` -- any URL text, parsed or not, absolute or ``//host`` -- without its
+    ``user:password@`` part (``***@``), for a message.
+
+    Unlike :func:`redact`, it does not trust the first ``/`` to end the
+    authority: a password may hold an unencoded ``/`` (``u:pa/ss@h``).  An
+    ``@`` after the first ``/`` is taken for the path's (``/@scope/pkg``)
+    unless a ``user:`` comes before that ``/`` and is not a port.
+    """
+    slashes = url.find("//")
+    at = url.rfind("@")
+    if slashes < 0 or at < slashes:
+        return url
+    start = slashes + 2
+    end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
+    if at > end:
+        colon = url.find(":", start, end)
+        if colon < 0 or url[colon + 1 : end].isdigit():
+            return url  # the @ is the path's or the query's
+    else:
+        at = url.rfind("@", start, end)  # the authority's last @
+    return f"{url[:start]}***{url[at:]}"
+
+
+_URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]*@[^\s'\"<>()]*")
 
 
 def redact_text(text: str) -> str:
-    """``text`` (a message) with the ``user:password@`` of every URL it quotes hidden.
-
-    A message may quote a URL we never parsed: a redirect's ``Location``, a
-    target that did not split.  Everything from ``://`` up to the last ``@``
-    before the quote ends goes, as :func:`redact_failure` does for a row: a
-    password with an unencoded ``/`` must not survive because it looks like a
-    path (an ``@`` in a path is hidden along with it, which costs nothing in a
-    message).
-    """
+    """``text`` (a message) with the ``user:password@`` of every URL it quotes hidden:
+    a last guard, for messages built from URLs that :func:`hide_userinfo` did
+    not see first (those that quote one should use it: a quote or a space in a
+    password ends what this can recognise as a URL)."""
     if "@" not in text:
         return text
-    return _URL_IN_TEXT.sub(_hide_userinfo, text)
+    return _URL_IN_TEXT.sub(_hide_match, text)
 
 
-def _hide_userinfo(match: re.Match[str]) -> str:
-    quoted = match.group(0)
-    start = quoted.find("://") + 3
-    return f"{quoted[:start]}***@"
+def _hide_match(match: re.Match[str]) -> str:
+    return hide_userinfo(match.group(0))
 
 
 def redact_failure(url: str, error: TransferError) -> tuple[str, str]:
