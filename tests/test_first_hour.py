@@ -117,6 +117,30 @@ def test_a_dedupe_rerun_waits_for_the_leaders_new_outcome(
     ] * 3
 
 
+def test_dedupe_with_overwrite_fetches_anew_whatever_the_order(tmp_path: Path) -> None:
+    # The copies came first in the reordered rerun: they were linked to the old
+    # file of an earlier run's leader before the leader's new download.
+    from swarmget.testing import ScriptedConnection
+
+    version = [b"version1"]
+
+    def serve(head: bytes, conn: ScriptedConnection) -> None:
+        body = version[0]
+        conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+    with TestServer() as srv:
+        srv.route("/v.bin", serve)
+        url = srv.url("/v.bin")
+        rows = [Row(i, url, path=f"x{i}.bin") for i in range(3)]
+        first = swarmget.download(rows, tmp_path, workers=1, dedupe=True)
+        assert first.ok == 3
+        version[0] = b"version2!"
+        again = [Row(i, row.url, path=row.path) for i, row in enumerate(reversed(rows))]
+        second = swarmget.download(again, tmp_path, workers=1, dedupe=True, overwrite=True)
+    assert second.ok == 3
+    assert {(tmp_path / f"x{i}.bin").read_bytes() for i in range(3)} == {b"version2!"}
+
+
 def test_dedupe_passes_a_failure_on_to_every_copy(server: TestServer, tmp_path: Path) -> None:
     bad = server.file_url("gone.bin", status=404)
     report = swarmget.download([bad, bad, bad], tmp_path, workers=1, dedupe=True, retries=0)

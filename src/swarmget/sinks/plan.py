@@ -330,7 +330,11 @@ class FilePlanner:
                 and outcome.status in (OK, FAILED)
                 and (run != journal.run or outcome.run == journal.run)
             )
-            if run == journal.run or (settled and self._leader_file(outcome)):
+            # An earlier run's leader lends its file only to a run that keeps
+            # files (with --overwrite every row is fetched anew: a copy linked
+            # to the old file before the leader's new download would keep it).
+            earlier = settled and not self.options.overwrite and self._leader_file(outcome)
+            if run == journal.run or earlier:
                 follower = Follower(key, leader_key, row.index, url, path)
                 if settled and outcome is not None:
                     batch.results.append(self._settle(follower, outcome))
