@@ -141,6 +141,17 @@ def test_dedupe_with_overwrite_fetches_anew_whatever_the_order(tmp_path: Path) -
     assert {(tmp_path / f"x{i}.bin").read_bytes() for i in range(3)} == {b"version2!"}
 
 
+def test_a_copy_of_an_earlier_runs_file_says_so(server: TestServer, tmp_path: Path) -> None:
+    url = server.file_url("early.bin", size=500)
+    assert swarmget.download([url], tmp_path, workers=1, dedupe=True).ok == 1
+    again = swarmget.download([url, url], tmp_path, workers=1, dedupe=True)
+    assert (again.ok, again.skipped) == (1, 1)
+    (copy,) = [r for r in records(tmp_path) if r["index"] == 1]
+    # Not "row 0": that number was the earlier input's, not this one's.
+    assert copy["message"].startswith("same URL as a row of an earlier run (early.bin)")
+    assert (tmp_path / "early-1.bin").read_bytes() == expected_body("early.bin", 500)
+
+
 def test_dedupe_passes_a_failure_on_to_every_copy(server: TestServer, tmp_path: Path) -> None:
     bad = server.file_url("gone.bin", status=404)
     report = swarmget.download([bad, bad, bad], tmp_path, workers=1, dedupe=True, retries=0)

@@ -352,7 +352,11 @@ class FilePlanner:
 
     def _settle(self, follower: Follower, leader: Outcome) -> FileResult:
         """The row that fetched ``follower``'s URL is done: give it the same result."""
-        note = f"same URL as row {leader.index}"
+        # An earlier run's row number is not one of this input's.
+        earlier = leader.run not in (0, self.journal.run)
+        note = (
+            "same URL as a row of an earlier run" if earlier else f"same URL as row {leader.index}"
+        )
         if leader.status == OK and leader.path is not None:
             try:
                 # final_path, as a download's file: its directories are made,
