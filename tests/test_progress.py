@@ -310,13 +310,18 @@ class TtyStringIO(io.StringIO):
         return True
 
 
-def test_make_progress_picks_by_stream() -> None:
+def test_make_progress_picks_by_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
     assert isinstance(make_progress(io.StringIO(), quiet=True), NullProgress)
     assert isinstance(make_progress(TtyStringIO(), quiet=True), NullProgress)
     assert isinstance(make_progress(io.StringIO()), PlainProgress)
+    assert isinstance(make_progress(None), NullProgress)  # no stderr at all (2>&-)
     display = make_progress(TtyStringIO())
     assert isinstance(display, RichProgress)
     display.close()
+    # A terminal that cannot redraw a line: rich showed nothing there at all.
+    monkeypatch.setenv("TERM", "dumb")
+    assert isinstance(make_progress(TtyStringIO()), PlainProgress)
 
 
 @pytest.mark.parametrize("width", [40, 80, 100, 200])

@@ -19,6 +19,7 @@ summary speak the same units: decimal kB/MB/GB, like ``Report.mb_per_s``.
 from __future__ import annotations
 
 import collections
+import os
 import re
 import threading
 import time
@@ -252,7 +253,9 @@ def make_progress(stream: IO[str] | None, *, quiet: bool = False) -> Display:
         interactive = stream.isatty()
     except (AttributeError, ValueError):
         interactive = False
-    if interactive:
+    # A terminal that cannot move the cursor (TERM=dumb: an editor's shell, some
+    # CI consoles) gets plain lines: rich draws nothing live there.
+    if interactive and os.environ.get("TERM") != "dumb":
         from rich.console import Console
 
         return RichProgress(Console(file=stream))
