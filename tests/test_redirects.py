@@ -296,3 +296,27 @@ def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
         with pytest.raises(TransferError) as info:
             redirect_target(job, b"http://u:" + secret + b"@a.example/y", Options())
         assert secret.decode() not in info.value.message and "***@" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("location", "target"),
+    [
+        ("http:///b.test/x", "http://b.test/x"),  # browsers and curl: the host
+        ("http:\\\\b.test\\x", "http://b.test\\x"),
+        ("https:/b.test/x", "https://b.test/x"),  # another scheme: an authority
+        ("https:b.test/x", "https://b.test/x"),
+        ("http:/b.test/x", "http://a.test/b.test/x"),  # the same scheme: relative
+        ("http:x", "http://a.test/dir/x"),
+        ("//b.test/x", "http://b.test/x"),
+    ],
+)
+def test_a_location_with_odd_slashes_names_what_browsers_name(location: str, target: str) -> None:
+    from swarmget.engine.job import Job
+    from swarmget.engine.redirects import redirect_target
+    from swarmget.engine.urls import split_url
+    from swarmget.options import Options
+    from swarmget.sinks.base import Assignment
+
+    url = "http://a.test/dir/page"
+    job = Job(Assignment(0, 7, url, "x"), split_url(url))
+    assert redirect_target(job, location.encode(), Options()) == target

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from typing import Final
 from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.job import Job
@@ -11,6 +13,8 @@ from swarmget.options import Options
 from swarmget.sources.rows import strip_url
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# "http:" and what follows it, the slashes (and backslashes) apart.
+_SPECIAL: Final = re.compile(r"(?i)(https?):([/\\]*)(.*)", re.DOTALL)
 
 
 def redirect_target(job: Job, location: bytes, options: Options) -> str:
@@ -24,7 +28,7 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             f"more than {options.max_redirects} redirects (last to {shown!r})",
         )
     try:
-        target = urljoin(job.url, location_text(location))
+        target = urljoin(job.url, _authority_form(location_text(location), job.origin[0]))
         scheme = urlsplit(target).scheme.lower()
     except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
         shown = hide_userinfo(location_text(location))
@@ -42,6 +46,24 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             "--allow-downgrade permits it",
         )
     return target
+
+
+def _authority_form(text: str, scheme: str) -> str:
+    """``text`` as browsers (the WHATWG URL standard) and curl read an http(s) URL
+    with too many, too few or backward slashes: ``http:///host/x`` and
+    ``http:\\\\host\\x`` name ``host``, and so does ``https:/host/x`` from a page on
+    http.  urljoin read them as paths on the current host (with whatever
+    user:password they held, in the path).  Only ``http:/x`` and ``http:x`` from
+    a page on http stay relative, as the standard has them."""
+    match = _SPECIAL.match(text)
+    if match is None:
+        return text
+    given, slashes, rest = match.groups()
+    if given.lower() == scheme and len(slashes) < 2:
+        return text
+    if len(slashes) == 2 and slashes == "//":
+        return text  # the usual form
+    return f"{given}://{rest}"
 
 
 def location_text(location: bytes) -> str:
