@@ -80,7 +80,7 @@ def test_dedupe_fetches_each_url_once_and_links_the_rest(
     by_index = {r["index"]: r for r in records(tmp_path)}
     assert sorted(by_index) == [0, 1, 2, 3, 4]
     assert {r["status"] for r in by_index.values()} == {"ok"}
-    assert "same URL as row 0" in by_index[2]["message"]
+    assert by_index[2]["message"] == "same URL as da.bin: linked"
     seen = len(server.requests)
     again = swarmget.download(urls, tmp_path, workers=workers, dedupe=True)
     assert (again.ok, again.skipped) == (0, 5)
@@ -148,7 +148,7 @@ def test_a_copy_of_an_earlier_runs_file_says_so(server: TestServer, tmp_path: Pa
     assert (again.ok, again.skipped) == (1, 1)
     (copy,) = [r for r in records(tmp_path) if r["index"] == 1]
     # Not "row 0": that number was the earlier input's, not this one's.
-    assert copy["message"].startswith("same URL as a row of an earlier run (early.bin)")
+    assert copy["message"] == "same URL as early.bin: linked"
     assert (tmp_path / "early-1.bin").read_bytes() == expected_body("early.bin", 500)
 
 

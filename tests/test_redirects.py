@@ -138,6 +138,7 @@ def test_redirect_loop_ends(server: TestServer, out_dir: Path) -> None:
         "//u2:s3cr3t@127.0.0.1:{port}/leak",  # scheme-relative
         "http://u2:s3'cr3t@127.0.0.1:{port}/leak",  # a quote, legal in userinfo
         "http://u2:s3cr3t(x)@127.0.0.1:99999/x",
+        "//s3cr3t@127.0.0.1:{port}/leak?scope=@x",  # a token, and an @ in the query
     ],
 )
 def test_a_password_in_a_location_never_reaches_the_manifest(
@@ -162,11 +163,21 @@ def test_a_password_in_a_location_never_reaches_the_manifest(
 def test_an_at_sign_in_a_path_is_not_taken_for_a_password() -> None:
     from swarmget.engine.urls import hide_userinfo, redact_text
 
-    for url in ["https://cdn.test/@v/1.2/a.js", "http://h/p@x", "http://h:8080/@scope/pkg"]:
+    for url in [
+        "https://cdn.test/@v/1.2/a.js",
+        "http://h/p@x",
+        "http://h:8080/@scope/pkg",
+        "http://[::1]:8080/@scope/pkg",
+        "http://[::1]:99/a?x=b@c",
+    ]:
         assert hide_userinfo(url) == url
         assert redact_text(f"redirect loop (last to {url!r})") == f"redirect loop (last to {url!r})"
     assert hide_userinfo("http://u:pa/ss@h/x") == "http://***@h/x"
     assert hide_userinfo("http://TOKEN@h/x") == "http://***@h/x"
+    # A token in the authority, and an @ in the path too (an npm-style scope).
+    assert hide_userinfo("//TOKEN@h/@scope/loop") == "//***@h/@scope/loop"
+    assert hide_userinfo("http://TOKEN@h:8080/x?mail=a@b") == "http://***@h:8080/x?mail=a@b"
+    assert hide_userinfo("http://u:p@[::1]:80/@x") == "http://***@[::1]:80/@x"
 
 
 @pytest.mark.parametrize(

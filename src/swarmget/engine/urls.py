@@ -300,12 +300,17 @@ def hide_userinfo(url: str) -> str:
         return url
     start = slashes + 2
     end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
-    if at > end:
-        colon = url.find(":", start, end)
+    in_authority = url.rfind("@", start, end)
+    if in_authority >= 0:
+        at = in_authority  # what the URL itself sends as user:password (or a token)
+    else:
+        # No @ before the first "/": only a password holding a "/" could put one
+        # after it, and then a "user:" comes first that is not a port (of a
+        # name, or of an [IPv6] literal).
+        bracket = url.rfind("]", start, end)
+        colon = url.find(":", bracket + 1 if bracket >= 0 else start, end)
         if colon < 0 or url[colon + 1 : end].isdigit():
             return url  # the @ is the path's or the query's
-    else:
-        at = url.rfind("@", start, end)  # the authority's last @
     return f"{url[:start]}***{url[at:]}"
 
 

@@ -377,7 +377,10 @@ class FilePlanner:
                 None,
                 0,
                 0,
-                f"{note} ({leader.path}): linked",
+                # By the file, not a row number: the record outlives this run
+                # (a rerun skips the row and keeps it), and a number would then
+                # name a row of another input.
+                f"same URL as {leader.path}: linked",
                 leader.digests,
                 leader.final_url,
                 index=follower.index,
