@@ -149,11 +149,8 @@ def test_a_password_in_a_location_never_reaches_the_manifest(
     def handler(head: bytes, conn: ScriptedConnection) -> None:
         conn.send(b"HTTP/1.1 302 Found\r\nLocation: " + location + b"\r\nContent-Length: 0\r\n\r\n")
 
-    server.route("/leak", handler)
-    try:
-        report = run([server.url("/leak")], out_dir, max_redirects=3)
-    finally:
-        server.unroute("/leak")
+    with server.routed("/leak", handler) as url:
+        report = run([url], out_dir, max_redirects=3)
     assert report.failures[0].error in ("too_many_redirects", "bad_redirect")
     text = (out_dir / ".swarmget" / "manifest.jsonl").read_text()
     assert "s3cr3t" not in text and "cr3t" not in text, text

@@ -176,11 +176,8 @@ def test_a_directory_swapped_for_a_symlink_during_a_download_is_refused(
         (out_dir / "sub").symlink_to(outside)
         conn.send(b"cd")
 
-    server.route("/swap.bin", swap_mid_body)
-    try:
-        report = run([Row(0, server.url("/swap.bin"), path="sub/b")], out_dir)
-    finally:
-        server.unroute("/swap.bin")
+    with server.routed("/swap.bin", swap_mid_body) as url:
+        report = run([Row(0, url, path="sub/b")], out_dir)
     assert report.failures[0].error == "bad_path"
     assert list(outside.iterdir()) == []
 
@@ -244,11 +241,8 @@ def test_a_file_that_appears_under_a_mount_point_is_not_replaced(
             (mnt / "m2.bin").write_bytes(b"USER DATA")
             conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
-        server.route("/m2.bin", someone_writes_it)
-        try:
-            report = run([Row(0, server.url("/m2.bin"), path="mnt/m2.bin")], out_dir)
-        finally:
-            server.unroute("/m2.bin")
+        with server.routed("/m2.bin", someone_writes_it) as url:
+            report = run([Row(0, url, path="mnt/m2.bin")], out_dir)
         assert report.error_counts() == {"exists": 1}
         assert (mnt / "m2.bin").read_bytes() == b"USER DATA"
         assert sorted(p.name for p in mnt.iterdir()) == ["m2.bin"]  # the copy is gone

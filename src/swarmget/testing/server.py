@@ -15,7 +15,7 @@ import concurrent.futures
 import contextlib
 import resource
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar
 
@@ -183,6 +183,16 @@ class TestServer(ServerUrls):
 
     def unroute(self, path: str) -> None:
         self.state.routes.pop(path, None)
+
+    @contextlib.contextmanager
+    def routed(self, path: str, handler: RouteHandler) -> Iterator[str]:
+        """:meth:`route` for a ``with`` block, which gets ``path``'s URL; the route
+        is gone after it, whatever happened inside."""
+        self.route(path, handler)
+        try:
+            yield self.url(path)
+        finally:
+            self.unroute(path)
 
     # -- observation --------------------------------------------------------
 
