@@ -869,3 +869,38 @@ def test_a_locale_that_cannot_spell_a_name_fails_only_that_row(tmp_path: Path) -
     assert (records[2]["error"], records[3]["error"]) == ("bad_path", "http_404")
     assert "3 files ok, 2 failed" in done.stdout
     assert "\\u65e5" in done.stdout  # the failure lines, with escapes
+
+
+@pytest.mark.timeout(60)
+def test_json_after_sigterm_says_what_finished(out_dir: Path) -> None:
+    # A job preempted with SIGTERM, its stdout read by a script: the summary of
+    # what finished, as after a full disk, not nothing.
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        urls = [srv.file_url("slow.bin", size=100, latency=30), srv.file_url("quick.bin", size=100)]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "swarmget", *urls, "-o", str(out_dir), "--json", "-q"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while not (out_dir / "quick.bin").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            while srv.stats.requests < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)  # the quick row's report reaches the driver
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 143, err
+    summary = json.loads(out)
+    assert (summary["ok"], summary["failed"]) == (1, 0)
+    assert summary["manifest"] == str(out_dir / ".swarmget" / "manifest.jsonl")

@@ -537,7 +537,7 @@ def _download_command(argv: list[str]) -> int:
                 quiet=args.quiet,
                 stderr=sys.stderr,
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         signum = interrupts.stopped_by
         how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
         say(
@@ -545,6 +545,10 @@ def _download_command(argv: list[str]) -> int:
             "run the same command again to resume\n",
             sys.stderr,
         )
+        finished = getattr(exc, "report", None)
+        if args.json and isinstance(finished, Report):
+            # A script reading stdout gets what finished, as after a full disk.
+            print_outcome(finished, args.output, quiet=True, as_json=True, stdout=sys.stdout)
         return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.

@@ -159,6 +159,15 @@ class Supervisor:
     # -- the run -----------------------------------------------------------------------
 
     def run(self) -> Report:
+        try:
+            return self._run()
+        except KeyboardInterrupt as exc:
+            # What finished before the stop goes with it (the CLI's --json
+            # prints it, as after a run-stopping error).
+            exc.report = self.report  # type: ignore[attr-defined]
+            raise
+
+    def _run(self) -> Report:
         self._started = time.monotonic()
         # Bad input fails here, before any process starts (a stream's workers
         # may be running already: they are stopped).
