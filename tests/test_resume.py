@@ -322,6 +322,43 @@ def test_large_file_keeps_its_part_and_resumes_with_range(
     assert b"if-range:" in ranged[0].lower()
 
 
+def test_a_kept_part_that_is_the_whole_file_is_published_not_fetched_again(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A run stopped between a big file's last byte and its rename keeps a part
+    # that is the whole file: the rerun's Range starts at its end, the server
+    # answers 416 with "bytes */SIZE", and the part is the file.  It was fetched
+    # again from byte 0.
+    size = 3 * MiB
+    url = server.file_url("whole.bin", size=size, fault="truncate", times=1)
+    assert run([url], out_dir).failures[0].error == "truncated"
+    part = part_for(out_dir, url)
+    part.write_bytes(expected_body("whole.bin", size))  # the rest came, then the stop
+    seen = len(server.requests)
+    report = run([url], out_dir, hash="sha256")
+    assert (report.ok, report.error_counts()) == (1, {})
+    assert (out_dir / "whole.bin").read_bytes() == expected_body("whole.bin", size)
+    assert not part.exists()
+    requests = server.requests[seen:]
+    assert len(requests) == 1 and f"bytes={size}-".encode() in requests[0]
+    assert (report.bytes, report.reused, report.received) == (size, size, 0)
+    (record,) = journal(out_dir)
+    assert record["status"] == "ok" and record["http_status"] == 416
+    assert record["sha256"] == hashlib.sha256(expected_body("whole.bin", size)).hexdigest()
+
+
+def test_a_416_for_a_part_of_another_length_starts_again(server: TestServer, out_dir: Path) -> None:
+    size = 3 * MiB
+    url = server.file_url("longer.bin", size=size, fault="truncate", times=1)
+    assert run([url], out_dir).failed == 1
+    part = part_for(out_dir, url)
+    part.write_bytes(expected_body("longer.bin", size) + b"and more")  # longer than the file
+    report = run([url], out_dir)
+    assert report.ok == 1
+    assert (out_dir / "longer.bin").read_bytes() == expected_body("longer.bin", size)
+    assert report.reused == 0
+
+
 def test_retry_within_a_run_continues_the_part(server: TestServer, out_dir: Path) -> None:
     size = 3 * MiB
     seen = len(server.requests)

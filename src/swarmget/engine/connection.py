@@ -325,7 +325,11 @@ class HTTPConnection(PooledConnection):
         if pool.probing and head.status != 429:
             self.owner.answered(pool, head.status)
         if verdict.kind == ACCEPT:
-            self.writer = transfer.writer = self.owner.open_writer(transfer, verdict, head)
+            writer = self.owner.open_writer(transfer, verdict, head)
+            transfer.writer = writer
+            # A part that is whole already: the body is read to keep the
+            # connection (or abandoned, past MAX_DISCARD), not written.
+            self.writer = None if verdict.complete else writer
         elif not verdict.discard:
             raise _Abandon  # not worth reading the body: end now, close the connection
 

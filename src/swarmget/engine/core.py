@@ -475,7 +475,7 @@ class Engine(ConnectionOwner):
             transfer.start = 0  # the server ignored our Range: the whole body comes
         if verdict.start < job.carried:
             job.carried = verdict.start  # an earlier run's bytes are written over
-        length = head.content_length if not head.chunked else None
+        length = head.content_length if not head.chunked and not verdict.complete else None
         writer = self.sink.open(job.row, verdict.start, length, self._hashers_for(job.row))
         if verdict.start == 0 and self.sink.resumable:
             self._note_resumable(job, head)

@@ -6,7 +6,9 @@ it, and returns a :class:`Verdict`:
 * ``ACCEPT``: the body is ours; write it from byte ``start`` (0, or the start
   of the range we asked for when the server answered 206 with a matching
   ``Content-Range``, the same validator and a length that agrees; the body
-  must then reach ``end``, the byte after the range's last);
+  must then reach ``end``, the byte after the range's last).  Also a 416
+  whose ``Content-Range: bytes */N`` says the part we kept (``If-Range``
+  sent) ends where the file does: ``complete``, nothing of its body written;
 * ``REDIRECT``: follow ``location`` (already checked: http(s), within the hop
   limit, no silent https -> http downgrade);
 * ``RESTART``: a ranged request got a 206 for other bytes, of another version
@@ -48,6 +50,7 @@ PROXY_AUTH_HINT: Final = " (Proxy Authentication Required: give user:password in
 
 class Verdict:
     __slots__ = (
+        "complete",
         "discard",
         "end",
         "error",
@@ -71,6 +74,7 @@ class Verdict:
         retry_after: float | None = None,
         discard: bool = False,
         stale: bool = False,
+        complete: bool = False,
     ) -> None:
         self.kind = kind
         self.status = status
@@ -83,6 +87,9 @@ class Verdict:
         # FAIL on a reused connection before any of our response: most likely the
         # server closed it as we sent; retried once on a fresh one, for free.
         self.stale = stale
+        # ACCEPT of a 416 for a kept part that is the whole file already: nothing
+        # of the body (an error page) is the file's.
+        self.complete = complete
 
     def __repr__(self) -> str:
         kind = ("accept", "redirect", "restart", "fail")[self.kind]
@@ -107,6 +114,12 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
             return Verdict(FAIL, status, error=wrong_size, discard=length <= MAX_DISCARD)
         return Verdict(ACCEPT, status)
     if status == 416 and transfer.ranged:
+        if _already_whole(transfer, head):
+            # The kept part is the whole file (a run stopped between its last
+            # byte and its rename): nothing is left to fetch.  The validator
+            # in If-Range matched, or the server would have sent it all anew.
+            start = transfer.start
+            return Verdict(ACCEPT, status, start=start, end=start, complete=True)
         # Our part is longer than the file now (it changed on a server that
         # ignores If-Range, or shrank): asking for the rest again would fail
         # the same way on every rerun.
@@ -134,6 +147,22 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
     return Verdict(
         FAIL, status, error=http_error(status, via), retry_after=retry_after, discard=discard
     )
+
+
+def _already_whole(transfer: Transfer, head: ResponseHead) -> bool:
+    """Does a 416 say our ranged request started at the file's end (``Content-Range:
+    bytes */N``, N our start), with If-Range sent (a validator), and for the
+    rest of the file (no end of ours)?"""
+    if transfer.end is not None or transfer.job.validator is None or transfer.start <= 0:
+        return False
+    value = head.get(b"content-range")
+    if value is None:
+        return False
+    value = value.strip().lower()
+    if not value.startswith(b"bytes */"):
+        return False
+    total = value[8:].strip()
+    return total.isdigit() and int(total) == transfer.start
 
 
 def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> Verdict:
