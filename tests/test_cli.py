@@ -613,6 +613,32 @@ def test_demo_verify_finds_bad_files(tmp_path: Path) -> None:
     ]
 
 
+def signal_when(
+    args: list[str], ready: Callable[[], bool], signum: int
+) -> tuple[subprocess.Popen[str], str, str]:
+    """Run the CLI with ``args``; once ``ready()`` (or after 30 s), send ``signum``;
+    the process (ended) and its stdout and stderr."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "swarmget", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc, out, err
+
+
 @pytest.mark.timeout(60)
 def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
     from swarmget.testing import TestServer
@@ -620,34 +646,16 @@ def test_ctrl_c_in_a_real_process(out_dir: Path) -> None:
     with TestServer() as srv:
         urls = [srv.file_url(f"slow{i}.bin", size=100, latency=30) for i in range(3)]
         urls.append(srv.file_url("fast.bin", size=100))
-        env = child_env()
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "swarmget", *urls, "-o", str(out_dir)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        try:
-            deadline = time.monotonic() + 30
 
-            # The server having answered is not enough: wait until the client has
-            # the fast file in place, or Ctrl-C may land before it arrives.  And
-            # all four requests must be in: with two workers, the one without
-            # fast.bin may still be connecting when the other has it.
-            def ready() -> bool:
-                return (out_dir / "fast.bin").exists() and srv.stats.requests == 4
+        # The server having answered is not enough: wait until the client has
+        # the fast file in place, or Ctrl-C may land before it arrives.  And
+        # all four requests must be in: with two workers, the one without
+        # fast.bin may still be connecting when the other has it.
+        def ready() -> bool:
+            return (out_dir / "fast.bin").exists() and srv.stats.requests == 4
 
-            while not ready() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert srv.stats.requests == 4
-            proc.send_signal(signal.SIGINT)
-            out, err = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        proc, out, err = signal_when([*urls, "-o", str(out_dir)], ready, signal.SIGINT)
+        assert srv.stats.requests == 4
     assert proc.returncode == 130
     assert out == ""
     manifest = out_dir / ".swarmget" / "manifest.jsonl"
@@ -879,27 +887,18 @@ def test_json_after_sigterm_says_what_finished(out_dir: Path) -> None:
 
     with TestServer() as srv:
         urls = [srv.file_url("slow.bin", size=100, latency=30), srv.file_url("quick.bin", size=100)]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "swarmget", *urls, "-o", str(out_dir), "--json", "-q"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=child_env(),
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while not (out_dir / "quick.bin").exists() and time.monotonic() < deadline:
-                time.sleep(0.02)
-            while srv.stats.requests < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            time.sleep(0.3)  # the quick row's report reaches the driver
-            proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        reported = [0.0]
+
+        def ready() -> bool:
+            # The quick file in place and both requests in, then a moment for
+            # the quick row's report to reach the driver.
+            if not ((out_dir / "quick.bin").exists() and srv.stats.requests >= 2):
+                return False
+            reported[0] = reported[0] or time.monotonic()
+            return time.monotonic() - reported[0] > 0.3
+
+        args = [*urls, "-o", str(out_dir), "--json", "-q"]
+        proc, out, err = signal_when(args, ready, signal.SIGTERM)
     assert proc.returncode == 143, err
     summary = json.loads(out)
     assert (summary["ok"], summary["failed"]) == (1, 0)
