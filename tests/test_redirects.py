@@ -175,6 +175,8 @@ def test_an_at_sign_in_a_path_is_not_taken_for_a_password() -> None:
     assert hide_userinfo("//TOKEN@h/@scope/loop") == "//***@h/@scope/loop"
     assert hide_userinfo("http://TOKEN@h:8080/x?mail=a@b") == "http://***@h:8080/x?mail=a@b"
     assert hide_userinfo("http://u:p@[::1]:80/@x") == "http://***@[::1]:80/@x"
+    # An @ and a "/" both in the password: what follows the first @ is no host.
+    assert hide_userinfo("http://a@b:p/ss@h/x") == "http://***@h/x"
 
 
 @pytest.mark.parametrize(

@@ -301,17 +301,23 @@ def hide_userinfo(url: str) -> str:
     start = slashes + 2
     end = min((i for i in (url.find(c, start) for c in "/?#") if i >= 0), default=len(url))
     in_authority = url.rfind("@", start, end)
-    if in_authority >= 0:
+    if in_authority >= 0 and _host_and_port(url, in_authority + 1, end):
         at = in_authority  # what the URL itself sends as user:password (or a token)
-    else:
-        # No @ before the first "/": only a password holding a "/" could put one
-        # after it, and then a "user:" comes first that is not a port (of a
-        # name, or of an [IPv6] literal).
-        bracket = url.rfind("]", start, end)
-        colon = url.find(":", bracket + 1 if bracket >= 0 else start, end)
-        if colon < 0 or url[colon + 1 : end].isdigit():
-            return url  # the @ is the path's or the query's
+    elif in_authority < 0 and _host_and_port(url, start, end):
+        # No @ before the first "/", and what is there reads as a host (and a
+        # port): the @ is the path's or the query's.
+        return url
+    # Else a password holding a "/" put the @ past the first "/" (what is before
+    # it, a "user:pass", is no host:port): all of it up to the last @ goes.
     return f"{url[:start]}***{url[at:]}"
+
+
+def _host_and_port(url: str, start: int, end: int) -> bool:
+    """Does ``url[start:end]`` read as a host with at most a numeric port (a name,
+    or an [IPv6] literal, whose colons are its own)?"""
+    bracket = url.rfind("]", start, end)
+    colon = url.find(":", bracket + 1 if bracket >= 0 else start, end)
+    return colon < 0 or url[colon + 1 : end].isdigit()
 
 
 _URL_IN_TEXT: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>()]*@[^\s'\"<>()]*")
