@@ -85,13 +85,8 @@ def test_a_waiting_retry_does_not_hold_up_other_files(server: TestServer, out_di
 @contextlib.contextmanager
 def routed(server: TestServer, handler: RouteHandler, paths: list[str]) -> Iterator[list[str]]:
     """``handler`` answers each of ``paths`` for the block; their URLs."""
-    for path in paths:
-        server.route(path, handler)
-    try:
-        yield [server.url(path) for path in paths]
-    finally:
-        for path in paths:
-            server.unroute(path)
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(server.routed(path, handler)) for path in paths]
 
 
 @pytest.mark.parametrize("retry_after", [b"Retry-After: 1\r\n", b""])

@@ -334,7 +334,7 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
     lines = [
         f"{report.ok} files ok, {report.failed} failed, {format_bytes(report.bytes)} "
         f"in {report.elapsed:.2f} s ({format_files_rate(report.files_per_s)}, "
-        f"{format_bytes(report.received / report.elapsed if report.elapsed > 0 else 0)}/s)"
+        f"{format_bytes(report.mb_per_s * 1e6)}/s)"
     ]
     if report.reused:
         lines.append(

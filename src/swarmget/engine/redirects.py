@@ -21,18 +21,19 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
     """The URL a 3xx sends ``job`` to, or a ``bad_redirect``/``too_many_redirects`` error."""
     # Messages quote the Location without its user:password (never the parser's
     # reason either, which may quote a piece of it).
+    text = location_text(location)
     if job.redirects >= options.max_redirects:
-        shown = hide_userinfo(location_text(location))
+        shown = hide_userinfo(text)
         raise TransferError(
             ErrorCode.TOO_MANY_REDIRECTS,
             f"more than {options.max_redirects} redirects (last to {shown!r})",
         )
     try:
-        target = urljoin(job.url, _authority_form(location_text(location), job.origin[0]))
+        target = urljoin(job.url, _authority_form(text, job.origin[0]))
         scheme = urlsplit(target).scheme.lower()
     except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
-        shown = hide_userinfo(location_text(location))
-        reason = f": {exc}" if shown == location_text(location) else ""
+        shown = hide_userinfo(text)
+        reason = f": {exc}" if shown == text else ""
         raise TransferError(
             ErrorCode.BAD_REDIRECT, f"redirect to an invalid URL ({shown!r}){reason}"
         ) from None
@@ -61,7 +62,7 @@ def _authority_form(text: str, scheme: str) -> str:
     given, slashes, rest = match.groups()
     if given.lower() == scheme and len(slashes) < 2:
         return text
-    if len(slashes) == 2 and slashes == "//":
+    if slashes == "//":
         return text  # the usual form
     return f"{given}://{rest}"
 
