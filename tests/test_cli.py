@@ -321,6 +321,64 @@ def test_help_in_a_real_process() -> None:
     assert proc.stderr == ""
 
 
+@pytest.mark.parametrize(
+    ("args", "what"),
+    [(["--help"], "the help"), (["--version"], "the version"), (["demo", "--help"], "the help")],
+)
+def test_help_or_version_to_a_full_stdout_is_an_error(args: list[str], what: str) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "swarmget", *args],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+            timeout=60,
+        )
+    assert proc.returncode == 1
+    assert proc.stderr == f"swarmget: error: cannot write {what} to stdout\n"
+
+
+# The script's first moments: a Ctrl-C arriving while the CLI's modules are still
+# being imported.  The import is made to raise KeyboardInterrupt, as SIGINT would.
+_INTERRUPTED_IMPORT = """
+import builtins, sys
+real = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "swarmget.cli":
+        raise KeyboardInterrupt
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupted
+from swarmget.__main__ import run
+sys.exit(run())
+"""
+
+
+def test_ctrl_c_while_the_script_imports_exits_130_without_a_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_IMPORT],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 130
+    assert proc.stderr == "swarmget: interrupted\n"
+
+
+def test_importing_swarmget_loads_none_of_its_modules_until_a_name_is_used() -> None:
+    code = (
+        "import sys, swarmget\n"
+        "before = sorted(m for m in sys.modules if m.startswith('swarmget.'))\n"
+        "swarmget.Options; swarmget.read_manifest\n"
+        "print(before, 'swarmget.options' in sys.modules, 'swarmget.manifest' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), timeout=60
+    )
+    assert proc.stdout.split() == ["[]", "True", "True"], proc.stderr
+
+
 # -- what reaches the engine ---------------------------------------------------------------------
 
 
@@ -795,6 +853,48 @@ def test_an_output_directory_that_cannot_be_made_is_a_usage_error(tmp_path: Path
     (tmp_path / "afile").write_text("x")
     for dest in (tmp_path / "afile" / "sub", "/proc/swarmget-cannot"):
         assert cli.main(["-q", "-o", str(dest), "http://127.0.0.1:9/x"]) == 2
+
+
+def test_an_output_directory_that_cannot_be_written_is_a_usage_error() -> None:
+    # As a user without write permission (root may write anywhere: it runs as
+    # nobody then), the same status as a directory that cannot be made.
+    import shutil
+    import tempfile
+
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: no user to lack the permission")
+        as_user = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    top = tempfile.mkdtemp(prefix="swarmget-ro-")
+    try:
+        os.chmod(top, 0o755)
+        readonly = os.path.join(top, "ro")
+        os.mkdir(readonly, 0o555)
+        os.chmod(readonly, 0o555)
+        proc = subprocess.run(
+            [
+                *as_user,
+                sys.executable,
+                "-m",
+                "swarmget",
+                "-q",
+                "-o",
+                readonly,
+                "http://127.0.0.1:9/x",
+            ],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+            timeout=60,
+            cwd=top,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr == f"swarmget: error: -o '{readonly}': the directory is not writable\n"
+        assert os.listdir(readonly) == []
+    finally:
+        shutil.rmtree(top)
 
 
 def test_a_stopped_run_names_the_manifest_only_if_there_is_one(tmp_path: Path) -> None:

@@ -132,13 +132,25 @@ class ArgumentParser(argparse.ArgumentParser):
     tests can call ``main`` in-process without catching ``SystemExit``.
     """
 
+    lost: str | None = None  # what could not be written to stdout (--help, --version)
+
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
         if message:
             say(message, sys.stderr)
+        if status == 0 and self.lost:
+            # As for the summary: a script asking for the help or the version must
+            # not take silence (a full disk, a closed stdout) for it.
+            raise _Exit(fail(f"cannot write {self.lost} to stdout", EXIT_FAILED))
         raise _Exit(status)
+
+    def print_help(self, file: IO[str] | None = None) -> None:
+        # argparse's own writing drops an OSError and leaves the rest to the
+        # flush at exit, which fails with "Exception ignored" and status 120.
+        if not say(self.format_help(), file or sys.stdout):
+            self.lost = "the help"
 
 
 class _VersionAction(argparse.Action):
@@ -160,7 +172,8 @@ class _VersionAction(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         build = "compiled" if swarmget.compiled() else "pure Python"
-        say(f"swarmget {__version__} ({build})\n", sys.stdout)
+        if not say(f"swarmget {__version__} ({build})\n", sys.stdout):
+            setattr(parser, "lost", "the version")  # noqa: B010 (any ArgumentParser)
         parser.exit()
 
 
@@ -430,6 +443,11 @@ def check_output(dest: str) -> None:
         raise UsageError(f"-o {dest!r} exists and is not a directory") from None
     except OSError as exc:
         raise UsageError(f"-o {dest!r}: cannot create the directory: {exc.strerror}") from None
+    # Written in: the run's state directory if a run left one (a read-only output
+    # directory around a writable one of ours still works), else the directory.
+    state = os.path.join(dest, ".swarmget")
+    if not os.access(state if os.path.isdir(state) else dest, os.W_OK | os.X_OK):
+        raise UsageError(f"-o {dest!r}: the directory is not writable")
 
 
 def run_engine(
