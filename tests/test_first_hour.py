@@ -87,6 +87,31 @@ def test_dedupe_fetches_each_url_once_and_links_the_rest(
     assert len(server.requests) == seen
 
 
+def test_dedupe_takes_urls_that_ask_for_the_same_thing_as_one(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # The fragment never leaves the client; scheme and host are case-blind; the
+    # default port and dot segments are spelled away.  Another credential is
+    # another request.
+    a = server.file_url("dn.bin", size=3000)
+    head, _, tail = a.partition("://")
+    host, _, rest = tail.partition("/")
+    same = [
+        f"{a}#one",
+        f"HTTP://{host.upper()}/x/../{rest}",
+        f"{head}://{host}/./{rest}#two",
+    ]
+    other = f"{head}://user:pw@{host}/{rest}"
+    seen = len(server.requests)
+    paths = ["a.bin", "b.bin", "c.bin", "d.bin"]
+    rows = [Row(i, url, path) for i, (url, path) in enumerate(zip([*same, other], paths))]
+    report = swarmget.download(rows, tmp_path, dedupe=True)
+    assert (report.ok, report.failed) == (4, 0)
+    assert requests_for(server, "dn.bin", seen) == 2
+    assert len({(tmp_path / p).stat().st_ino for p in paths[:3]}) == 1
+    assert (tmp_path / "d.bin").stat().st_ino != (tmp_path / "a.bin").stat().st_ino
+
+
 def test_dedupe_copies_record_what_their_file_was_checked_and_fetched_as(
     server: TestServer, tmp_path: Path
 ) -> None:

@@ -47,7 +47,7 @@ import shutil
 import stat
 from hashlib import blake2b
 
-from swarmget.engine.urls import UrlSplitter, redact, redact_failure
+from swarmget.engine.urls import UrlSplitter, redact, redact_failure, split_url
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.manifest import manifest_path, write_manifest
 from swarmget.options import Options
@@ -80,6 +80,20 @@ _MAX_CACHED = 65536  # bounded caches: a list's length must not cost memory
 CHECKPOINT_ROWS = 100_000
 FLUSH_ROWS = 4096  # outcomes written to the journal together
 MIN_FLUSH_ROWS = 256  # ... and as the run drains, fewer (see _record_now)
+
+
+def _requested(url: str) -> str:
+    """What is asked for, for --dedupe: the URL as it goes on the wire.  Its
+    ``#fragment`` never leaves the client, and ``HTTP://Host:80/a/../b`` is
+    ``http://host/b``: the same request, the same file.  A URL that does not
+    parse stays as it is (its row fails, as each of its copies does)."""
+    try:
+        location = split_url(url)
+    except TransferError:
+        return url
+    scheme, host, port = location.origin
+    # A credential is part of the request: another user may be served another file.
+    return f"{scheme}://{host}:{port}{location.target} {location.authorization}"
 
 
 def row_key(url: str, path: str | None, occurrence: int) -> int:
@@ -316,7 +330,8 @@ class FilePlanner:
 
     def _follows(self, row: Row, key: int, url: str, path: str, batch: PlanBatch) -> bool:
         """Does another row fetch this URL?  Then this one gets its result, now or later."""
-        url_key = row_key(row.url, None, -1)  # one per distinct URL, whatever the path
+        # One per distinct request, whatever the path and however the URL spells it.
+        url_key = row_key(_requested(row.url), None, -1)
         journal = self.journal
         leader = journal.leader(url_key)
         if leader is not None and leader[0] != key:
