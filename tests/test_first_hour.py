@@ -104,7 +104,9 @@ def test_dedupe_takes_urls_that_ask_for_the_same_thing_as_one(
     other = f"{head}://user:pw@{host}/{rest}"
     seen = len(server.requests)
     paths = ["a.bin", "b.bin", "c.bin", "d.bin"]
-    rows = [Row(i, url, path) for i, (url, path) in enumerate(zip([*same, other], paths))]
+    rows = [
+        Row(i, url, path) for i, (url, path) in enumerate(zip([*same, other], paths, strict=True))
+    ]
     report = swarmget.download(rows, tmp_path, dedupe=True)
     assert (report.ok, report.failed) == (4, 0)
     assert requests_for(server, "dn.bin", seen) == 2
