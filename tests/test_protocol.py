@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -379,3 +381,54 @@ def test_random_bytes_never_escape_as_foreign_exceptions(data: bytes, cut: int) 
         c.parser.feed_eof()
     except TransferError as exc:
         assert exc.code in ErrorCode.ALL
+
+
+# -- the chunk reader (curl's rules) under every framing and split ----------------------
+
+
+@st.composite
+def chunked_bodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """(the framing, the data it carries): sizes in any case and with leading
+    zeros, CRLF or bare LF ends, extensions, a trailer."""
+    pieces = draw(st.lists(st.binary(min_size=1, max_size=40), max_size=6))
+    framed = bytearray()
+    for piece in pieces:
+        digits = f"{len(piece):x}"
+        digits = draw(st.sampled_from([digits, digits.upper(), "0" + digits]))
+        extension = draw(st.sampled_from(["", ";a=b", " ;x"]))
+        end, after = draw(st.sampled_from(["\r\n", "\n"])), draw(st.sampled_from(["\r\n", "\n"]))
+        framed += f"{digits}{extension}{end}".encode() + piece + after.encode()
+    framed += b"0" + draw(st.sampled_from([b"\r\n", b"\n"]))
+    framed += draw(st.sampled_from([b"", b"X-Sum: 1\r\n"])) + b"\r\n"
+    return bytes(framed), b"".join(pieces)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=chunked_bodies(), cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8))
+def test_chunk_reader_reads_every_framing_under_any_split(
+    body: tuple[bytes, bytes], cuts: list[int]
+) -> None:
+    from swarmget.protocol.http11 import _ChunkReader
+
+    framed, data = body
+    got = bytearray()
+    reader = _ChunkReader(got.extend)
+    bounds = sorted({0, len(framed), *(c for c in cuts if c < len(framed))})
+    done = False
+    for start, stop in itertools.pairwise(bounds):
+        assert not done
+        done = reader.feed(memoryview(framed)[start:stop])
+    assert done and bytes(got) == data and not reader.extra
+
+
+@pytest.mark.parametrize(
+    "framed", [b"1\r\na\r\r\n0\r\n\r\n", b"1\r\nab\r\n0\r\n\r\n", b"1\r\na\r0\r\n\r\n"]
+)
+def test_chunk_reader_refuses_what_does_not_end_the_data_whatever_the_split(framed: bytes) -> None:
+    from swarmget.protocol.http11 import _ChunkReader
+
+    for cut in range(len(framed) + 1):
+        reader = _ChunkReader(lambda view: None)
+        with pytest.raises(ProtocolError):
+            for piece in (framed[:cut], framed[cut:]):
+                reader.feed(memoryview(piece))

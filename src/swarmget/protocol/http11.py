@@ -87,6 +87,7 @@ _HEAD, _LENGTH, _CHUNKED, _UNTIL_CLOSE, _DONE = range(5)
 # _ChunkReader states: a size line, data, the line end after data, trailer lines.
 _SIZE, _DATA, _DATA_END, _TRAILER, _END = range(5)
 _HEX: Final = b"0123456789abcdefABCDEF"
+_SIZE_PROBE: Final = 24  # CRLF, 16 hex digits, CRLF: a size line without extensions
 # What _LlhttpChunks feeds llhttp first, so that it reads chunks next.
 _CHUNKED_HEAD: Final = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
 
@@ -433,8 +434,22 @@ class _ChunkReader(_ChunkedBody):
                 self._remaining -= take
                 if not self._remaining:
                     self._state = _DATA_END
-            elif state == _DATA_END:
-                pos = self._data_end(view[pos], pos)
+            elif state == _DATA_END or (state == _SIZE and not self._line):
+                # The usual case: the line end after the data and the next size
+                # line are whole in this read, read from one small copy.
+                after = self._next_size(view, pos, state == _DATA_END)
+                if after < 0:  # anything else: the general rules, a byte or line at a time
+                    if state == _DATA_END:
+                        pos = self._data_end(view[pos], pos)
+                        continue
+                    after = self._take_line(view, pos)
+                    if after < 0:
+                        return False
+                    self._line_done()
+                pos = after
+                if self._state == _END:
+                    self.extra = pos < size
+                    return True
             else:
                 after = self._take_line(view, pos)
                 if after < 0:
@@ -445,6 +460,34 @@ class _ChunkReader(_ChunkedBody):
                     self.extra = pos < size
                     return True
         return False
+
+    def _next_size(self, view: memoryview, pos: int, data_end: bool) -> int:
+        """``[CR]LF`` (after data) and a bare size line ``HEX [CR]LF``, whole in
+        ``view[pos:]``: taken, returning the position after them; else -1 (and
+        nothing taken)."""
+        probe = bytes(view[pos : pos + _SIZE_PROBE])
+        start = 0
+        if data_end:
+            if probe[:2] == b"\r\n" and not self._cr:
+                start = 2
+            elif probe[:1] == b"\n":
+                start = 1
+            else:
+                return -1
+        lf = probe.find(b"\n", start)
+        if lf < 0:
+            return -1
+        end = lf - 1 if probe[lf - 1 : lf] == b"\r" else lf
+        digits = probe[start:end]
+        if not digits or len(digits) > 16 or digits.lstrip(_HEX):
+            return -1  # extensions, spaces, junk: the general rules decide
+        remaining = int(digits, 16)
+        if remaining > MAX_CONTENT_LENGTH:
+            return -1
+        self._remaining = remaining
+        self._cr = False
+        self._state = _DATA if remaining else _TRAILER
+        return pos + lf + 1
 
     def _data_end(self, byte: int, pos: int) -> int:
         """After chunk data: an optional CR, then LF."""
