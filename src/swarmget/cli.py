@@ -146,7 +146,7 @@ class ArgumentParser(argparse.ArgumentParser):
             raise _Exit(fail(f"cannot write {self.lost} to stdout", EXIT_FAILED))
         raise _Exit(status)
 
-    def print_help(self, file: IO[str] | None = None) -> None:
+    def print_help(self, file: Any = None) -> None:  # argparse: SupportsWrite[str]
         # argparse's own writing drops an OSError and leaves the rest to the
         # flush at exit, which fails with "Exception ignored" and status 120.
         if not say(self.format_help(), file or sys.stdout):
