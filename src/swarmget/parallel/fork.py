@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import select
 import signal
 import socket
 import threading
@@ -47,12 +48,17 @@ STOP_WAIT: Final = 10.0  # seconds a stopped worker gets to clean up before SIGK
 
 
 class _Slot:
-    __slots__ = ("conn", "ended", "process")
+    __slots__ = ("conn", "ended", "fd", "process", "readable")
 
     def __init__(self, process: BaseProcess, conn: Connection) -> None:
         self.process = process
         self.conn = conn
+        self.fd = conn.fileno()
         self.ended = False  # it said Finished/Stopped, or its pipe ended
+        # "Is another message waiting?" for this pipe alone, one C call
+        # (Connection.poll() builds a selector and registers the pipe each time).
+        self.readable = select.poll()
+        self.readable.register(self.fd, select.POLLIN)
 
 
 class ForkBackend:
@@ -85,6 +91,12 @@ class ForkBackend:
         self._wake_read, self._wake_write = socket.socketpair()
         self._wake_read.setblocking(False)
         self._wake_write.setblocking(False)
+        # Every live worker's pipe and the wake socket, registered once: poll()
+        # runs a thousand times a second in a stream, and multiprocessing's
+        # wait() builds a selector and registers every descriptor each time.
+        self._poller = select.poll()
+        self._poller.register(self._wake_read.fileno(), select.POLLIN)
+        self._by_fd: dict[int, int] = {}  # a live worker's pipe -> the worker
 
     def start(self) -> None:
         if self._started:
@@ -114,10 +126,13 @@ class ForkBackend:
         child_end.close()
         old = self._slots[worker]
         if old is not None:
+            self._ended(old)
             old.conn.close()
             with contextlib.suppress(ValueError):  # still running: the collector's
                 old.process.close()
-        self._slots[worker] = _Slot(process, parent_end)
+        slot = self._slots[worker] = _Slot(process, parent_end)
+        self._poller.register(slot.fd, select.POLLIN)
+        self._by_fd[slot.fd] = worker
 
     def send(self, worker: int, rows: list[Assignment]) -> bool:
         return self._send(worker, Rows([row.as_tuple() for row in rows]))
@@ -149,18 +164,27 @@ class ForkBackend:
         if self._pending:
             events, self._pending = self._pending, []
             return events
-        live: dict[Connection, int] = {slot.conn: worker for worker, slot in self._live()}
-        if not live:
+        if not self._by_fd:
             return []
         received: list[Event] = []
-        for ready in wait([*live, self._wake_read], timeout=timeout):
-            if ready is self._wake_read:
+        try:
+            ready = self._poller.poll(max(0, round(timeout * 1000)))
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; a handler raised
+            return received
+        for fd, _ in ready:
+            worker = self._by_fd.get(fd)
+            if worker is not None:
+                self._receive(worker, received)
+            else:
                 with contextlib.suppress(OSError):
                     self._wake_read.recv(4096)
-                continue
-            assert isinstance(ready, Connection)
-            self._receive(live[ready], received)
         return received
+
+    def _ended(self, slot: _Slot) -> None:
+        """It said Finished or Stopped, or its pipe ended: no more polling for it."""
+        slot.ended = True
+        if self._by_fd.pop(slot.fd, None) is not None:
+            self._poller.unregister(slot.fd)
 
     def _live(self) -> list[tuple[int, _Slot]]:
         return [(w, s) for w, s in enumerate(self._slots) if s is not None and not s.ended]
@@ -169,23 +193,25 @@ class ForkBackend:
         slot = self._slots[worker]
         assert slot is not None
         try:
-            while slot.conn.poll():
+            while True:
                 message = slot.conn.recv()
                 if isinstance(message, Progress):
                     unpickle_values(message.results)
                 events.append(message)
                 if isinstance(message, Finished | Stopped):
-                    slot.ended = True
+                    self._ended(slot)
+                    return
+                if not slot.readable.poll(0):
                     return
         except (EOFError, OSError):
-            slot.ended = True
+            self._ended(slot)
             slot.process.join(5)
             events.append(Died(worker, slot.process.exitcode))
         except Exception as exc:
             # A report that does not unpickle here (a map value that pickled in
             # the worker but will not load: its rows are unknown).  The books
             # only balance if that worker's rows are settled as lost: end it.
-            slot.ended = True
+            self._ended(slot)
             slot.process.kill()
             slot.process.join(5)
             why = f"its report could not be read ({type(exc).__name__}: {exc})"
