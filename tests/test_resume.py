@@ -182,6 +182,87 @@ def test_a_directory_swapped_for_a_symlink_during_a_download_is_refused(
     assert list(outside.iterdir()) == []
 
 
+# Resumed within the run only past RESUME_MIN_BYTES (1 MiB): 2 MiB, cut at 1.5.
+_WHOLE = bytes(range(256)) * 8192  # the file as the first reply announces it
+_CUT = 1_572_864  # where the first reply's body stops
+
+
+def _partial(last: int, total: bytes, etag: bytes = b'ETag: "v1"\r\n') -> bytes:
+    length = last + 1 - _CUT
+    return (
+        b"HTTP/1.1 206 Partial Content\r\n%sContent-Range: bytes %d-%d/%s\r\n"
+        b"Content-Length: %d\r\n\r\n" % (etag, _CUT, last, total, length)
+    ) + b"x" * length
+
+
+@pytest.mark.parametrize(
+    "second",
+    [
+        # The part is "the whole file", says a 416 (with or without the ETag).
+        b'HTTP/1.1 416 Range Not Satisfiable\r\nETag: "v1"\r\n'
+        b"Content-Range: bytes */1572864\r\nContent-Length: 0\r\n\r\n",
+        b"HTTP/1.1 416 Range Not Satisfiable\r\n"
+        b"Content-Range: bytes */1572864\r\nContent-Length: 0\r\n\r\n",
+        # The rest, of a file of another length, under the same ETag.
+        _partial(2_097_251, b"2097252"),
+        _partial(2_097_051, b"2097052"),
+        _partial(2_097_251, b"*"),
+    ],
+    ids=["416", "416-no-etag", "206-longer", "206-shorter", "206-unknown-longer"],
+)
+def test_a_retry_told_another_length_than_the_cut_reply_starts_again_from_zero(
+    server: TestServer, out_dir: Path, second: bytes
+) -> None:
+    # The first reply announced 2 MiB and was cut; what the retry hears must
+    # agree with it before anything is spliced on (or published as whole).
+    calls: list[bytes] = []
+
+    async def contradicting(head: bytes, conn: ScriptedConnection) -> None:
+        calls.append(head)
+        whole = b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nContent-Length: %d\r\n\r\n' % len(_WHOLE)
+        if len(calls) == 1:
+            conn.send(whole + _WHOLE[:_CUT])
+            conn.close()
+        elif b"range:" in head.lower():
+            conn.send(second)
+        else:
+            conn.send(whole + _WHOLE)
+
+    with server.routed("/cut.bin", contradicting) as url:
+        report = run([url], out_dir, retries=2)
+    assert (report.ok, report.error_counts()) == (1, {}), [f.message for f in report.failures]
+    assert (out_dir / "cut.bin").read_bytes() == _WHOLE
+    assert b"range: bytes=1572864-" in calls[1].lower() and b"range:" not in calls[2].lower()
+
+
+@pytest.mark.parametrize("total", [b"2097152", b"*"])
+def test_a_retry_answered_with_the_rest_of_the_same_length_is_spliced(
+    server: TestServer, out_dir: Path, total: bytes
+) -> None:
+    calls: list[bytes] = []
+
+    async def honest(head: bytes, conn: ScriptedConnection) -> None:
+        calls.append(head)
+        if len(calls) == 1:
+            conn.send(b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nContent-Length: 2097152\r\n\r\n')
+            conn.send(_WHOLE[:_CUT])
+            conn.close()
+        else:
+            rest = _WHOLE[_CUT:]
+            conn.send(
+                b'HTTP/1.1 206 Partial Content\r\nETag: "v1"\r\n'
+                b"Content-Range: bytes 1572864-2097151/%s\r\nContent-Length: %d\r\n\r\n"
+                % (total, len(rest))
+                + rest
+            )
+
+    with server.routed("/honest.bin", honest) as url:
+        report = run([url], out_dir, retries=2)
+    assert (report.ok, report.error_counts()) == (1, {}), [f.message for f in report.failures]
+    assert (out_dir / "honest.bin").read_bytes() == _WHOLE
+    assert len(calls) == 2 and b"range: bytes=1572864-" in calls[1].lower()
+
+
 def test_without_renameat2_a_file_is_published_by_a_link(
     server: TestServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -325,6 +325,7 @@ class HTTPConnection(PooledConnection):
         if pool.probing and head.status != 429:
             self.owner.answered(pool, head.status)
         if verdict.kind == ACCEPT:
+            transfer.job.total = verdict.total
             writer = self.owner.open_writer(transfer, verdict, head)
             transfer.writer = writer
             # A part that is whole already: the body is read to keep the

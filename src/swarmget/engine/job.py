@@ -30,6 +30,7 @@ class Job:
         "redirects",
         "row",
         "target",
+        "total",
         "url",
         "validator",
     )
@@ -51,6 +52,10 @@ class Job:
         # builds on: the resume point, until a body starts below it (from zero).
         # Not received in this run, so not in its transfer rate.
         self.carried = row.resume_from
+        # The entity's length as this run's last accepted response announced it
+        # (None: not known).  A later 206 or 416 that tells another length is of
+        # another version of the file: its bytes are not spliced onto ours.
+        self.total: int | None = None
 
     def move_to(self, url: str, location: Location) -> None:
         """Follow a redirect to ``url``."""
@@ -105,6 +110,12 @@ class Transfer:
 def content_range_end(value: bytes) -> int:
     """The byte after LAST of a ``Content-Range`` that :func:`content_range_ok` accepted."""
     return int(value[6:].partition(b"/")[0].partition(b"-")[2]) + 1
+
+
+def content_range_total(value: bytes) -> int | None:
+    """TOTAL of a ``Content-Range`` that :func:`content_range_ok` accepted (None: ``*``)."""
+    total = value.partition(b"/")[2].strip()
+    return None if total == b"*" else int(total)
 
 
 def content_range_ok(value: bytes | None, start: int, end: int | None = None) -> bool:

@@ -28,7 +28,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from swarmget.engine.job import Transfer, content_range_end, content_range_ok
+from swarmget.engine.job import (
+    Transfer,
+    content_range_end,
+    content_range_ok,
+    content_range_total,
+)
 from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
 from swarmget.engine.retry import parse_http_date, parse_retry_after
 from swarmget.errors import ErrorCode, TransferError, http_code
@@ -60,6 +65,7 @@ class Verdict:
         "stale",
         "start",
         "status",
+        "total",
     )
 
     def __init__(
@@ -75,6 +81,7 @@ class Verdict:
         discard: bool = False,
         stale: bool = False,
         complete: bool = False,
+        total: int | None = None,
     ) -> None:
         self.kind = kind
         self.status = status
@@ -90,6 +97,9 @@ class Verdict:
         # ACCEPT of a 416 for a kept part that is the whole file already: nothing
         # of the body (an error page) is the file's.
         self.complete = complete
+        # ACCEPT: the entity's whole length as announced (None: not said), which
+        # the connection keeps on the job (Job.total) for the next attempt.
+        self.total = total
 
     def __repr__(self) -> str:
         kind = ("accept", "redirect", "restart", "fail")[self.kind]
@@ -112,14 +122,14 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
         if wrong_size is not None:
             assert length is not None
             return Verdict(FAIL, status, error=wrong_size, discard=length <= MAX_DISCARD)
-        return Verdict(ACCEPT, status)
+        return Verdict(ACCEPT, status, total=length)
     if status == 416 and transfer.ranged:
         if _already_whole(transfer, head):
             # The kept part is the whole file (a run stopped between its last
             # byte and its rename): nothing is left to fetch.  The validator
             # in If-Range matched, or the server would have sent it all anew.
             start = transfer.start
-            return Verdict(ACCEPT, status, start=start, end=start, complete=True)
+            return Verdict(ACCEPT, status, start=start, end=start, complete=True, total=start)
         # Our part is longer than the file now (it changed on a server that
         # ignores If-Range, or shrank): asking for the rest again would fail
         # the same way on every rerun.
@@ -154,6 +164,11 @@ def _already_whole(transfer: Transfer, head: ResponseHead) -> bool:
     bytes */N``, N our start), with If-Range sent (a validator), and for the
     rest of the file (no end of ours)?"""
     if transfer.end is not None or transfer.job.validator is None or transfer.start <= 0:
+        return False
+    known = transfer.job.total
+    if known is not None and known != transfer.start:
+        # This run was told another length (a body cut short, then this 416 to
+        # its retry): the part is not the whole file, whatever the 416 says.
         return False
     value = head.get(b"content-range")
     if value is None:
@@ -190,13 +205,28 @@ def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> 
     changed = _changed(transfer.job.validator, head)
     if changed is not None:
         return Verdict(RESTART, 206, error=changed)
+    total = content_range_total(content_range)
+    known = transfer.job.total
+    if known is not None and (
+        total != known if total is not None else transfer.end is None and end != known
+    ):
+        # Earlier in this run the file had another length: these bytes are
+        # of another version, even under the same validator.
+        said = "an unknown" if total is None else str(total)
+        error = TransferError(
+            ErrorCode.PROTOCOL,
+            f"the 206 is of a file of {said} length, not of the {known} bytes announced before",
+        )
+        return Verdict(RESTART, 206, error=error)
     too_large = _too_large(end, options)
     if too_large is not None:
         return Verdict(FAIL, 206, error=too_large)
     wrong_size = _not_the_size(transfer, end) if transfer.end is None else None
     if wrong_size is not None:
         return Verdict(FAIL, 206, error=wrong_size)
-    return Verdict(ACCEPT, 206, start=transfer.start, end=end)
+    return Verdict(
+        ACCEPT, 206, start=transfer.start, end=end, total=known if total is None else total
+    )
 
 
 def _whole_entity(content_range: bytes | None) -> bool:
