@@ -792,7 +792,8 @@ def test_a_rerun_checks_done_files_against_the_checks_the_list_gained(
     server: TestServer, out_dir: Path
 ) -> None:
     """A file done before is skipped only if it passed the size, sha256 and md5 its
-    row comes with now: otherwise the row is done again, and verified."""
+    row comes with now.  One never checked against them is checked on disk: kept
+    if it passes (no request), else done again and verified."""
     names = [f"g{i}.bin" for i in range(6)]
     urls = [server.file_url(name, size=2000) for name in names]
     sha = [hashlib.sha256(expected_body(name, 2000)).hexdigest() for name in names]
@@ -801,25 +802,43 @@ def test_a_rerun_checks_done_files_against_the_checks_the_list_gained(
     server.reset_stats()
     rows = [
         Row(0, urls[0], sha256=sha[0].upper()),  # checked with this digest: skipped
-        Row(1, urls[1], sha256="0" * 64),  # never checked: redone, and refused
-        Row(2, urls[2], sha256=sha[2]),  # never checked: redone, and right
+        Row(1, urls[1], sha256="0" * 64),  # never checked, fails on disk: redone, refused
+        Row(2, urls[2], sha256=sha[2]),  # never checked, right on disk: kept
         Row(3, urls[3], size=1999),  # its size says otherwise: redone, and refused
-        Row(4, urls[4], size=2000, md5=md5[4]),  # no md5 recorded: redone
+        Row(4, urls[4], size=2000, md5=md5[4]),  # no md5 recorded, right on disk: kept
         Row(5, urls[5], size=2000),  # the size it had: skipped
     ]
     report = run(rows, out_dir)
     assert (report.ok, report.skipped) == (2, 2)
     errors = {f.index: f.error for f in report.failures}
     assert errors == {1: "checksum", 3: "size_mismatch"}
-    assert server.stats.requests == 4
+    assert server.stats.requests == 2
+    assert report.received == 0  # rows 2 and 4: checked where they were
     # What the checks refuse is not left in place; the rest is.
     assert sorted(p.name for p in out_dir.glob("*.bin")) == ["g0.bin", "g2.bin", "g4.bin", "g5.bin"]
     records = {r["index"]: r for r in journal(out_dir)}
     assert records[2]["sha256"] == sha[2] and records[4]["md5"] == md5[4]
+    assert records[2]["message"] == "already on disk: checked against the input's sha256"
     # Checked now, they are skipped from now on.
     server.reset_stats()
     again = run([rows[0], rows[2], rows[4], rows[5]], out_dir)
     assert (again.ok, again.skipped, server.stats.requests) == (0, 4, 0)
+
+
+def test_a_checksum_column_added_while_the_server_is_gone_keeps_the_files_it_vouches_for(
+    out_dir: Path,
+) -> None:
+    with TestServer() as gone:
+        urls = [gone.file_url(name, size=3000) for name in ("k1.bin", "k2.bin")]
+        assert run(urls, out_dir).ok == 2
+    good = hashlib.sha256(expected_body("k1.bin", 3000)).hexdigest()
+    report = run(
+        [Row(0, urls[0], sha256=good, size=3000), Row(1, urls[1], sha256="1" * 64)], out_dir
+    )
+    assert (report.ok, report.error_counts()) == (1, {"connect": 1})
+    assert (out_dir / "k1.bin").read_bytes() == expected_body("k1.bin", 3000)
+    # The file its checksum refuses is not left in place (verified or absent).
+    assert not (out_dir / "k2.bin").exists()
 
 
 def test_max_size_refuses_before_and_during_transfer(server: TestServer, out_dir: Path) -> None:
