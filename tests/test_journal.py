@@ -298,6 +298,8 @@ def _head(status: int, **headers: str) -> ResponseHead:
         (b"bytes 100-200/200", 100, None, False),  # past the end
         (b"bytes */200", 100, None, False),
         (b"pages 100-199/200", 100, None, False),
+        (b"BYTES 100-199/200", 100, None, True),  # units are case-blind (RFC 9110 14.1)
+        (b"Bytes 100-199/*", 100, None, True),
         (None, 100, None, False),
     ],
 )

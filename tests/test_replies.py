@@ -90,6 +90,12 @@ REPLIES = [
     Reply("obs-fold", head(b"X-A: a", b" b", b"\tc", CL) + BODY, BODY),
     Reply("folded-length", head(b"Content-Length:", b" 13") + BODY, BODY),
     Reply("space-after-status", head(b" X-Junk: y", CL) + BODY, BODY),
+    # ... but not when the line ignored would frame the body (curl refuses both).
+    Reply(
+        "space-led-chunked", head(b" Transfer-Encoding: chunked") + chunked(BODY), PROTOCOL, True
+    ),
+    Reply("tab-led-gzip", head(b"\tTRANSFER-ENCODING : gzip") + GZ, PROTOCOL, True),
+    Reply("space-led-length", head(b" Content-Length: 5") + BODY, PROTOCOL, True),
     # -- interim responses ------------------------------------------------------
     Reply("100", head(status=b"HTTP/1.1 100 Continue") + head(CL) + BODY, BODY),
     Reply(
@@ -127,6 +133,12 @@ REPLIES = [
     Reply("no-reason-space", head(CL, status=b"HTTP/1.1 200 ") + BODY, BODY),
     Reply("tabs", head(CL, status=b"HTTP/1.1\t200\tOK") + BODY, BODY),
     Reply("reason-spaces", head(CL, status=b"HTTP/1.1 200  All  OK ") + BODY, BODY),
+    Reply("nul-in-reason", head(CL, status=b"HTTP/1.1 200 O\x00K") + BODY, PROTOCOL),
+    Reply(
+        "nul-in-interim-reason",
+        head(status=b"HTTP/1.1 100 Con\x00tinue") + head(CL) + BODY,
+        PROTOCOL,
+    ),
     Reply("two-spaces-before-code", head(CL, status=b"HTTP/1.1  200 OK") + BODY, PROTOCOL),
     Reply("four-digit-code", head(CL, status=b"HTTP/1.1 2000 OK") + BODY, PROTOCOL),
     # Was http_0 with no http_status in the record.
@@ -187,6 +199,48 @@ REPLIES = [
     Reply("chunk-size-17-digits", CHUNKED + b"1" * 17 + b"\r\n", PROTOCOL),
     Reply("chunk-trailer-nul", CHUNKED + b"0\r\nX: a\x00b\r\n\r\n", PROTOCOL),
     Reply("chunk-data-overrun", CHUNKED + b"3\r\nhello\r\n0\r\n\r\n", PROTOCOL),
+    # Past the first chunk too, and whatever the head looked like: one reader.
+    Reply("later-chunk-lf", CHUNKED + b"5\r\nhello\r\n6\n world\r\n0\n\r\n", b"hello world"),
+    Reply(
+        "later-chunk-extensions",
+        CHUNKED + b'5\r\nhello\r\n6; a=b\r\n world\r\n1 ; a = b; c="x"\r\n!\r\n0;z\r\n\r\n',
+        b"hello world!",
+    ),
+    Reply(
+        "later-chunk-extensions-folded-head",
+        head(b"X-A: a", b" b", b"Transfer-Encoding: chunked")
+        + b"5\r\nhello\r\n6; a=b\r\n world\r\n0\r\n\r\n",
+        b"hello world",
+    ),
+    Reply(
+        "chunk-long-extension",
+        CHUNKED + b"5;x=" + b"a" * 5000 + b"\r\nhello\r\n0\r\n\r\n",
+        b"hello",
+    ),
+    Reply("chunk-size-20-digits", CHUNKED + b"0" * 15 + b"00005\r\nhello\r\n0\r\n\r\n", PROTOCOL),
+    Reply(
+        "chunk-size-20-digits-folded-head",
+        head(b"X-A: a", b" b", b"Transfer-Encoding: chunked")
+        + b"0" * 15
+        + b"00005\r\nhello\r\n0\r\n\r\n",
+        PROTOCOL,
+    ),
+    Reply("chunk-size-2-64", CHUNKED + b"10000000000000000\r\nhello\r\n", PROTOCOL),
+    Reply("chunk-size-2-63", CHUNKED + b"8000000000000000\r\nhello\r\n", PROTOCOL),
+    *(
+        Reply(
+            f"chunk-trailer-{name}",
+            CHUNKED + b"5\r\nhello\r\n0\r\n" + field + b"\r\n\r\n",
+            b"hello",
+        )
+        for name, field in [
+            ("length", b"Content-Length: 99"),
+            ("space-before-colon", b"X : 1"),
+            ("folded", b"X: 1\r\n 2"),
+            ("control", b"X: a\x01b"),
+            ("utf8-name", "Xé: 1".encode()),
+        ]
+    ),
     # -- fields llhttp refuses and curl reads (RFC 9112 5.1, RFC 9110 5.5) ------
     # Whitespace before the colon: the field is ignored, as curl ignores it (the
     # body here runs to the close, not to the 5 bytes the field would say).

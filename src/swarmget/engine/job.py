@@ -124,7 +124,7 @@ def content_range_ok(value: bytes | None, start: int, end: int | None = None) ->
     FIRST must be ``start``; LAST must reach ``end - 1`` (or the end of the
     entity when ``end`` is None, or when the entity is shorter than ``end``).
     """
-    if not value or not value.startswith(b"bytes "):
+    if not value or value[:6].lower() != b"bytes ":  # units are case-blind (RFC 9110 14.1)
         return False
     span, _, total = value[6:].partition(b"/")
     first, _, last = span.partition(b"-")

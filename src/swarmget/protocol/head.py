@@ -12,7 +12,9 @@ list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
   CRLF; curl reads it), and the head is rewritten with CRLF.  Any other CR
   stays where it was, so llhttp still refuses a bare CR inside a line.
 * **Whitespace-led lines right after the status line** (section 2.2: a
-  recipient MUST either reject the message or ignore each such line): ignored.
+  recipient MUST either reject the message or ignore each such line): ignored,
+  unless one names Transfer-Encoding or Content-Length: then refused, as curl
+  refuses them all (ignored, it would save the framing as the file).
 * **Obsolete line folding** (section 5.2: a user agent MUST replace each obs-fold
   with one or more SP before interpreting the value): each continuation line
   is joined to the field before it with one space.
@@ -114,6 +116,10 @@ def _status_line(line: bytes) -> bytes:
     return version + b" " + code + (b" " + reason if reason else b"")
 
 
+# A line that names a field which frames the body, whatever its case or blanks.
+_FRAMING_LINE: Final = re.compile(rb"[ \t]*(transfer-encoding|content-length)[ \t]*:", re.I)
+
+
 def _unfold(lines: list[bytes]) -> list[bytes]:
     """Fields with obs-fold undone and whitespace-led lines before the first dropped."""
     fields: list[list[bytes]] = []  # each field's pieces, joined once at the end:
@@ -125,7 +131,12 @@ def _unfold(lines: list[bytes]) -> list[bytes]:
             pieces = fields[-1]
             pieces[-1] = pieces[-1].rstrip(b" \t")
             pieces.append(line.strip(b" \t"))
-        # else: whitespace before the first field, ignored (RFC 9112 section 2.2).
+        elif _FRAMING_LINE.match(line):
+            # Whitespace before the first field, ignored (RFC 9112 section 2.2)...
+            # unless it frames the body: ignoring ``Transfer-Encoding: chunked``
+            # would save the chunk framing (or a gzip stream) as the file.  The
+            # RFC's other choice, and curl's: refuse the message.
+            raise ProtocolError(f"whitespace before the first field {line.strip()[:40]!r}")
     return [b" ".join(pieces) for pieces in fields]
 
 
