@@ -142,6 +142,12 @@ def test_parse_header() -> None:
         {"headers": {"X-Nul": "a\x00b"}},
         {"headers": {"Bad Name": "v"}},
         {"headers": [("X-List", "v")]},
+        # Fields that frame a request or ask for ranges are swarmget's own.
+        {"headers": {"Content-Length": "5"}},
+        {"headers": {"transfer-encoding": "chunked"}},
+        {"headers": {"Upgrade": "h2c"}},
+        {"headers": {"Range": "bytes=0-9"}},
+        {"headers": {"If-Range": '"x"'}},
         # NaN passed every range check: a NaN timeout never fired, and a NaN
         # --max-size refused every file.
         {"timeout": math.nan},
@@ -154,6 +160,17 @@ def test_parse_header() -> None:
 def test_the_library_refuses_what_the_cli_refuses(options: dict[str, object]) -> None:
     with pytest.raises(UsageError):
         Options.from_kwargs(options)
+
+
+def test_a_framing_header_is_a_usage_error_naming_why(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["-o", "o", "http://127.0.0.1:9/x", "--header", "Content-Length: 5"]) == 2
+    err = capsys.readouterr().err
+    assert "'Content-Length: 5' cannot be given: a GET carries no body" in err
+    # Host stays the user's to set (virtual hosts), as curl lets it be, and so
+    # does "Connection: close" (one response per connection, for a server that
+    # keeps them badly).
+    assert cli.parse_header("Host: example.test") == ("Host", "example.test")
+    assert cli.parse_header("Connection: close") == ("Connection", "close")
 
 
 def test_header_values_outside_one_line_of_latin_1_are_refused_by_the_cli() -> None:

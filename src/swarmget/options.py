@@ -29,7 +29,7 @@ import math
 import numbers
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from swarmget.errors import UsageError
 from swarmget.net.proxy import parse_proxy_url
@@ -165,6 +165,21 @@ HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token
 _BAD_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
+# Request fields swarmget must write itself: given by the user, they would break
+# the framing of a kept-alive connection (nginx read a "Content-Length: 5" GET's
+# next request as its body) or contradict the ranges it asks for.
+_NO_BODY = "a GET carries no body, and the field would frame the next request"
+_RANGES = "swarmget asks for byte ranges itself (resuming a part)"
+_OURS: Final = {
+    "content-length": _NO_BODY,
+    "transfer-encoding": _NO_BODY,
+    "expect": _NO_BODY,
+    "upgrade": "swarmget speaks HTTP/1.1 on its connections, and refuses a 101",
+    "range": _RANGES,
+    "if-range": _RANGES,
+}
+
+
 def check_header(name: str, value: str) -> None:
     """A request header the user gave: a token for a name, one line of Latin-1
     text (as ``http.client`` and requests encode it) for a value; raise UsageError."""
@@ -181,6 +196,9 @@ def check_header(name: str, value: str) -> None:
         raise UsageError(
             f"invalid header {shown!r} (only Latin-1 text can be sent in a header)"
         ) from None
+    why = _OURS.get(name.lower())
+    if why is not None:
+        raise UsageError(f"header {shown!r} cannot be given: {why}")
 
 
 def check_dns_server(text: str) -> None:
