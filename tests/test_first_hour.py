@@ -482,3 +482,67 @@ def test_rows_from_python_are_held_to_the_rules_of_a_csv_row(
     }
     assert len(server.requests) - seen == 2  # the bad rows were never fetched
     assert [r["index"] for r in records(tmp_path)] == [0, 1, 2, 3, 4, 5]
+
+
+# -- a path column is that path, across runs -------------------------------------------
+
+
+def test_a_fixed_url_gets_the_path_its_failed_predecessor_claimed(
+    server: TestServer, tmp_path: Path
+) -> None:
+    wrong = server.file_url("fx.bin", size=10, status=404)
+    right = server.file_url("fx.bin", size=10)
+    assert swarmget.download([Row(0, wrong, "img.jpg")], tmp_path).failed == 1
+    report = swarmget.download([Row(0, right, "img.jpg")], tmp_path)
+    assert (report.ok, report.failed) == (1, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".swarmget", "img.jpg"]
+    assert (tmp_path / "img.jpg").read_bytes() == expected_body("fx.bin", 10)
+
+
+def test_a_new_url_for_a_done_path_needs_overwrite_and_is_never_renamed(
+    server: TestServer, tmp_path: Path
+) -> None:
+    v1, v2 = server.file_url("v1.bin", size=10), server.file_url("v2.bin", size=12)
+    assert swarmget.download([Row(0, v1, "data.bin")], tmp_path).ok == 1
+    kept = swarmget.download([Row(0, v2, "data.bin")], tmp_path)
+    assert kept.error_counts() == {"exists": 1}
+    assert "use --overwrite" in kept.failures[0].message
+    assert (tmp_path / "data.bin").read_bytes() == expected_body("v1.bin", 10)
+    replaced = swarmget.download([Row(0, v2, "data.bin")], tmp_path, overwrite=True)
+    assert (replaced.ok, replaced.failed) == (1, 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".swarmget", "data.bin"]
+    assert (tmp_path / "data.bin").read_bytes() == expected_body("v2.bin", 12)
+    # The earlier row is gone from the manifest: one file, one record.
+    assert [(r["url"], r["path"]) for r in records(tmp_path)] == [(v2, "data.bin")]
+
+
+def test_a_manifest_fed_back_as_the_input_is_done_already(
+    server: TestServer, tmp_path: Path
+) -> None:
+    urls = [server.file_url(f"mf{i}.bin", size=100 + i) for i in range(3)]
+    assert swarmget.download(urls, tmp_path).ok == 3
+    rows = [Row(r["index"], r["url"], r["path"]) for r in records(tmp_path)]
+    seen = len(server.requests)
+    again = swarmget.download(rows, tmp_path)
+    assert (again.ok, again.failed, again.received) == (3, 0, 0)
+    assert len(server.requests) == seen
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".swarmget",
+        *(f"mf{i}.bin" for i in range(3)),
+    ]
+    assert [(r["index"], r["path"]) for r in records(tmp_path)] == [
+        (i, f"mf{i}.bin") for i in range(3)
+    ]
+    third = swarmget.download(rows, tmp_path)
+    assert (third.ok, third.skipped) == (0, 3)
+    assert len(server.requests) == seen
+
+
+def test_two_rows_of_one_input_with_one_path_the_second_fails(
+    server: TestServer, tmp_path: Path
+) -> None:
+    a, b = server.file_url("tw1.bin", size=10), server.file_url("tw2.bin", size=10)
+    report = swarmget.download([Row(0, a, "same.bin"), Row(1, b, "same.bin")], tmp_path)
+    assert report.error_counts() == {"exists": 1}
+    assert report.failures[0].index == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".swarmget", "same.bin"]

@@ -251,21 +251,40 @@ def test_suffix_goes_before_the_extension() -> None:
     assert got[4:] == ["index-1", "a-1.tar.gz", "x-1", "v1.2 notes-1"]
 
 
+def outcomes(*rows: Row | str) -> list[str]:
+    """Each row's name, or the code of the error it fails with."""
+    names = NameAllocator()
+    got = []
+    for i, r in enumerate(rows):
+        try:
+            got.append(names.allocate(Row(i, r) if isinstance(r, str) else r))
+        except TransferError as exc:
+            got.append(exc.code)
+    return got
+
+
 def test_names_already_in_the_input_are_skipped() -> None:
     got = allocate_all(
-        "http://h/a-1.jpg", "http://h/a.jpg", "http://h/a.jpg", Row(3, "http://h/q", path="a-2.jpg")
+        "http://h/a-1.jpg",
+        Row(1, "http://h/q", path="a-2.jpg"),
+        "http://h/a.jpg",
+        "http://h/a.jpg",
+        "http://h/a.jpg",
     )
-    assert got == ["a-1.jpg", "a.jpg", "a-2.jpg", "a-2-1.jpg"]
+    assert got == ["a-1.jpg", "a-2.jpg", "a.jpg", "a-3.jpg", "a-4.jpg"]
 
 
-def test_explicit_paths() -> None:
-    got = allocate_all(
+def test_explicit_paths_are_that_path_or_none() -> None:
+    # Never renamed: a path the input gives that another row of it has is the
+    # row's failure (`exists`), not a "-1" the user did not ask for.
+    got = outcomes(
         Row(0, "http://h/a.jpg", path="./d//a.jpg"),
         Row(1, "http://h/a.jpg"),
         Row(2, "http://h/z", path="a.jpg"),
         Row(3, "http://h/z", path="d/a.jpg"),
+        Row(4, "http://h/z", path="d/b.jpg"),
     )
-    assert got == ["d/a.jpg", "a.jpg", "a-1.jpg", "d/a-1.jpg"]
+    assert got == ["d/a.jpg", "a.jpg", "exists", "exists", "d/b.jpg"]
 
 
 def test_bad_explicit_path_fails_that_row_only() -> None:
@@ -288,18 +307,16 @@ def test_file_where_a_directory_is_needed() -> None:
 
 
 def test_directory_where_a_file_would_go() -> None:
-    got = allocate_all(
-        Row(0, "http://h/x", path="d/e/x.jpg"), "http://h/d", Row(2, "u", path="d/e")
-    )
-    assert got == ["d/e/x.jpg", "d-1", "d/e-1"]
+    got = outcomes(Row(0, "http://h/x", path="d/e/x.jpg"), "http://h/d", Row(2, "u", path="d/e"))
+    assert got == ["d/e/x.jpg", "d-1", "exists"]
 
 
 def test_suffix_keeps_long_components_within_255_bytes() -> None:
     long_name = "a" * 250 + ".jpg"
     assert len(with_suffix(long_name, 12345).encode()) == 255
     assert with_suffix("d/" + long_name, 7).endswith("a-7.jpg")
-    got = allocate_all(Row(0, "u", path=long_name), Row(1, "u", path=long_name))
-    assert got[1] == "a" * 249 + "-1.jpg"
+    got = allocate_all(f"http://h/{long_name}", f"http://x/{long_name}")
+    assert got[1] == with_suffix(got[0], 1) and len(got[1].encode()) <= 255
 
 
 def test_split_ext() -> None:

@@ -197,6 +197,26 @@ class Journal:
                     found[key] = Previous(run, path, bool(mine), status, size, validator)
         return found
 
+    def holder(self, path: str) -> tuple[int, Previous, str | None] | None:
+        """The row that claimed ``path`` (its key, what is known of it, and the URL
+        its record names), or None."""
+        query = (
+            "SELECT key, run, path, mine, status, bytes, validator, record FROM rows WHERE path=?"
+        )
+        with self._guard("read"):
+            found = self._db.execute(query, (path,)).fetchone()
+        if found is None:
+            return None
+        key, run, claimed, mine, status, size, validator, record = found
+        url = json.loads(record).get("url") if record else None
+        return key, Previous(run, claimed, bool(mine), status, size, validator), url
+
+    def forget(self, key: int) -> None:
+        """Drop row ``key``: another row, with its path, takes its place."""
+        self.changed = True
+        with self._guard("write"):
+            self._db.execute("DELETE FROM rows WHERE key=?", (key,))
+
     def digests(self, keys: list[int]) -> dict[int, dict[str, str]]:
         """The digests recorded for each of ``keys`` (a row done without one: an
         empty dict; a key with no record: absent)."""

@@ -207,6 +207,18 @@ class NameAllocator:
         name = candidate if candidate is not None else self.candidate(row)
         if row.path is None:
             return self._claim(name, [])
+        # A path the input gives is that path or none: never renamed to "-1".
+        # (The planner has already freed it from an earlier run's row that may
+        # give it up, see FilePlanner._take_explicit.)
+        if self.store.taken(name):
+            raise TransferError(
+                ErrorCode.EXISTS, f"output path {name!r} is another row's in this input"
+            )
+        if self.store.is_dir(name):
+            raise TransferError(
+                ErrorCode.EXISTS,
+                f"output path {name!r} is a directory that other rows' files are in",
+            )
         parents = parents_of(name)
         for parent in parents:
             if self.store.taken(parent):

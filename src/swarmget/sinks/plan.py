@@ -162,6 +162,10 @@ class JournalNames(NameStore):
             taken = self._journal.taken(names)
         self._known = {name: name in taken for name in names}
 
+    def freed(self, name: str) -> None:
+        """An earlier run's row gave ``name`` up (FilePlanner._take_explicit)."""
+        self._known[name] = False
+
     def release(self, name: str) -> None:
         """``name``'s row is in the table now: the journal answers for it."""
         self._held.pop(name, None)
@@ -286,6 +290,11 @@ class FilePlanner:
             if previous is not None and previous.path is not None:
                 path = previous.path  # claimed before: it keeps it, whatever moved around it
             else:
+                if row.path is not None and candidate is not None:
+                    done = self._take_explicit(row, key, url, candidate)
+                    if done is not None:
+                        batch.results.append(done)
+                        return
                 path = self.names.allocate(row, candidate)
         except TransferError as exc:
             url, message = redact_failure(url, exc)
@@ -482,6 +491,59 @@ class FilePlanner:
             key=key,
             reused=previous.bytes,
         )
+
+    def _take_explicit(self, row: Row, key: int, url: str, name: str) -> FileResult | None:
+        """A ``path`` the input gives that a row of an earlier run claimed (the
+        list changed: a URL fixed or updated, a path column added).  That row
+        is not in this input, so it gives the path up:
+
+        * its file is there and is of this URL: this row is done, with it;
+        * its file is there, of another URL: replaced with --overwrite, else
+          this row fails ``exists`` (a file swarmget wrote is not overwritten
+          unasked);
+        * it has no file there (it failed, or never finished): this row takes
+          the path over, and any file there is judged as any other.
+
+        Returns the row's result when it is done; raises ``exists``; else None
+        (the path is free for :meth:`NameAllocator.allocate`, which refuses
+        one claimed in this run)."""
+        store = self._names_store
+        if not store.taken(name):
+            return None
+        found = self.journal.holder(name)
+        if found is None or found[1].run == self.journal.run:
+            return None  # claimed in this run: allocate refuses it
+        holder_key, holder, holder_url = found
+        whole = holder.status == OK and holder.mine and self._done(holder)
+        if whole and holder_url == url and not self.options.overwrite:
+            if row.sha256 is not None or row.md5 is not None:
+                done = self._checked_on_disk(row, key, holder)
+            elif row.size in (None, holder.bytes):
+                done = FileResult(
+                    url, name, "ok", None, holder.bytes, None, 0, 0,
+                    "already on disk: the file of an earlier row with this URL",
+                    index=row.index, key=key, reused=holder.bytes,
+                )  # fmt: skip
+            else:
+                done = None
+            if done is not None:
+                self.journal.forget(holder_key)
+                store.claim(name, parents_of(name))
+                self._in_flight[key] = (key, row.index, url, name, True)
+                return done
+            self._unpublish(holder)  # its file fails this row's checks: verified or absent
+            whole = False
+        if whole and not self.options.overwrite:
+            raise TransferError(
+                ErrorCode.EXISTS,
+                f"{name} holds the file an earlier run downloaded from {holder_url} "
+                "(use --overwrite to replace it)",
+            )
+        self.journal.forget(holder_key)
+        with contextlib.suppress(OSError):
+            os.unlink(part_path(self.root, holder_key))  # a part it kept is of no use now
+        store.freed(name)
+        return None
 
     def _unpublish(self, previous: Previous) -> None:
         """A file done before that this row's checks do not vouch for is not left in
