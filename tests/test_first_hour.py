@@ -293,6 +293,23 @@ def test_the_manifest_reads_back(server: TestServer, tmp_path: Path) -> None:
         swarmget.read_manifest(tmp_path / "nowhere")
 
 
+def test_a_damaged_manifest_names_its_line_and_the_file_itself_reads(
+    server: TestServer, tmp_path: Path
+) -> None:
+    swarmget.download([server.file_url(f"dm{i}.bin", size=10) for i in range(3)], tmp_path)
+    manifest = tmp_path / ".swarmget" / "manifest.jsonl"
+    assert len(records(manifest)) == 3  # the file, not only its directory
+    lines = manifest.read_bytes().splitlines(keepends=True)
+    manifest.write_bytes(lines[0] + b"{not json\n" + lines[2])
+    with pytest.raises(ValueError, match=r"manifest.jsonl, line 2: not a JSON record"):
+        records(tmp_path)
+    manifest.write_bytes(lines[0] + lines[1] + b'{"url": "\xff"}\n')
+    with pytest.raises(ValueError, match="line 3"):
+        records(tmp_path)
+    with pytest.raises(swarmget.UsageError, match="no manifest"):
+        records(tmp_path / "nowhere")
+
+
 def test_the_manifest_as_a_table(server: TestServer, tmp_path: Path) -> None:
     pyarrow = pytest.importorskip("pyarrow")
     swarmget.download([server.file_url("t.bin", size=10)], tmp_path)
@@ -546,3 +563,28 @@ def test_two_rows_of_one_input_with_one_path_the_second_fails(
     assert report.error_counts() == {"exists": 1}
     assert report.failures[0].index == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [".swarmget", "same.bin"]
+
+
+# -- the library's own arguments -------------------------------------------------------
+
+
+def test_download_progress_true_shows_the_display_on_stderr(
+    server: TestServer, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Not a terminal here: plain lines, the first after PLAIN_INTERVAL.
+    from swarmget.progress import PLAIN_INTERVAL
+
+    slow = server.file_url("pt.bin", size=10, latency=PLAIN_INTERVAL + 0.3)
+    report = swarmget.download([slow], tmp_path, progress=True)
+    assert report.ok == 1
+    assert "0/1" in capfd.readouterr().err
+
+
+def test_download_output_directory_arguments(server: TestServer, tmp_path: Path) -> None:
+    url = server.file_url("od.bin", size=10)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(swarmget.UsageError, match="exists and is not a directory"):
+        swarmget.download([url], tmp_path / "afile")
+    assert (tmp_path / "afile").read_text() == "x"
+    assert swarmget.download([url], os.fsencode(tmp_path / "as-bytes")).ok == 1
+    assert (tmp_path / "as-bytes" / "od.bin").read_bytes() == expected_body("od.bin", 10)

@@ -379,6 +379,20 @@ def test_a_body_larger_than_the_whole_budget_always_spills(server: TestServer) -
         (item,) = list(items)
         assert item.data is None and item.path is not None
         assert item.read() == expected_body("huge.bin", 200_000)
+    # Kept past the stream's end, its spill file is gone: said so, not a bare
+    # FileNotFoundError.
+    with pytest.raises(ValueError, match="removed when the stream closes"):
+        item.read()
+
+
+def test_a_no_limit_byte_budget_runs(server: TestServer) -> None:
+    # 1 << 40 (a "no limit"): the workers' shared arenas are capped by the
+    # machine's memory, not mapped at a size the kernel refuses.
+    urls = [server.file_url(f"nl{i}.bin", size=1000) for i in range(4)]
+    with swarmget.stream(urls, max_buffer_bytes=1 << 40, workers=2, ordered=True) as items:
+        assert [item.read() for item in items] == [
+            expected_body(f"nl{i}.bin", 1000) for i in range(4)
+        ]
 
 
 def test_checksums_and_download_options_apply(server: TestServer) -> None:

@@ -165,10 +165,10 @@ def file_sink(root: str, worker: int, *, replace: bool = False) -> FileSink:
 
 def download(
     urls: Iterable[str | Row] | None,
-    dest: str | os.PathLike[str],
+    dest: str | bytes | os.PathLike[str] | os.PathLike[bytes],
     *,
     sources: Sequence[str] | None = None,
-    progress: ProgressListener | None = None,
+    progress: ProgressListener | bool | None = None,
     **options: Any,
 ) -> Report:
     """Download every URL into directory ``dest`` and return the :class:`Report`.
@@ -177,9 +177,17 @@ def download(
     :class:`~swarmget.sources.Row` objects (read lazily); ``sources`` are input
     files / ``-`` / URLs as on the command line, read first.  Keyword options are
     the fields of :class:`~swarmget.Options`.  Each row's outcome is also written
-    to ``dest/.swarmget/manifest.jsonl``.
+    to ``dest/.swarmget/manifest.jsonl``.  ``progress=True`` shows the live
+    display the CLI shows (on stderr); a ProgressListener of yours gets its
+    snapshots instead.
     """
     opts = fit_concurrency(Options.from_kwargs(options))
+    if progress is True:
+        from swarmget.progress import make_progress
+
+        progress = make_progress(sys.stderr)
+    elif progress is False:
+        progress = None
     rows = input_rows(urls, sources)
     report = run_download(rows, dest, opts, progress, known_rows=_known_rows(urls, sources))
     if report.total + report.skipped == 0:
@@ -206,7 +214,7 @@ def _known_rows(urls: object, sources: Sequence[str] | None) -> int | None:
 
 def run_download(
     rows: Iterator[Row],
-    dest: str | os.PathLike[str],
+    dest: str | bytes | os.PathLike[str] | os.PathLike[bytes],
     options: Options,
     progress: ProgressListener | None = None,
     *,
@@ -214,10 +222,13 @@ def run_download(
 ) -> Report:
     """Plan ``rows`` into ``dest`` and download them with one engine per worker
     (``known_rows``: how many rows there are, when the caller knows)."""
-    if not os.fspath(dest):
+    root = os.fsdecode(os.fspath(dest))  # a bytes path too, as os functions take
+    if not root:
         # realpath("") is the current directory: an unset $OUT must not fill it.
         raise UsageError("the output directory is an empty string")
-    planner = FilePlanner(os.fspath(dest), options)
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise UsageError(f"the output directory {root!r} exists and is not a directory")
+    planner = FilePlanner(root, options)
     try:
         make_sink = functools.partial(file_sink, planner.root, replace=options.overwrite)
         workers = worker_count(options, known_rows)

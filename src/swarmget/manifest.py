@@ -81,16 +81,23 @@ def read_manifest(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def iter_manifest(out_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """:func:`read_manifest`, lazily."""
-    path = manifest_path(out_dir)
+    """:func:`read_manifest`, lazily.  ``out_dir`` may also be the manifest file
+    itself (``out/.swarmget/manifest.jsonl``)."""
+    given = os.fspath(out_dir)
+    path = given if os.path.isfile(given) else manifest_path(out_dir)
     try:
-        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed by the with below
-    except FileNotFoundError:
-        raise UsageError(f"no manifest in {os.fspath(out_dir)!r} (expected {path})") from None
+        # Bytes: json.loads reads UTF-8 itself, and a bad byte is then an error
+        # of the line it is in.
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except (FileNotFoundError, NotADirectoryError):
+        raise UsageError(f"no manifest in {given!r} (expected {path})") from None
     with handle:
-        for line in handle:
+        for number, line in enumerate(handle, 1):
             if line.strip():
-                yield json.loads(line)
+                try:
+                    yield json.loads(line)
+                except ValueError as exc:  # not JSON, or not UTF-8
+                    raise ValueError(f"{path}, line {number}: not a JSON record ({exc})") from None
 
 
 def manifest_table(out_dir: str | os.PathLike[str]) -> Any:

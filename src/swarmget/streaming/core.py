@@ -26,6 +26,7 @@ end the workers, and remove the spill files, within a second or two.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import numbers
 import os
@@ -250,7 +251,7 @@ class Stream(Iterator[Item]):
         if workers > 1:
             # Half the byte budget for bodies in the workers' arenas, half for
             # bodies here waiting for the caller (stream/delivery.py).
-            arenas = [Arena(self._limit // (2 * workers)) for _ in range(workers)]
+            arenas = _arenas(self._limit, workers)
             make = functools.partial(worker_sink, self.spill_dir, arenas, self._map)
             shares = worker_shares(options, workers)
             backend = ForkBackend(make, shares, stop_wait=WORKER_STOP_WAIT)
@@ -373,6 +374,25 @@ def _drive(supervisor: Supervisor, delivery: Delivery) -> None:
 def _whole(value: object) -> bool:
     """An integer (numpy's too), not a bool or a float."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _arenas(limit: int, workers: int) -> list[Arena]:
+    """Each worker's arena: its share of half the byte budget, but never more
+    than its share of half the machine's memory (a "no limit" budget such as
+    1 << 40 would ask for a mapping the kernel refuses; bodies beyond an arena
+    wait in the worker or spill, as at any budget)."""
+    share = limit // (2 * workers)
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        share = min(
+            share, os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // (2 * workers)
+        )
+    try:
+        return [Arena(share) for _ in range(workers)]
+    except OSError as exc:
+        raise UsageError(
+            f"max_buffer_bytes={limit}: cannot map {share} bytes of shared memory "
+            f"for each of {workers} workers ({exc.strerror}); give a smaller budget"
+        ) from None
 
 
 def _make_spill_dir(parent: str | None) -> str:

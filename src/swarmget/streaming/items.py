@@ -68,7 +68,13 @@ class Item:
         if self.data is not None:
             return self.data
         if self.path is not None:
-            return self.path.read_bytes()
+            try:
+                return self.path.read_bytes()
+            except FileNotFoundError:
+                raise ValueError(
+                    f"this item's body was spilled to {self.path}, which is gone: spill "
+                    "files are removed when the stream closes (read() the body first)"
+                ) from None
         # Not b"": an empty body is data == b"".  Silence here was a wrong answer.
         raise ValueError(
             "this item has no body: it was closed, or map took it (only map's value comes back)"
