@@ -1020,3 +1020,37 @@ def test_json_after_sigterm_says_what_finished(out_dir: Path) -> None:
     summary = json.loads(out)
     assert (summary["ok"], summary["failed"]) == (1, 0)
     assert summary["manifest"] == str(out_dir / ".swarmget" / "manifest.jsonl")
+
+
+def test_a_later_source_without_a_url_column_fails_before_any_download(tmp_path: Path) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        first = tmp_path / "a.txt"
+        first.write_text("".join(srv.file_url(f"ls{i}.bin", size=10) + "\n" for i in range(5)))
+        second = tmp_path / "b.csv"
+        second.write_text("foo,bar\n1,2\n")
+        seen = len(srv.requests)
+        status = cli.main(["-q", "-o", str(tmp_path / "out"), str(first), str(second)])
+        assert status == 2
+        assert len(srv.requests) == seen
+
+
+def test_input_that_breaks_midway_still_gives_the_json_of_what_was_done(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        body = "".join(srv.file_url(f"tg{i}.bin", size=10) + "\n" for i in range(300))
+        cut = tmp_path / "list.gz"
+        cut.write_bytes(gzip.compress(body.encode())[:-4])  # the gzip trailer lost
+        status = cli.main(["-q", "--json", "-o", str(tmp_path / "out"), str(cut)])
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert "cannot read input" in err and "the rows read before it are done" in err
+    summary = json.loads(out)
+    assert summary["ok"] == 300
+    assert len(swarmget.read_manifest(tmp_path / "out")) == 300

@@ -583,6 +583,17 @@ def _download_command(argv: list[str]) -> int:
                 exc.report.manifest = None  # the full disk left no room for it
             print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
         return EXIT_FAILED
+    except UsageError as exc:
+        # The input went bad midway (a truncated .gz): the rows read before it
+        # were downloaded and recorded; a script reading stdout gets them too.
+        finished = getattr(exc, "report", None)
+        if isinstance(finished, Report):
+            say(f"swarmget: error: {exc}; the rows read before it are done, "
+                f"{_where_listed(args.output)}\n", sys.stderr)  # fmt: skip
+            if args.json:
+                print_outcome(finished, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+            return EXIT_USAGE
+        raise
     if report.total + report.skipped == 0:
         say("swarmget: warning: the input has no rows: nothing to download\n", sys.stderr)
     if not print_outcome(

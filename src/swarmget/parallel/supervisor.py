@@ -25,6 +25,7 @@ except that they keep only the parts worth resuming, as that worker did.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from typing import Final, Protocol
@@ -214,6 +215,9 @@ class Supervisor:
             self._fatal.report = self.report  # what finished before the run stopped
             raise self._fatal
         if self._input_error is not None:
+            # What the rows read before it came to (the CLI's --json prints it).
+            with contextlib.suppress(AttributeError, TypeError):
+                self._input_error.report = self.report  # type: ignore[attr-defined]
             raise self._input_error
         return self.report
 

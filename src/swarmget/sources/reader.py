@@ -75,7 +75,7 @@ import os
 import stat
 import sys
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import IO, Any, BinaryIO, TextIO, TypeGuard, cast
 
 from swarmget.errors import UsageError
@@ -219,9 +219,16 @@ def _check_path(path: str) -> None:
         raise _unreadable(path, exc) from None
     if magic and magic != _GZIP_MAGIC:
         raise UsageError(f"cannot read input {path!r}: not a gzip file (the name ends in .gz)")
+    # Its header and first row now: a second file without a url column must
+    # not be found out after every row of the first one was downloaded.
+    rows = _read_path(path, itertools.count())
+    try:
+        next(rows, None)
+    finally:
+        rows.close()
 
 
-def _read_path(path: str, counter: Iterator[int]) -> Iterator[Row]:
+def _read_path(path: str, counter: Iterator[int]) -> Generator[Row, None, None]:
     try:
         byte_errors = BYTE_ERRORS.count
         with open(path, "rb") as raw, _decode(raw) as lines:
