@@ -142,6 +142,7 @@ def worker_main(
         engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
         _report_periodically(engine, events)
         _wake, _sink = engine.loop.wake, engine.sink
+        _sink.stops_by_request = True  # a KeyboardInterrupt of map's own is its error
         while not engine.finished:
             if _stop_requested:
                 raise KeyboardInterrupt  # here, between loop turns: see _stop

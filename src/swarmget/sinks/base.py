@@ -154,6 +154,9 @@ class Sink:
     # Set by that stop signal: a caller's function about to start does not (the
     # signal may have come just before it, between two of them).
     stop_requested = False
+    # A KeyboardInterrupt inside map is a stop only when stop_requested says so:
+    # set in a worker process, where SIGINT is ignored (Ctrl-C is the driver's).
+    stops_by_request = False
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None

@@ -505,6 +505,7 @@ class MemorySink(Sink):
         self._spilled = 0
         self.mapping = False  # the caller's function is running (worker.py's stop signal)
         self.stop_requested = False  # worker.py's stop signal came
+        self.stops_by_request = False  # set by worker.py in a worker process
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
@@ -559,8 +560,13 @@ class MemorySink(Sink):
                 # and read after mapping is set here: no gap between the two.)
                 raise KeyboardInterrupt
             result.payload = (VALUE, fn(item))
-        except KeyboardInterrupt:
-            raise  # Ctrl-C, or the driver stopping this worker (parallel/worker.py)
+        except KeyboardInterrupt as exc:
+            # Ctrl-C, or the driver stopping this worker (parallel/worker.py).
+            # In a worker process only a stop signal is one: SIGINT is ignored
+            # there, so one map raised itself fails its item, as SystemExit does.
+            if self.stop_requested or not self.stops_by_request:
+                raise
+            map_failed(result, describe(exc))
         except BaseException as exc:  # sys.exit() or a BaseException of the caller's own:
             map_failed(result, describe(exc))  # that item fails, not the worker
         finally:
