@@ -588,3 +588,17 @@ def test_download_output_directory_arguments(server: TestServer, tmp_path: Path)
     assert (tmp_path / "afile").read_text() == "x"
     assert swarmget.download([url], os.fsencode(tmp_path / "as-bytes")).ok == 1
     assert (tmp_path / "as-bytes" / "od.bin").read_bytes() == expected_body("od.bin", 10)
+
+
+def test_an_output_directory_inside_a_runs_state_directory_is_refused(
+    server: TestServer, tmp_path: Path
+) -> None:
+    url = server.file_url("sd.bin", size=10)
+    assert swarmget.download([url], tmp_path / "out").ok == 1
+    for inner in (tmp_path / "out" / ".swarmget", tmp_path / "out" / ".swarmget" / "parts"):
+        with pytest.raises(swarmget.UsageError, match=r"inside a run's \.swarmget directory"):
+            swarmget.download([url], inner)
+    assert (
+        sorted(p.name for p in (tmp_path / "out" / ".swarmget").iterdir() if p.suffix == ".bin")
+        == []
+    )

@@ -15,7 +15,7 @@ from swarmget.errors import UsageError
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.manifest import manifest_path
 from swarmget.net.tls import INSECURE_WARNING
-from swarmget.options import Options
+from swarmget.options import Options, check_output_dir
 from swarmget.parallel.backend import Backend
 from swarmget.parallel.fork import ForkBackend
 from swarmget.parallel.inline import InlineBackend
@@ -223,9 +223,7 @@ def run_download(
     """Plan ``rows`` into ``dest`` and download them with one engine per worker
     (``known_rows``: how many rows there are, when the caller knows)."""
     root = os.fsdecode(os.fspath(dest))  # a bytes path too, as os functions take
-    if not root:
-        # realpath("") is the current directory: an unset $OUT must not fill it.
-        raise UsageError("the output directory is an empty string")
+    check_output_dir(root)
     if os.path.exists(root) and not os.path.isdir(root):
         raise UsageError(f"the output directory {root!r} exists and is not a directory")
     planner = FilePlanner(root, options)

@@ -32,7 +32,7 @@ from typing import IO, Any, NoReturn
 import swarmget
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
-from swarmget.options import Options, check_header
+from swarmget.options import Options, check_header, check_output_dir
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -437,6 +437,7 @@ def check_sources(sources: Sequence[str]) -> None:
 def check_output(dest: str) -> None:
     if not dest:
         raise UsageError("-o '': the output directory is an empty string")
+    check_output_dir(dest)
     try:
         os.makedirs(dest, exist_ok=True)  # now: a path no directory can be made at is a usage error
     except FileExistsError:  # with exist_ok: something other than a directory is there

@@ -27,6 +27,7 @@ import dataclasses
 import ipaddress
 import math
 import numbers
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, Final
@@ -199,6 +200,16 @@ def check_header(name: str, value: str) -> None:
     why = _OURS.get(name.lower())
     if why is not None:
         raise UsageError(f"header {shown!r} cannot be given: {why}")
+
+
+def check_output_dir(root: str) -> None:
+    """An output directory no run may use, whatever is there; raise UsageError."""
+    if not root:
+        # realpath("") is the current directory: an unset $OUT must not fill it.
+        raise UsageError("the output directory is an empty string")
+    if any(part.lower() == ".swarmget" for part in os.path.abspath(root).split(os.sep)):
+        # Our files would land beside that run's journal and parts.
+        raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
 
 
 def check_dns_server(text: str) -> None:

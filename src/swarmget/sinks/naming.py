@@ -119,8 +119,10 @@ def confine(path: str) -> str:
     parts = [part for part in raw if part and part != "."]
     if not _FS_UTF8 and not path.isascii() and not _spelled(path):
         raise _bad_path(path, f"cannot be spelled in this system's file names ({_FS_ENCODING})")
-    if parts[0].lower() == RESERVED:  # lower(): case-insensitive file systems
-        raise _bad_path(path, f"is inside the reserved {RESERVED!r} directory")
+    # At any depth: a directory of the output dir may be another run's output
+    # dir, whose journal and parts are there.  lower(): case-insensitive file systems.
+    if any(part.lower() == RESERVED for part in parts):
+        raise _bad_path(path, f"is inside a reserved {RESERVED!r} directory")
     # Fast path: no character needs more than 4 bytes in UTF-8.
     if len(path) * 4 > MAX_COMPONENT_BYTES and any(
         len(part.encode()) > MAX_COMPONENT_BYTES for part in parts
