@@ -520,7 +520,7 @@ def test_exit_1_and_failures_in_the_summary(
     engine(failing_report())
     assert cli.main([urls_file, "-o", "out"]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("1 files ok, 1 failed, 100 B in 1.00 s")
+    assert out.startswith("1 file ok, 1 failed, 100 B in 1.00 s")
     assert "errors: http_404 1" in out
     assert "  http://h/gone -> http_404: Not Found" in out
     assert "out/.swarmget/manifest.jsonl" in out

@@ -177,7 +177,7 @@ def test_summary_rate_counts_only_what_came_in_this_run() -> None:
     report = Report(elapsed=2.0)
     report.add(FileResult("http://a/big", "big", "ok", 206, 4_000_000_000, reused=2_000_000_000))
     assert summary_lines(report) == [
-        "1 files ok, 0 failed, 4.0 GB in 2.00 s (0.5 files/s, 1.0 GB/s)",
+        "1 file ok, 0 failed, 4.0 GB in 2.00 s (0.5 files/s, 1.0 GB/s)",
         "2.0 GB of it was already on disk (parts kept by an earlier run, --dedupe copies): "
         "not counted in the rate",
     ]
@@ -207,7 +207,7 @@ def test_summary_with_failures() -> None:
         )
     report.add(FileResult(url="http://b/x", path=None, status="failed", error="timeout"))
     lines = summary_lines(report, show=3)
-    assert lines[0].startswith("1 files ok, 8 failed, 10 B in 2.00 s")
+    assert lines[0].startswith("1 file ok, 8 failed, 10 B in 2.00 s")
     assert lines[1] == "errors: http_404 7, timeout 1"
     assert lines[2] == "first 3 failures:"
     assert lines[3] == "  http://a/missing0 -> http_404: Not Found"

@@ -699,6 +699,11 @@ def test_csv_header_problems_are_usage_errors(tmp_path: Path) -> None:
         f"input {path!r} has no 'url' column (columns found: 'url;path'); "
         "columns separated by ';' are not read: use ',' (CSV) or tabs (TSV)"
     )
+    path = write(tmp_path / "tabs.csv", "url\tpath\nhttp://h/a\ta\n")
+    assert usage_error(path) == (
+        f"input {path!r} has no 'url' column (columns found: 'url\\tpath'); "
+        "its columns are separated by tabs: name the file .tsv (or pipe it to stdin)"
+    )
 
 
 def test_undecodable_bytes_in_columns(tmp_path: Path) -> None:

@@ -332,7 +332,7 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
     failures and where the manifest lists them all.
     """
     lines = [
-        f"{report.ok} files ok, {report.failed} failed, {format_bytes(report.bytes)} "
+        f"{_files(report.ok)} ok, {report.failed} failed, {format_bytes(report.bytes)} "
         f"in {report.elapsed:.2f} s ({format_files_rate(report.files_per_s)}, "
         f"{format_bytes(report.mb_per_s * 1e6)}/s)"
     ]
@@ -342,7 +342,7 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
             "earlier run, --dedupe copies): not counted in the rate"
         )
     if report.skipped:
-        lines.append(f"{report.skipped} files skipped: already downloaded by an earlier run")
+        lines.append(f"{_files(report.skipped)} skipped: already downloaded by an earlier run")
     if not report.failed:
         return lines
     counts = ", ".join(f"{code} {n}" for code, n in report.error_counts().items())
@@ -358,3 +358,7 @@ def summary_lines(report: Report, *, manifest: str | None = None, show: int = 5)
     if where:
         lines.append(f"every row is listed in {where}")
     return lines
+
+
+def _files(count: int) -> str:
+    return "1 file" if count == 1 else f"{count} files"

@@ -339,6 +339,8 @@ def _column_positions(header: list[str], name: str) -> dict[str, int]:
         hint = "the first line must name the columns, e.g. url,path"
         if len(header) == 1 and ";" in header[0]:
             hint = "columns separated by ';' are not read: use ',' (CSV) or tabs (TSV)"
+        elif len(header) == 1 and "\t" in header[0]:
+            hint = "its columns are separated by tabs: name the file .tsv (or pipe it to stdin)"
         raise UsageError(
             f"input {name!r} has no 'url' column (columns found: {found}{more}); {hint}"
         )
