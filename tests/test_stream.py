@@ -978,3 +978,17 @@ def test_a_row_that_kills_every_worker_it_reaches_fails_alone(server: TestServer
     crashed = [i for i, (ok, _) in got.items() if not ok]
     assert all(got[i][1] == "crashed" for i in crashed)
     assert len(crashed) < 40  # the rows dealt for the first time went on
+
+
+def test_sources_are_read_as_download_reads_them(server: TestServer, tmp_path: Path) -> None:
+    listing = tmp_path / "list.csv"
+    listing.write_text(
+        "url\n" + "".join(server.file_url(f"src{i}.bin", size=50) + "\n" for i in range(3))
+    )
+    extra = server.file_url("after.bin", size=60)
+    with swarmget.stream([extra], sources=[str(listing)], ordered=True) as items:
+        got = [(item.index, item.read()) for item in items]
+    expected = [(i, expected_body(f"src{i}.bin", 50)) for i in range(3)]
+    assert got == [*expected, (3, expected_body("after.bin", 60))]
+    with swarmget.stream(None, sources=[str(listing)]) as items:
+        assert sorted(item.index for item in items) == [0, 1, 2]

@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -156,7 +156,8 @@ class Stream(Iterator[Item]):
     :class:`~swarmget.TransferError` when the loop reaches one.  ``workers``:
     processes, one per CPU by default.  Every option of
     :func:`swarmget.download` applies (concurrency, per_host, retries,
-    timeouts, checksums, TLS, proxies); ``progress=True`` shows the live
+    timeouts, checksums, TLS, proxies), and ``sources`` (input files, ``-``,
+    URLs, read before ``urls``, which may then be None); ``progress=True`` shows the live
     display.  Use it in a ``with`` block (or call ``close()``) so an early
     exit stops the downloads at once::
 
@@ -167,8 +168,9 @@ class Stream(Iterator[Item]):
 
     def __init__(
         self,
-        urls: Iterable[str | Row],
+        urls: Iterable[str | Row] | None,
         *,
+        sources: Sequence[str] | None = None,
         map: Callable[[Item], Any] | None = None,
         ordered: bool = False,
         prefetch: int = 256,
@@ -195,7 +197,7 @@ class Stream(Iterator[Item]):
         if workers is not None:
             options["workers"] = workers
         self._options = Options.from_kwargs(options)
-        self._rows = input_rows(urls, None)
+        self._rows = input_rows(urls, sources)
         self._map = map
         self._ordered = ordered
         self._prefetch = int(prefetch)
