@@ -602,3 +602,18 @@ def test_an_output_directory_inside_a_runs_state_directory_is_refused(
         sorted(p.name for p in (tmp_path / "out" / ".swarmget").iterdir() if p.suffix == ".bin")
         == []
     )
+
+
+def test_a_directory_made_where_a_done_file_was_fails_at_once(
+    server: TestServer, tmp_path: Path
+) -> None:
+    url = server.file_url("dir-now", size=10)
+    assert swarmget.download([url], tmp_path).ok == 1
+    (tmp_path / "dir-now").unlink()
+    (tmp_path / "dir-now").mkdir()
+    seen = len(server.requests)
+    report = swarmget.download([url], tmp_path)
+    assert report.error_counts() == {"exists": 1}
+    assert report.failures[0].message == "dir-now is a directory now (it held this row's file)"
+    assert len(server.requests) == seen  # not downloaded only to fail at the rename
+    assert (tmp_path / "dir-now").is_dir()

@@ -97,6 +97,14 @@ def _requested(url: str) -> str:
     return f"{scheme}://{host}:{port}{location.target} {location.authorization}"
 
 
+def _is_directory(path: str) -> bool:
+    """A directory, not a symlink to one (lstat)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def row_key(url: str, path: str | None, occurrence: int) -> int:
     """The identity of the ``occurrence``-th row with this URL and path column.
 
@@ -314,6 +322,12 @@ class FilePlanner:
         if ours and not overwrite and previous is not None:
             if self._done(previous):
                 skips.append((key, row.index))
+                return
+            if _is_directory(f"{self.root}/{path}"):
+                # Someone made a directory where this row's file was: it is not
+                # ours to remove, and a download would fail at its very end.
+                message = f"{path} is a directory now (it held this row's file)"
+                batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
                 return
             # What an earlier run left at the path (a file whose record the
             # kill lost, or one changed since) goes now: the download is
