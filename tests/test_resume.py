@@ -185,6 +185,13 @@ def test_a_directory_swapped_for_a_symlink_during_a_download_is_refused(
 # Resumed within the run only past RESUME_MIN_BYTES (1 MiB): 2 MiB, cut at 1.5.
 _WHOLE = bytes(range(256)) * 8192  # the file as the first reply announces it
 _CUT = 1_572_864  # where the first reply's body stops
+_HEAD = b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nContent-Length: 2097152\r\n\r\n'
+
+
+def _cut_short(conn: ScriptedConnection) -> None:
+    """The first reply: the whole file announced, then the connection closes."""
+    conn.send(_HEAD + _WHOLE[:_CUT])
+    conn.close()
 
 
 def _partial(last: int, total: bytes, etag: bytes = b'ETag: "v1"\r\n') -> bytes:
@@ -219,14 +226,12 @@ def test_a_retry_told_another_length_than_the_cut_reply_starts_again_from_zero(
 
     async def contradicting(head: bytes, conn: ScriptedConnection) -> None:
         calls.append(head)
-        whole = b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nContent-Length: %d\r\n\r\n' % len(_WHOLE)
         if len(calls) == 1:
-            conn.send(whole + _WHOLE[:_CUT])
-            conn.close()
+            _cut_short(conn)
         elif b"range:" in head.lower():
             conn.send(second)
         else:
-            conn.send(whole + _WHOLE)
+            conn.send(_HEAD + _WHOLE)
 
     with server.routed("/cut.bin", contradicting) as url:
         report = run([url], out_dir, retries=2)
@@ -244,9 +249,7 @@ def test_a_retry_answered_with_the_rest_of_the_same_length_is_spliced(
     async def honest(head: bytes, conn: ScriptedConnection) -> None:
         calls.append(head)
         if len(calls) == 1:
-            conn.send(b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nContent-Length: 2097152\r\n\r\n')
-            conn.send(_WHOLE[:_CUT])
-            conn.close()
+            _cut_short(conn)
         else:
             rest = _WHOLE[_CUT:]
             conn.send(
