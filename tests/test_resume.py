@@ -871,3 +871,27 @@ def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> 
                 assert (mount / record["path"]).stat().st_size == 200_000
         assert len([r for r in records if r["status"] == "ok"]) < 40
         assert not parts(mount)
+
+
+def test_a_lost_journal_is_made_good_from_the_manifest(server: TestServer, out_dir: Path) -> None:
+    # The journal deleted (or a disk put back without it): every file the
+    # manifest lists as done for the same URL, and still of its size, is done;
+    # they used to fail `exists`, all of them, and the manifest said so.
+    urls = [server.file_url(f"lost{i}.bin", size=1000 + i) for i in range(3)]
+    rows = [*urls[:2], Row(2, urls[2], path="sub/third.bin")]
+    assert run(rows, out_dir).ok == 3
+    (out_dir / ".swarmget" / "journal.sqlite3").unlink()
+    (out_dir / "lost1.bin").write_bytes(b"changed since")  # not vouched for: not taken
+    (out_dir / ".swarmget" / "parts").mkdir(exist_ok=True)
+    (out_dir / ".swarmget" / "parts" / "0123456789abcdef").write_bytes(b"orphan")
+    seen = len(server.requests)
+    again = run(rows, out_dir)
+    assert (again.ok, again.error_counts()) == (2, {"exists": 1})
+    assert len(server.requests) == seen
+    by_index = {r["index"]: r for r in journal(out_dir)}
+    assert by_index[0]["status"] == by_index[2]["status"] == "ok"
+    assert by_index[2]["path"] == "sub/third.bin" and "journal was lost" in by_index[2]["message"]
+    assert by_index[1]["error"] == "exists"
+    assert parts(out_dir) == []  # no row knew the part: it is gone
+    third = run(rows, out_dir)
+    assert (third.skipped, third.failed) == (2, 1)

@@ -41,8 +41,8 @@ import fcntl
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Iterable, Iterator
+from typing import Any, Final
 
 from swarmget.errors import UsageError
 from swarmget.report import FileResult
@@ -210,6 +210,29 @@ class Journal:
         key, run, claimed, mine, status, size, validator, record = found
         url = json.loads(record).get("url") if record else None
         return key, Previous(run, claimed, bool(mine), status, size, validator), url
+
+    def recover(self, records: Iterable[tuple[str, str]]) -> int:
+        """``(path, record)`` of the rows a manifest lists as done, kept for this
+        connection only (a TEMP table): the journal is gone, the manifest and
+        the files are not (see FilePlanner._recovered).  Returns how many."""
+        with self._guard("write"):
+            self._db.execute(
+                "CREATE TEMP TABLE IF NOT EXISTS recovered (path TEXT PRIMARY KEY, record TEXT)"
+            )
+            before = self._db.total_changes
+            self._db.executemany("INSERT OR REPLACE INTO recovered VALUES (?, ?)", records)
+            return self._db.total_changes - before
+
+    def recovered(self, path: str) -> dict[str, Any] | None:
+        """The manifest record :meth:`recover` kept for ``path``, if any."""
+        with self._guard("read"):
+            try:
+                found = self._db.execute(
+                    "SELECT record FROM recovered WHERE path=?", (path,)
+                ).fetchone()
+            except sqlite3.OperationalError:  # no such table: nothing was recovered
+                return None
+        return None if found is None else dict(json.loads(found[0]))
 
     def forget(self, key: int) -> None:
         """Drop row ``key``: another row, with its path, takes its place."""

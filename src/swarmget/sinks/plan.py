@@ -43,9 +43,11 @@ import contextlib
 import dataclasses
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from hashlib import blake2b
 
 from swarmget.engine.urls import UrlSplitter, redact, redact_failure, split_url
@@ -56,6 +58,7 @@ from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.bloom import Bloom
 from swarmget.sinks.files import (
+    PARTS_DIR,
     STATE_DIR,
     AppearedMeanwhile,
     OutputDir,
@@ -247,6 +250,16 @@ class FilePlanner:
         # can be written as they come, not exported after the last one.
         manifest = manifest_path(self.root)
         remove_stale(manifest)
+        # A journal that starts empty beside a manifest was lost (deleted, or a
+        # disk put back without it): what the manifest lists as done is kept
+        # for the rows that find their file there (_recovered).
+        self._recovering = (
+            self.journal.empty_at_start
+            and not self.fresh
+            and self.journal.recover(_done_records(manifest)) > 0
+        )
+        if self.journal.empty_at_start:
+            _remove_parts(self.root)  # no row knows them: nothing can continue them
         self._lines = ManifestLines(manifest) if self.journal.empty_at_start else None
 
     # -- planning --------------------------------------------------------------------
@@ -311,6 +324,10 @@ class FilePlanner:
         overwrite = self.options.overwrite
         ours = previous is not None and previous.path == path and previous.mine
         if not ours and not overwrite and not self.fresh and self._occupied(path):
+            recovered = self._recovered(row, key, url, path) if self._recovering else None
+            if recovered is not None:
+                batch.results.append(recovered)
+                return
             message = (
                 f"{path} already exists and was not downloaded by swarmget "
                 "(use --overwrite to replace it)"
@@ -505,6 +522,38 @@ class FilePlanner:
             key=key,
             reused=previous.bytes,
         )
+
+    def _recovered(self, row: Row, key: int, url: str, path: str) -> FileResult | None:
+        """The row's file is at its path, the journal does not know it, and the
+        manifest of the run that wrote it lists it as done, for this URL and
+        of this size: it is this row's, done (else None: not ours to judge)."""
+        record = self.journal.recovered(path)
+        if record is None or record.get("url") != url or record.get("status") != "ok":
+            return None
+        size = record.get("bytes")
+        if not isinstance(size, int) or row.size not in (None, size):
+            return None
+        full = os.path.join(self.root, path)
+        try:
+            found = os.lstat(full)
+        except OSError:
+            return None
+        if not stat.S_ISREG(found.st_mode) or found.st_size != size:
+            return None
+        digests = {
+            name: record[name] for name in ("sha256", "md5") if isinstance(record.get(name), str)
+        }
+        for name, digest in (("sha256", row.sha256), ("md5", row.md5)):
+            if digest is not None and digest.lower() != digests.get(name):
+                return None  # not checked against it: not vouched for
+        self._in_flight[key] = (key, row.index, url, path, True)  # ours, recorded so
+        http_status = record.get("http_status")
+        return FileResult(
+            url, path, "ok", http_status if isinstance(http_status, int) else None, size,
+            None, 0, 0,
+            "already on disk: an earlier run's manifest lists it as done (its journal was lost)",
+            digests or None, index=row.index, key=key, reused=size,
+        )  # fmt: skip
 
     def _take_explicit(self, row: Row, key: int, url: str, name: str) -> FileResult | None:
         """A ``path`` the input gives that a row of an earlier run claimed (the
@@ -876,6 +925,36 @@ def _failed_follower(
         index=follower.index,
         key=follower.key,
     )
+
+
+def _remove_parts(root: str) -> None:
+    """Every part under ``root``'s state directory (regular files only)."""
+    parts = os.path.join(root, STATE_DIR, PARTS_DIR)
+    try:
+        with os.scandir(parts) as entries:
+            names = [entry.name for entry in entries if entry.is_file(follow_symlinks=False)]
+    except OSError:
+        return
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(parts, name))
+
+
+def _done_records(manifest: str) -> Iterator[tuple[str, str]]:
+    """``(path, record)`` of each row a manifest lists as done; what does not read
+    as a record (a damaged line, a missing file) is passed over."""
+    try:
+        with open(manifest, "rb") as lines:
+            for line in lines:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                path = record.get("path") if isinstance(record, dict) else None
+                if isinstance(path, str) and record.get("status") == "ok":
+                    yield path, json.dumps(record)
+    except OSError:
+        return
 
 
 def _failed(row: Row, key: int, url: str, code: str, message: str) -> FileResult:
