@@ -617,3 +617,21 @@ def test_a_directory_made_where_a_done_file_was_fails_at_once(
     assert report.failures[0].message == "dir-now is a directory now (it held this row's file)"
     assert len(server.requests) == seen  # not downloaded only to fail at the rename
     assert (tmp_path / "dir-now").is_dir()
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_earlier_runs_row_still_in_the_input_keeps_its_path(
+    server: TestServer, tmp_path: Path, overwrite: bool
+) -> None:
+    # The row that holds the path is in this input too (explicit or by its
+    # default name, after the newcomer): it is not made to give the path up.
+    # Two rows at one path, both "ok", was the outcome with --overwrite.
+    a, b = server.file_url("keep-a.bin", size=10), server.file_url("new-b.bin", size=20)
+    for first, second in [(Row(0, a, "x.bin"), Row(1, a, "x.bin")), (Row(0, a), Row(1, a))]:
+        out = tmp_path / f"{overwrite}-{first.path}"
+        assert swarmget.download([first], out).ok == 1
+        name = first.path or "keep-a.bin"
+        report = swarmget.download([Row(0, b, name), second], out, overwrite=overwrite)
+        assert report.error_counts() == {"exists": 1} and report.failures[0].index == 0
+        assert (out / name).read_bytes() == expected_body("keep-a.bin", 10)
+        assert [r["path"] for r in records(out)] == [None, name]

@@ -245,6 +245,7 @@ class FilePlanner:
         if self.journal.empty_at_start:
             self._names_store.use_filter(Bloom())
         self._foreign: dict[int, str] = {}  # `exists` rows not yet written: their claimed path
+        self._batch: dict[int, Previous] = {}  # see plan()
         self._pending: list[FileResult] = []  # outcomes not yet written (see _record_now)
         # A journal that started empty holds only this run's outcomes: the manifest
         # can be written as they come, not exported after the last one.
@@ -268,6 +269,7 @@ class FilePlanner:
         """Decide every row of ``rows``; commit the plan before returning it."""
         batch = PlanBatch([], [])
         keys, previous = self._identify(rows)
+        self._batch = previous  # the rows of this batch the journal knows (_take_explicit)
         candidates = self._prefetch_names(rows, previous, keys)
         plans: list[PlanEntry] = []
         skips: list[tuple[int, int]] = []
@@ -574,9 +576,13 @@ class FilePlanner:
         if not store.taken(name):
             return None
         found = self.journal.holder(name)
-        if found is None or found[1].run == self.journal.run:
-            return None  # claimed in this run: allocate refuses it
+        if found is None or found[1].run == self.journal.run or found[0] in self._batch:
+            return None  # a row of this input has it: allocate refuses it
         holder_key, holder, holder_url = found
+        if holder.status != OK and holder.status != FAILED:
+            # Planned or partly done when a run stopped: most likely a row of
+            # this input still to come (a later batch), which goes on with it.
+            return None
         whole = holder.status == OK and holder.mine and self._done(holder)
         if whole and holder_url == url and not self.options.overwrite:
             if row.sha256 is not None or row.md5 is not None:
