@@ -449,6 +449,10 @@ def check_output(dest: str) -> None:
     state = os.path.join(dest, ".swarmget")
     if not os.access(state if os.path.isdir(state) else dest, os.W_OK | os.X_OK):
         raise UsageError(f"-o {dest!r}: the directory is not writable")
+    if not os.access(dest, os.R_OK | os.X_OK):
+        # Its files are looked for before a row claims a name (never over one
+        # of someone else's): a directory that cannot be listed cannot be used.
+        raise UsageError(f"-o {dest!r}: the directory cannot be read")
 
 
 def run_engine(

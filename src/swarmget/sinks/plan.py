@@ -984,8 +984,11 @@ def _part_size(part: str) -> int:
 
 
 def _has_files(root: str) -> bool:
-    with os.scandir(root) as entries:
-        return any(entry.name != STATE_DIR for entry in entries)
+    try:
+        with os.scandir(root) as entries:
+            return any(entry.name != STATE_DIR for entry in entries)
+    except OSError:  # not listable (mode 733): assume there are, and look before each write
+        return True
 
 
 def link_or_copy(source: str, target: str, *, replace: bool) -> None:
