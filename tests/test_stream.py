@@ -990,5 +990,5 @@ def test_sources_are_read_as_download_reads_them(server: TestServer, tmp_path: P
         got = [(item.index, item.read()) for item in items]
     expected = [(i, expected_body(f"src{i}.bin", 50)) for i in range(3)]
     assert got == [*expected, (3, expected_body("after.bin", 60))]
-    with swarmget.stream(None, sources=[str(listing)]) as items:
+    with swarmget.stream(sources=[str(listing)]) as items:
         assert sorted(item.index for item in items) == [0, 1, 2]

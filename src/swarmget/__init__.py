@@ -52,14 +52,14 @@ def download(urls, dest, **options):  # type: ignore[no-untyped-def]
     return _download(urls, dest, **options)
 
 
-def stream(urls, **options):  # type: ignore[no-untyped-def]
+def stream(urls=None, **options):  # type: ignore[no-untyped-def]
     """Every URL's bytes inside your loop; see :func:`swarmget.streaming.stream`."""
     from swarmget.streaming import stream as _stream
 
     return _stream(urls, **options)
 
 
-def astream(urls, **options):  # type: ignore[no-untyped-def]
+def astream(urls=None, **options):  # type: ignore[no-untyped-def]
     """:func:`stream` as an async iterator; see :func:`swarmget.streaming.astream`."""
     from swarmget.streaming import astream as _astream
 

@@ -129,7 +129,7 @@ class AsyncStream(AsyncIterator[Item]):
             threading.Thread(target=self._stream.close, daemon=True).start()
 
 
-def astream(urls: Iterable[str | Row], **kwargs: Any) -> AsyncStream:
+def astream(urls: Iterable[str | Row] | None = None, **kwargs: Any) -> AsyncStream:
     """:func:`stream` as an async iterator; the same arguments."""
     return AsyncStream(stream(urls, **kwargs))
 

@@ -168,7 +168,7 @@ class Stream(Iterator[Item]):
 
     def __init__(
         self,
-        urls: Iterable[str | Row] | None,
+        urls: Iterable[str | Row] | None = None,
         *,
         sources: Sequence[str] | None = None,
         map: Callable[[Item], Any] | None = None,
