@@ -240,6 +240,49 @@ def test_keep_alive_reuse_against_the_test_server(server: TestServer, out_dir: P
     assert stats.connections <= 4
 
 
+def test_a_request_that_says_connection_close_is_the_last_on_its_connection(
+    out_dir: Path,
+) -> None:
+    # RFC 9112 9.6: the client that sent "close" sends nothing more on it, even
+    # to a server that keeps the connection open (this one answers every
+    # request it gets on a connection, and counts them).
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    per_connection: list[int] = []
+
+    def serve(conn: socket.socket) -> None:
+        count, pending = 0, b""
+        with conn:
+            while chunk := conn.recv(65536):
+                pending += chunk
+                while b"\r\n\r\n" in pending:
+                    _, _, pending = pending.partition(b"\r\n\r\n")
+                    count += 1
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+        per_connection.append(count)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    urls = [f"http://127.0.0.1:{port}/cc{i}" for i in range(8)]
+    try:
+        report = run(urls, out_dir, concurrency=2, per_host=2, headers={"Connection": "close"})
+    finally:
+        listener.close()
+    assert report.ok == 8
+    deadline = time.monotonic() + 5
+    while sum(per_connection) < 8 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert per_connection and set(per_connection) == {1}, per_connection
+
+
 def test_names_collide_deterministically_and_paths_are_confined(
     server: TestServer, out_dir: Path
 ) -> None:

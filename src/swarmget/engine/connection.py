@@ -360,6 +360,8 @@ class HTTPConnection(PooledConnection):
             # be written into the middle of it.  Over TLS OpenSSL would even go
             # on from the unsent request's offset into the next one's bytes.
             reusable = False
+        if self.pool.template.closes:
+            reusable = False  # the request said "Connection: close" (--header)
         self.transfer = self.parser = self.verdict = self.writer = None
         self.served += 1
         # Idle until the owner gives it the next transfer (start) or closes it:

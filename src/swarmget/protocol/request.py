@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 
 class RequestTemplate:
-    __slots__ = ("_tail", "_tail_open", "host_omitted", "own_host", "target_prefix")
+    __slots__ = ("_tail", "_tail_open", "closes", "host_omitted", "own_host", "target_prefix")
 
     def __init__(
         self,
@@ -48,6 +48,12 @@ class RequestTemplate:
         self._tail_open = tail  # without the blank line: more headers follow
         # "http://host:port" for an http proxy (absolute-form, RFC 9112 3.2.2), else "".
         self.target_prefix = target_prefix
+        # The user's "Connection: close": one request per connection (RFC 9112
+        # 9.6: a client that sent close sends no further request on it).
+        self.closes = any(
+            name.lower() == "connection" and "close" in value.lower().replace(" ", "").split(",")
+            for name, value in headers.items()
+        )
 
     def render(
         self,
