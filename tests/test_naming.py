@@ -304,7 +304,7 @@ def test_file_where_a_directory_is_needed() -> None:
         names.allocate(Row(1, "http://h/x", path="d/x.jpg"))
     assert info.value.code == ErrorCode.EXISTS
     assert info.value.message == (
-        "output path 'd/x.jpg' needs directory 'd', which is already a file in this run"
+        "output path 'd/x.jpg' needs directory 'd', which is another row's file"
     )
 
 

@@ -227,7 +227,7 @@ class NameAllocator:
                 raise TransferError(
                     ErrorCode.EXISTS,
                     f"output path {name!r} needs directory {parent!r}, "
-                    "which is already a file in this run",
+                    "which is another row's file",
                 )
         return self._claim(name, parents)
 
