@@ -887,51 +887,30 @@ def test_an_output_directory_that_cannot_be_written_is_a_usage_error() -> None:
     top = tempfile.mkdtemp(prefix="swarmget-ro-")
     try:
         os.chmod(top, 0o755)
-        unreadable = os.path.join(top, "wx")
-        os.mkdir(unreadable)
-        os.chmod(unreadable, 0o733)
-        proc = subprocess.run(
-            [
+        for name, mode, why in [
+            ("wx", 0o733, "cannot be read"),  # files there cannot be looked for
+            ("ro", 0o555, "is not writable"),
+        ]:
+            dest = os.path.join(top, name)
+            os.mkdir(dest)
+            os.chmod(dest, mode)
+            command = [
                 *as_user,
                 sys.executable,
                 "-m",
                 "swarmget",
                 "-q",
                 "-o",
-                unreadable,
+                dest,
                 "http://127.0.0.1:9/x",
-            ],
-            capture_output=True,
-            text=True,
-            env=child_env(),
-            timeout=60,
-            cwd=top,
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr == f"swarmget: error: -o '{unreadable}': the directory cannot be read\n"
-        readonly = os.path.join(top, "ro")
-        os.mkdir(readonly, 0o555)
-        os.chmod(readonly, 0o555)
-        proc = subprocess.run(
-            [
-                *as_user,
-                sys.executable,
-                "-m",
-                "swarmget",
-                "-q",
-                "-o",
-                readonly,
-                "http://127.0.0.1:9/x",
-            ],
-            capture_output=True,
-            text=True,
-            env=child_env(),
-            timeout=60,
-            cwd=top,
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert proc.stderr == f"swarmget: error: -o '{readonly}': the directory is not writable\n"
-        assert os.listdir(readonly) == []
+            ]
+            proc = subprocess.run(
+                command, capture_output=True, text=True, env=child_env(), timeout=60, cwd=top
+            )
+            assert proc.returncode == 2, proc.stderr
+            assert proc.stderr == f"swarmget: error: -o '{dest}': the directory {why}\n"
+            os.chmod(dest, 0o755)
+            assert os.listdir(dest) == []
     finally:
         shutil.rmtree(top)
 
