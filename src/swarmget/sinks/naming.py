@@ -226,8 +226,7 @@ class NameAllocator:
             if self.store.taken(parent):
                 raise TransferError(
                     ErrorCode.EXISTS,
-                    f"output path {name!r} needs directory {parent!r}, "
-                    "which is another row's file",
+                    f"output path {name!r} needs directory {parent!r}, which is another row's file",
                 )
         return self._claim(name, parents)
 
