@@ -422,7 +422,14 @@ def test_chunk_reader_reads_every_framing_under_any_split(
 
 
 @pytest.mark.parametrize(
-    "framed", [b"1\r\na\r\r\n0\r\n\r\n", b"1\r\nab\r\n0\r\n\r\n", b"1\r\na\r0\r\n\r\n"]
+    "framed",
+    [
+        b"1\r\na\r\r\n0\r\n\r\n",
+        b"1\r\nab\r\n0\r\n\r\n",
+        b"1\r\na\r0\r\n\r\n",
+        b"1\r\na\r\n\n0\r\n\r\n",
+        b"\n0\r\n\r\n",
+    ],
 )
 def test_chunk_reader_refuses_what_does_not_end_the_data_whatever_the_split(framed: bytes) -> None:
     from swarmget.protocol.http11 import _ChunkReader

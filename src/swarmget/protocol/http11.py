@@ -379,9 +379,11 @@ class _ChunkReader:
             else:
                 return -1
         lf = probe.find(b"\n", start)
-        if lf < 0:
+        if lf <= start:  # no line end here, or an empty line: the general rules
             return -1
-        end = lf - 1 if probe[lf - 1 : lf] == b"\r" else lf
+        # An index, not probe[lf - 1 : lf]: mypyc's bytes slice takes a negative
+        # start as a negative size (SystemError) where Python gives b"".
+        end = lf - 1 if probe[lf - 1] == 13 else lf
         digits = probe[start:end]
         if not digits or len(digits) > 16 or digits.lstrip(_HEX):
             return -1  # extensions, spaces, junk: the general rules decide
