@@ -338,31 +338,24 @@ class _ChunkReader:
                 self._remaining -= take
                 if not self._remaining:
                     self._state = _DATA_END
-            elif state == _DATA_END or (state == _SIZE and not self._line):
+                continue
+            after = -1
+            if state == _DATA_END or (state == _SIZE and not self._line):
                 # The usual case: the line end after the data and the next size
                 # line are whole in this read, read from one small copy.
                 after = self._next_size(view, pos, state == _DATA_END)
-                if after < 0:  # anything else: the general rules, a byte or line at a time
-                    if state == _DATA_END:
-                        pos = self._data_end(view[pos], pos)
-                        continue
-                    after = self._take_line(view, pos)
-                    if after < 0:
-                        return False
-                    self._line_done()
-                pos = after
-                if self._state == _END:
-                    self.extra = pos < size
-                    return True
-            else:
+                if after < 0 and state == _DATA_END:
+                    pos = self._data_end(view[pos], pos)  # the general rules: a byte
+                    continue
+            if after < 0:  # the general rules: a line (a size, a trailer field)
                 after = self._take_line(view, pos)
                 if after < 0:
                     return False
-                pos = after
                 self._line_done()
-                if self._state == _END:
-                    self.extra = pos < size
-                    return True
+            pos = after
+            if self._state == _END:
+                self.extra = pos < size
+                return True
         return False
 
     def _next_size(self, view: memoryview, pos: int, data_end: bool) -> int:

@@ -224,14 +224,12 @@ class Journal:
             return self._db.total_changes - before
 
     def recovered(self, path: str) -> dict[str, Any] | None:
-        """The manifest record :meth:`recover` kept for ``path``, if any."""
+        """The manifest record :meth:`recover` kept for ``path``, if any (only
+        after it: the table is its)."""
         with self._guard("read"):
-            try:
-                found = self._db.execute(
-                    "SELECT record FROM recovered WHERE path=?", (path,)
-                ).fetchone()
-            except sqlite3.OperationalError:  # no such table: nothing was recovered
-                return None
+            found = self._db.execute(
+                "SELECT record FROM recovered WHERE path=?", (path,)
+            ).fetchone()
         return None if found is None else dict(json.loads(found[0]))
 
     def forget(self, key: int) -> None:
@@ -249,7 +247,7 @@ class Journal:
             query = f"SELECT key, record FROM rows WHERE key IN ({marks}) AND record IS NOT NULL"
             with self._guard("read"):
                 for key, text in self._db.execute(query, chunk):
-                    found[key] = _digests_of(json.loads(text))
+                    found[key] = digests_of(json.loads(text))
         return found
 
     def taken(self, paths: list[str]) -> set[str]:
@@ -283,7 +281,7 @@ class Journal:
         record = json.loads(text) if text else {}
         return Outcome(
             index, path, status, record.get("http_status"), size, record.get("error"),
-            record.get("message"), _digests_of(record) or None, record.get("final_url"), run,
+            record.get("message"), digests_of(record) or None, record.get("final_url"), run,
         )  # fmt: skip
 
     # -- --dedupe ----------------------------------------------------------------------
@@ -676,7 +674,7 @@ def encode(result: FileResult) -> str:
     return _dumps(record)
 
 
-def _digests_of(record: dict[str, object]) -> dict[str, str]:
+def digests_of(record: dict[str, object]) -> dict[str, str]:
     """The digests a manifest record holds (what --hash or the row's checks recorded)."""
     return {name: str(record[name]) for name in ("sha256", "md5") if name in record}
 

@@ -73,6 +73,7 @@ from swarmget.sinks.journal import (
     Outcome,
     PlanEntry,
     Previous,
+    digests_of,
     storable,
 )
 from swarmget.sinks.manifest_lines import ManifestLines, remove_stale
@@ -489,7 +490,9 @@ class FilePlanner:
         comes with now: checked here, on disk.  When it passes, the row is done
         (with the digests on its record); else None, and it is done again.  A
         list that gains a checksum column must not cost the files it vouches
-        for (with the server gone, a good file would simply be lost)."""
+        for (with the server gone, a good file would simply be lost).  With no
+        digest to check, only the size (an earlier row's file of this URL,
+        :meth:`_take_explicit`)."""
         if self.options.overwrite or not previous.mine or not self._done(previous):
             return None
         if row.size is not None and row.size != previous.bytes:
@@ -518,8 +521,10 @@ class FilePlanner:
             None,
             0,
             0,
-            f"already on disk: checked against the input's {' and '.join(found)}",
-            found,
+            f"already on disk: checked against the input's {' and '.join(found)}"
+            if found
+            else "already on disk: the file of an earlier row with this URL",
+            found or None,
             index=row.index,
             key=key,
             reused=previous.bytes,
@@ -533,21 +538,13 @@ class FilePlanner:
         if record is None or record.get("url") != url or record.get("status") != "ok":
             return None
         size = record.get("bytes")
-        if not isinstance(size, int) or row.size not in (None, size):
+        if not isinstance(size, int):
             return None
-        full = os.path.join(self.root, path)
-        try:
-            found = os.lstat(full)
-        except OSError:
+        done = Previous(self.journal.run, path, True, OK, size, None)
+        digests = digests_of(record)
+        # Its file still whole, and vouched for by what this row comes with.
+        if not self._done(done) or not self._checks_hold(row, done, digests):
             return None
-        if not stat.S_ISREG(found.st_mode) or found.st_size != size:
-            return None
-        digests = {
-            name: record[name] for name in ("sha256", "md5") if isinstance(record.get(name), str)
-        }
-        for name, digest in (("sha256", row.sha256), ("md5", row.md5)):
-            if digest is not None and digest.lower() != digests.get(name):
-                return None  # not checked against it: not vouched for
         self._in_flight[key] = (key, row.index, url, path, True)  # ours, recorded so
         http_status = record.get("http_status")
         return FileResult(
@@ -585,16 +582,7 @@ class FilePlanner:
             return None
         whole = holder.status == OK and holder.mine and self._done(holder)
         if whole and holder_url == url and not self.options.overwrite:
-            if row.sha256 is not None or row.md5 is not None:
-                done = self._checked_on_disk(row, key, holder)
-            elif row.size in (None, holder.bytes):
-                done = FileResult(
-                    url, name, "ok", None, holder.bytes, None, 0, 0,
-                    "already on disk: the file of an earlier row with this URL",
-                    index=row.index, key=key, reused=holder.bytes,
-                )  # fmt: skip
-            else:
-                done = None
+            done = self._checked_on_disk(row, key, holder)
             if done is not None:
                 self.journal.forget(holder_key)
                 store.claim(name, parents_of(name))
@@ -953,12 +941,13 @@ def _done_records(manifest: str) -> Iterator[tuple[str, str]]:
         with open(manifest, "rb") as lines:
             for line in lines:
                 try:
-                    record = json.loads(line)
-                except ValueError:
+                    text = line.decode().strip()  # the manifest's own text of the record
+                    record = json.loads(text)
+                except ValueError:  # not UTF-8, or not JSON
                     continue
                 path = record.get("path") if isinstance(record, dict) else None
                 if isinstance(path, str) and record.get("status") == "ok":
-                    yield path, json.dumps(record)
+                    yield path, text
     except OSError:
         return
 
