@@ -278,6 +278,7 @@ def cmd_cprofile(args: argparse.Namespace) -> None:
     with https_server(args.work, args.files, args.plain) as (jobs, ca, work):
         argv = [sys.executable, __file__, "_cprofile_child", str(jobs), str(ca), str(work)]
         argv += ["--concurrency", str(args.concurrency), "--top", str(args.top)]
+        argv += ["--workers", str(args.workers)]
         from swarmget.testing.process import child_env
 
         subprocess.run(argv, env=child_env(), check=True)
@@ -290,7 +291,8 @@ def cmd_cprofile_child(args: argparse.Namespace) -> None:
     import swarmget
     import swarmget.api
 
-    os.environ["SWARMGET_WORKERS"] = "1"
+    # workers=1: the engine runs in this process; more: the profile is the driver's
+    os.environ["SWARMGET_WORKERS"] = str(args.workers)
     urls = [line.split("\t")[0] for line in Path(args.jobs).read_text().splitlines()]
     out = Path(args.work) / "out-cprofile"
     profile = cProfile.Profile()
@@ -302,7 +304,8 @@ def cmd_cprofile_child(args: argparse.Namespace) -> None:
     profile.disable()
     cpu = time.process_time() - start
     shutil.rmtree(out, ignore_errors=True)
-    assert report.failed == 0, report.error_counts()
+    if report.failed:
+        print(f"warning: {report.failed} failed: {report.error_counts()}")
     print(f"compiled: {swarmget.compiled()}; {len(urls)} files; cpu {cpu:.3f} s under cProfile")
     stats = pstats.Stats(profile)
     stats.sort_stats("tottime").print_stats(args.top)
@@ -338,12 +341,14 @@ def main() -> None:
     p.add_argument("--prefix", required=True, help='e.g. "strace -c -f -o /tmp/{tool}.strace"')
     p = sub.add_parser("cprofile", parents=[common])
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--workers", type=int, default=1)
     p = sub.add_parser("_cprofile_child")
     p.add_argument("jobs")
     p.add_argument("ca")
     p.add_argument("work")
     p.add_argument("--concurrency", type=int, default=100)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     if args.command == "_cprofile_child":
         cmd_cprofile_child(args)
