@@ -327,3 +327,41 @@ def test_ctrl_c_while_the_manifest_is_written_waits_for_it_unless_pressed_twice(
         "parts",
         "plans.log",
     ]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
+@pytest.mark.parametrize("begun", [False, True])
+def test_a_fixed_url_takes_over_the_path_of_an_interrupted_rows(
+    server: ProcessServer, tmp_path: Path, signum: int, begun: bool
+) -> None:
+    # A run stopped while a row was planned (no answer yet) or partly done;
+    # the list is then fixed: the path gets another URL.  The unfinished row
+    # kept the path for good: every rerun failed "exists ... another row's in
+    # this input", --overwrite too, and its part stayed.
+    if begun:
+        # The server stalls each URL once: a URL of this test's own.
+        old = server.file_url(f"old-{signum}.bin", size=4 << 20, fault="stall", times=1)
+    else:
+        old = server.file_url(f"old-{signum}.bin", size=5000, latency=30)
+    new = server.file_url("new.bin", size=7000)
+    first, fixed = tmp_path / "first.csv", tmp_path / "fixed.csv"
+    first.write_text(f"url,path\n{old},d/f0.bin\n")
+    fixed.write_text(f"url,path\n{new},d/f0.bin\n")
+    out = tmp_path / "out"
+    proc = swarmget(first, out)
+    part = part_for(out, old, "d/f0.bin")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (
+        part.exists() if begun else (out / ".swarmget").exists()
+    ):
+        time.sleep(0.01)
+    time.sleep(0.3)
+    proc.send_signal(signum)
+    proc.communicate(timeout=10)
+    assert not (out / "d/f0.bin").exists()
+    again = swarmget(fixed, out)
+    _, stderr = again.communicate(timeout=60)
+    assert again.returncode == 0, stderr.decode()
+    assert (out / "d/f0.bin").read_bytes() == expected_body("new.bin", 7000)
+    assert [(r["url"], r["status"]) for r in records_of(out)] == [(new, "ok")]
+    assert parts(out) == []

@@ -563,8 +563,9 @@ class FilePlanner:
         * its file is there, of another URL: replaced with --overwrite, else
           this row fails ``exists`` (a file swarmget wrote is not overwritten
           unasked);
-        * it has no file there (it failed, or never finished): this row takes
-          the path over, and any file there is judged as any other.
+        * it has no file there (it failed, or never finished: planned or
+          partly done when a run stopped): this row takes the path over, and
+          any file there is judged as any other.
 
         Returns the row's result when it is done; raises ``exists``; else None
         (the path is free for :meth:`NameAllocator.allocate`, which refuses
@@ -577,9 +578,14 @@ class FilePlanner:
             return None  # a row of this input has it: allocate refuses it
         holder_key, holder, holder_url = found
         if holder.status != OK and holder.status != FAILED:
-            # Planned or partly done when a run stopped: most likely a row of
-            # this input still to come (a later batch), which goes on with it.
-            return None
+            # Planned or partly done when a run stopped: it never finished, so
+            # the path goes to the first row of this input that asks for it,
+            # as a failed row's does.  (Kept for it, the path was stuck for
+            # good when the row had left the list; should it still be further
+            # on in this input, it now fails ``exists``, as a second row with
+            # one path does.)  A file at its path is ours (a kill came between
+            # the rename and the record) and of its URL: it goes too.
+            self._unpublish(holder)
         whole = holder.status == OK and holder.mine and self._done(holder)
         if whole and holder_url == url and not self.options.overwrite:
             done = self._checked_on_disk(row, key, holder)
