@@ -895,3 +895,25 @@ def test_a_lost_journal_is_made_good_from_the_manifest(server: TestServer, out_d
     assert parts(out_dir) == []  # no row knew the part: it is gone
     third = run(rows, out_dir)
     assert (third.skipped, third.failed) == (2, 1)
+
+
+def test_a_lost_journal_is_made_good_for_a_reordered_list(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Two URLs with one default name (a.jpg, a-1.jpg) and one URL twice: with
+    # the journal lost and the list reordered, each row's default name is
+    # another row's file.  Every row failed `exists`, and the manifest was
+    # rewritten to say so (the records recovery reads were gone for good).
+    first, second = server.file_url("x/a.jpg", size=1100), server.file_url("y/a.jpg", size=1200)
+    twice = server.file_url("t.bin", size=1300)
+    assert run([first, second, twice, twice], out_dir).ok == 4
+    before = {r["path"]: r["url"] for r in journal(out_dir)}
+    assert sorted(before) == ["a-1.jpg", "a.jpg", "t-1.bin", "t.bin"]
+    (out_dir / ".swarmget" / "journal.sqlite3").unlink()
+    seen = len(server.requests)
+    again = run([twice, second, twice, first], out_dir)
+    assert (again.ok, again.failed) == (4, 0), again.error_counts()
+    assert len(server.requests) == seen
+    assert {r["path"]: r["url"] for r in journal(out_dir)} == before
+    assert all("journal was lost" in r["message"] for r in journal(out_dir))
+    assert sorted(p.name for p in out_dir.iterdir()) == [".swarmget", *sorted(before)]

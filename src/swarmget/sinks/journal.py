@@ -211,16 +211,18 @@ class Journal:
         url = json.loads(record).get("url") if record else None
         return key, Previous(run, claimed, bool(mine), status, size, validator), url
 
-    def recover(self, records: Iterable[tuple[str, str]]) -> int:
-        """``(path, record)`` of the rows a manifest lists as done, kept for this
-        connection only (a TEMP table): the journal is gone, the manifest and
-        the files are not (see FilePlanner._recovered).  Returns how many."""
+    def recover(self, records: Iterable[tuple[str, str, str]]) -> int:
+        """``(path, url, record)`` of the rows a manifest lists as done, kept for
+        this connection only (a TEMP table): the journal is gone, the manifest
+        and the files are not (see FilePlanner._recovered).  Returns how many."""
         with self._guard("write"):
             self._db.execute(
-                "CREATE TEMP TABLE IF NOT EXISTS recovered (path TEXT PRIMARY KEY, record TEXT)"
+                "CREATE TEMP TABLE IF NOT EXISTS recovered "
+                "(path TEXT PRIMARY KEY, url TEXT NOT NULL, record TEXT NOT NULL)"
             )
+            self._db.execute("CREATE INDEX IF NOT EXISTS temp.recovered_url ON recovered (url)")
             before = self._db.total_changes
-            self._db.executemany("INSERT OR REPLACE INTO recovered VALUES (?, ?)", records)
+            self._db.executemany("INSERT OR REPLACE INTO recovered VALUES (?, ?, ?)", records)
             return self._db.total_changes - before
 
     def recovered(self, path: str) -> dict[str, Any] | None:
@@ -231,6 +233,15 @@ class Journal:
                 "SELECT record FROM recovered WHERE path=?", (path,)
             ).fetchone()
         return None if found is None else dict(json.loads(found[0]))
+
+    def recovered_paths(self, url: str) -> list[str]:
+        """The paths of the records :meth:`recover` kept for ``url`` (the rows of a
+        reordered list find their files by URL), in the manifest's order."""
+        with self._guard("read"):
+            found = self._db.execute(
+                "SELECT path FROM recovered WHERE url=? ORDER BY rowid", (url,)
+            ).fetchall()
+        return [path for (path,) in found]
 
     def forget(self, key: int) -> None:
         """Drop row ``key``: another row, with its path, takes its place."""

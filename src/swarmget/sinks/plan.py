@@ -316,9 +316,11 @@ class FilePlanner:
             else:
                 if row.path is not None and candidate is not None:
                     done = self._take_explicit(row, key, url, candidate)
-                    if done is not None:
-                        batch.results.append(done)
-                        return
+                else:
+                    done = self._recovered_by_url(row, key, url) if self._recovering else None
+                if done is not None:
+                    batch.results.append(done)
+                    return
                 path = self.names.allocate(row, candidate)
         except TransferError as exc:
             url, message = redact_failure(url, exc)
@@ -530,12 +532,27 @@ class FilePlanner:
             reused=previous.bytes,
         )
 
+    def _recovered_by_url(self, row: Row, key: int, url: str) -> FileResult | None:
+        """A row named by default, after the journal was lost: the first file the
+        manifest lists as done for its URL that no row of this run has claimed
+        (the list may have been reordered since, so its default name may now
+        be another row's file).  Done with that file, or None."""
+        store = self._names_store
+        for path in self.journal.recovered_paths(url):
+            if store.taken(path):
+                continue  # another row of this run has it (the same URL twice)
+            done = self._recovered(row, key, url, path)
+            if done is not None:
+                store.claim(path, parents_of(path))
+                return done
+        return None
+
     def _recovered(self, row: Row, key: int, url: str, path: str) -> FileResult | None:
         """The row's file is at its path, the journal does not know it, and the
         manifest of the run that wrote it lists it as done, for this URL and
         of this size: it is this row's, done (else None: not ours to judge)."""
         record = self.journal.recovered(path)
-        if record is None or record.get("url") != url or record.get("status") != "ok":
+        if record is None or record.get("url") != url:
             return None
         size = record.get("bytes")
         if not isinstance(size, int):
@@ -940,9 +957,9 @@ def _remove_parts(root: str) -> None:
             os.unlink(os.path.join(parts, name))
 
 
-def _done_records(manifest: str) -> Iterator[tuple[str, str]]:
-    """``(path, record)`` of each row a manifest lists as done; what does not read
-    as a record (a damaged line, a missing file) is passed over."""
+def _done_records(manifest: str) -> Iterator[tuple[str, str, str]]:
+    """``(path, url, record)`` of each row a manifest lists as done; what does not
+    read as a record (a damaged line, a missing file) is passed over."""
     try:
         with open(manifest, "rb") as lines:
             for line in lines:
@@ -951,9 +968,11 @@ def _done_records(manifest: str) -> Iterator[tuple[str, str]]:
                     record = json.loads(text)
                 except ValueError:  # not UTF-8, or not JSON
                     continue
-                path = record.get("path") if isinstance(record, dict) else None
-                if isinstance(path, str) and record.get("status") == "ok":
-                    yield path, text
+                if not isinstance(record, dict) or record.get("status") != "ok":
+                    continue
+                path, url = record.get("path"), record.get("url")
+                if isinstance(path, str) and isinstance(url, str):
+                    yield path, url, text
     except OSError:
         return
 
