@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import json
 import socket
+import struct
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import pytest
 import swarmget
 from swarmget import cli
 from swarmget.engine.tunnel import connect_request
+from swarmget.engine.verdicts import http_error
 from swarmget.errors import UsageError
 from swarmget.net.proxy import (
     DEFAULT_PROXY_PORT,
@@ -217,17 +219,51 @@ def test_no_proxy_matching(rules: str, host: str, port: int, direct: bool) -> No
     assert NoProxy(rules).matches(host, port) is direct
 
 
-def test_a_bad_proxy_variable_is_a_usage_error_naming_it(
-    monkeypatch: pytest.MonkeyPatch, out_dir: Path, capsys: pytest.CaptureFixture[str]
+def test_a_bad_proxy_variable_fails_only_the_rows_it_would_carry(
+    monkeypatch: pytest.MonkeyPatch,
+    nginx_server: ServedTree,
+    nginx_tls_server: ServedTree,
+    tls_files: TlsFiles,
+    out_dir: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    # A SOCKS proxy in the environment (set for other programs) stopped the
+    # whole run with a usage error, even for http URLs an https_proxy never
+    # carries, and even with no_proxy=* (which was read after the proxies).
+    name = nginx_server.names[0]
+    plain, secure = nginx_server.url(name), nginx_tls_server.url(name)
+    ca = str(tls_files.ca_pem)
     monkeypatch.setenv("https_proxy", "socks5h://u:secret@127.0.0.1:1080")
-    with pytest.raises(UsageError, match=r"\$https_proxy"):
-        swarmget.download(["https://127.0.0.1:1/x"], out_dir)
-    assert cli.main(["https://127.0.0.1:1/x", "-o", str(out_dir / "o"), "-q"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("swarmget: error: $https_proxy")
-    assert "secret" not in err and err.count("\n") == 1
-    assert not (out_dir / "o").exists()  # failed before the run
+    report = swarmget.download([plain, secure], out_dir / "a", cacert=ca)
+    assert (report.ok, report.error_counts()) == (1, {"connect": 1})
+    failure = report.failures[0]
+    assert failure.url == secure and failure.attempts == 0  # no request: it could only fail
+    assert failure.message is not None and "secret" not in failure.message
+    assert failure.message.startswith("cannot use $https_proxy 'socks5h://***@127.0.0.1:1080'")
+    assert "socks5h:// proxies are not supported" in failure.message
+    assert "--proxy '' to go direct" in failure.message
+    assert cli.main([secure, "-o", str(out_dir / "c"), "-q", "--cacert", ca]) == 1
+    assert "secret" not in capsys.readouterr().err
+    # no_proxy=* turns every proxy off before one is read; --proxy '' too.
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "*")
+    assert swarmget.download([plain, secure], out_dir / "b", cacert=ca).ok == 2
+    monkeypatch.delenv("NO_PROXY")
+    assert swarmget.download([plain, secure], out_dir / "d", cacert=ca, proxy="").ok == 2
+    # Given as an option it is still refused before the run.
+    with pytest.raises(UsageError, match=r"--proxy 'socks5://"):
+        swarmget.download([plain], out_dir / "e", proxy="socks5://127.0.0.1:9")
+
+
+def test_a_407_says_whether_credentials_were_given() -> None:
+    none = Proxy("127.0.0.1", 3128)
+    given = Proxy("127.0.0.1", 3128, authorization="Basic dTpw")
+    assert http_error(407, none).message.endswith("give user:password in the proxy URL)")
+    assert http_error(407, given).message == (
+        "HTTP 407 from proxy 127.0.0.1:3128 "
+        "(Proxy Authentication Required: the proxy refused the user:password given)"
+    )
+    assert http_error(407).message == "HTTP 407"  # not through a proxy
 
 
 def test_cli_help_documents_proxies(capsys: pytest.CaptureFixture[str]) -> None:
@@ -501,6 +537,12 @@ def bad_gateway(conn: socket.socket) -> None:
     conn.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
 
 
+def tunnel_then_reset(conn: socket.socket) -> None:
+    conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    conn.recv(65536)  # the ClientHello
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+
+
 def silence(conn: socket.socket) -> None:
     conn.recv(1)  # until the client gives up
 
@@ -513,6 +555,7 @@ def silence(conn: socket.socket) -> None:
         (garbage, "protocol", "malformed response head"),
         (tunnel_with_junk, "protocol", "5 bytes after its CONNECT response"),
         (bad_gateway, "http_502", "refused CONNECT"),
+        (tunnel_then_reset, "tls", "TLS handshake with files.example (through proxy 127.0.0.1:"),
         (silence, "timeout", "connect through the proxy timed out"),
     ],
 )

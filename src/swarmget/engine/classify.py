@@ -67,6 +67,8 @@ def classify(
     if isinstance(exc, TransferError):
         return exc
     if isinstance(exc, ssl.SSLError):
+        if stage == HANDSHAKE and via:
+            host = f"{host} (through proxy {via})"
         return _tls_failure(exc, stage, host=host, started=started, received=received)
     if isinstance(exc, OSError):
         return _os_failure(exc, stage, host=host, started=started, reused=reused, via=via)

@@ -319,7 +319,7 @@ class HTTPConnection(PooledConnection):
     def _on_head(self, head: ResponseHead) -> None:
         transfer = self.transfer
         assert transfer is not None
-        verdict = judge(transfer, head, self.owner.options, self.pool.via)
+        verdict = judge(transfer, head, self.owner.options, self.pool.proxy)
         self.verdict = verdict
         pool = self.pool
         if pool.probing and head.status != 429:
@@ -389,6 +389,7 @@ class HTTPConnection(PooledConnection):
             started=parser is not None and parser.started,
             received=parser.received if parser is not None else 0,
             reused=self.served > 0,
+            via=self.pool.via,
         )
 
     def _fail(self, error: TransferError) -> None:

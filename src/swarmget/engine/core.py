@@ -320,7 +320,8 @@ class Engine(ConnectionOwner):
             # half the limit, so this runs once per that many new hosts.
             retire_idle(pools, self._pool_limit // 2, self._given_up)
         pool = pools[origin] = self._new_pool(origin, host_header)
-        pool.given_up = self._given_up.get(origin)
+        if pool.given_up is None:
+            pool.given_up = self._given_up.get(origin)
         return pool
 
     def _new_pool(self, origin: Origin, host_header: str) -> HostPool:
@@ -328,6 +329,11 @@ class Engine(ConnectionOwner):
         proxy = self.proxies.for_origin(scheme, host, port) if self.proxies is not None else None
         if proxy is None:
             return HostPool(origin, self._template(host_header), DIRECT)
+        if proxy.problem is not None:
+            # The environment names a proxy we cannot use: its rows fail at once.
+            pool = HostPool(origin, self._template(host_header), DIRECT)
+            pool.given_up = TransferError(ErrorCode.CONNECT, proxy.problem)
+            return pool
         if scheme == "https":
             return HostPool(origin, self._template(host_header), TUNNEL, proxy)
         # Plain http through the proxy: the proxy reads the absolute-form target

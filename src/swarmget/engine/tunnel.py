@@ -29,7 +29,7 @@ from swarmget.engine.classify import TUNNEL, classify
 from swarmget.engine.connection import TUNNELLING, HTTPConnection
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Transfer
-from swarmget.engine.verdicts import FAIL, PROXY_AUTH_HINT, Verdict
+from swarmget.engine.verdicts import FAIL, Verdict, proxy_auth_hint
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.address import bare_host
@@ -111,7 +111,7 @@ class TunnelHTTPSConnection(HTTPSConnection):
         _, host, port = self.pool.origin
         status = head.status
         if not 200 <= status < 300:
-            hint = PROXY_AUTH_HINT if status == 407 else ""
+            hint = proxy_auth_hint(self.pool.proxy) if status == 407 else ""
             error = TransferError(
                 http_code(status),
                 f"proxy {self.pool.proxy} refused CONNECT to {host}:{port}: HTTP {status}{hint}",

@@ -37,6 +37,7 @@ from swarmget.engine.job import (
 from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
 from swarmget.engine.retry import parse_http_date, parse_retry_after
 from swarmget.errors import ErrorCode, TransferError, http_code
+from swarmget.net.proxy import Proxy
 from swarmget.options import Options
 from swarmget.protocol import ResponseHead
 
@@ -50,7 +51,13 @@ FAIL: Final = 3
 MAX_DISCARD: Final = 256 * 1024
 # ... nor one that takes longer than this after the request began (a trickle).
 MAX_DISCARD_SECONDS: Final = 1.0
-PROXY_AUTH_HINT: Final = " (Proxy Authentication Required: give user:password in the proxy URL)"
+
+
+def proxy_auth_hint(proxy: Proxy | None) -> str:
+    """What a 407 from ``proxy`` asks of the user: credentials, or other ones."""
+    if proxy is not None and proxy.authorization is not None:
+        return " (Proxy Authentication Required: the proxy refused the user:password given)"
+    return " (Proxy Authentication Required: give user:password in the proxy URL)"
 
 
 class Verdict:
@@ -106,8 +113,11 @@ class Verdict:
         return f"<Verdict {kind} {self.status} error={self.error} location={self.location}>"
 
 
-def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "") -> Verdict:
-    """The verdict on ``head`` for ``transfer``; ``via`` names an http proxy, if any."""
+def judge(
+    transfer: Transfer, head: ResponseHead, options: Options, proxy: Proxy | None = None
+) -> Verdict:
+    """The verdict on ``head`` for ``transfer``; ``proxy``: the http proxy it went
+    through, if any."""
     status = head.status
     if status == 206:
         return _judge_partial(transfer, head, options)
@@ -155,7 +165,7 @@ def judge(transfer: Transfer, head: ResponseHead, options: Options, via: str = "
         return Verdict(REDIRECT, status, location=target, discard=discard)
     retry_after = parse_retry_after(head.get(b"retry-after"))
     return Verdict(
-        FAIL, status, error=http_error(status, via), retry_after=retry_after, discard=discard
+        FAIL, status, error=http_error(status, proxy), retry_after=retry_after, discard=discard
     )
 
 
@@ -298,8 +308,9 @@ def _too_large(total: int | None, options: Options) -> TransferError | None:
     )
 
 
-def http_error(status: int, via: str = "") -> TransferError:
+def http_error(status: int, proxy: Proxy | None = None) -> TransferError:
     """``http_<status>`` for a final status that is not a success; a 407 names the proxy."""
-    if status == 407 and via:
-        return TransferError(http_code(407), f"HTTP 407 from proxy {via}{PROXY_AUTH_HINT}")
+    if status == 407 and proxy is not None:
+        hint = proxy_auth_hint(proxy)
+        return TransferError(http_code(407), f"HTTP 407 from proxy {proxy}{hint}")
     return TransferError(http_code(status), f"HTTP {status}")

@@ -19,8 +19,13 @@ and never again, so a run with no proxy pays nothing per request
   scheme is taken as http, and without a port as port 1080, both as curl does.
   User and password are percent-decoded and sent as ``Proxy-Authorization:
   Basic``.  Only http proxies exist here (no TLS to the proxy, no SOCKS): any
-  other scheme is a :class:`UsageError` naming where it came from, never a
-  silent direct connection.
+  other scheme is never a silent direct connection.  Given with ``--proxy``,
+  it is a :class:`UsageError` naming the option.  Found in the environment
+  (set for other programs, often a SOCKS proxy in ``all_proxy``), it fails
+  only the rows that would go through it, each with ``connect`` and a
+  message that says how to go direct (as requests fails each request); an
+  http-only list never sees an unusable ``https_proxy``, nor a list every
+  host of which ``no_proxy`` exempts.
 * **no_proxy** (``--no-proxy`` or ``$no_proxy``/``$NO_PROXY``, the option
   winning even when empty): comma- or space-separated; ``*`` alone turns proxies
   off; a name matches itself and every name under it (``example.com`` and
@@ -56,6 +61,9 @@ class Proxy:
     port: int
     authorization: str | None = None  # "Basic <base64 of user:password>"
     source: str = "--proxy"  # where it was configured, for messages
+    # Set: not a proxy we can use (from the environment); why, for the rows
+    # that would have gone through it.
+    problem: str | None = None
 
     def __str__(self) -> str:
         """``host:port``: what messages show (never the credentials)."""
@@ -187,17 +195,17 @@ def proxy_settings(
     env = os.environ if environ is None else environ
     if proxy is not None:
         http = https = parse_proxy_url(proxy, "--proxy")
-    elif trust_env:
-        http = _proxy_from_env(env, "http")
-        https = _proxy_from_env(env, "https")
-    else:
-        http = https = None
-    if http is None and https is None:
-        return None
     if no_proxy is None:
         no_proxy = _first_set(env, ("no_proxy", "NO_PROXY")) if trust_env else ""
     rules = NoProxy(no_proxy or "")
     if rules.everything:
+        return None  # before the environment's proxies are read: none is used
+    if proxy is None:
+        if not trust_env:
+            return None
+        http = _proxy_from_env(env, "http")
+        https = _proxy_from_env(env, "https")
+    if http is None and https is None:
         return None
     return ProxySettings(http, https, rules)
 
@@ -209,7 +217,14 @@ def _proxy_from_env(env: Mapping[str, str], scheme: str) -> Proxy | None:
     for name in names:
         value = env.get(name, "").strip()
         if value:
-            return parse_proxy_url(value, f"${name}")
+            try:
+                return parse_proxy_url(value, f"${name}")
+            except UsageError as exc:
+                # Set for other programs: it fails only the rows it would carry.
+                problem = (
+                    f"cannot use {exc}; set no_proxy for these hosts, or --proxy '' to go direct"
+                )
+                return Proxy("", 0, source=f"${name}", problem=problem)
     return None
 
 
