@@ -29,6 +29,7 @@ import trustme
 
 import swarmget
 from swarmget import cli
+from swarmget.engine import core as engine_core
 from swarmget.engine import https
 from swarmget.engine.core import Engine
 from swarmget.net import tls as tls_module
@@ -761,3 +762,99 @@ def test_kernel_tls_is_asked_for_where_python_offers_it() -> None:
         assert context.options & 8 == 0  # OpenSSL's SSL_OP_ENABLE_KTLS bit untouched
     else:
         assert context.options & ktls
+
+
+# -- read-ahead (net/openssl.py) ---------------------------------------------------------------
+
+
+def test_read_ahead_is_set_where_openssl_is_reachable(monkeypatch: pytest.MonkeyPatch) -> None:
+    import _ssl
+    import ctypes
+
+    if sys.implementation.name != "cpython" or sys.platform == "win32":
+        pytest.skip("read-ahead is set only on CPython on POSIX")
+    lib = ctypes.CDLL(_ssl.__file__)
+    lib.SSL_CTX_ctrl.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_long, ctypes.c_void_p]
+    lib.SSL_CTX_ctrl.restype = ctypes.c_long
+
+    def settings(channel: tls_module.ClientTLS) -> tuple[int, int]:
+        address = id(channel.context) + object.__basicsize__
+        pointer = ctypes.c_void_p.from_address(address).value
+        read_ahead = lib.SSL_CTX_ctrl(pointer, 40, 0, None)  # SSL_CTRL_GET_READ_AHEAD
+        return read_ahead, lib.SSL_CTX_ctrl(pointer, 33, 0, None) & 0x10  # RELEASE_BUFFERS
+
+    on = tls_module.ClientTLS()
+    assert settings(on) == (1, 0x10) and on.read_ahead
+    monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
+    off = tls_module.ClientTLS()
+    assert settings(off) == (0, 0x10) and not off.read_ahead  # CPython releases buffers
+
+
+def _big_then_small(size: int) -> Handler:
+    big = bytes(range(256)) * (size // 256)
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        while request := read_request(tls):
+            body = big if b"/big" in request else BODY
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    return handler
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_body_longer_than_a_turns_reads_comes_whole(
+    certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: bool
+) -> None:
+    # A connection that yields to the others after a turn's reads, with bytes
+    # OpenSSL read ahead and epoll cannot see, must come back by itself (else it
+    # waits for bytes the server already sent: a timeout).
+    if not read_ahead:
+        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
+    # A small receive buffer makes the turns short (the .py build only: the
+    # compiled one has the constant built in, and a turn there is 8 MB).
+    monkeypatch.setattr(engine_core, "RECV_BUFFER_SIZE", 64 << 10)
+    size = 6 << 20
+    with TLSServer(certs.contexts["good"], _big_then_small(size)) as server:
+        urls = [server.url(f"big{i}") for i in range(3)] + [server.url(f"s{i}") for i in range(8)]
+        report = swarmget.download(
+            urls, out_dir, cacert=str(certs.ca_pem), timeout=1, retries=0, workers=1
+        )
+    assert (report.ok, report.failed) == (11, 0), report.failures
+    for i in range(3):
+        assert (out_dir / f"big{i}").stat().st_size == size
+    assert (out_dir / "big2").read_bytes() == bytes(range(256)) * (size // 256)
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_bytes_after_a_response_are_never_the_next_ones_answer(
+    certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: bool
+) -> None:
+    # A server that sends a second response nobody asked for, with the first:
+    # read ahead with it, it would have answered the next request on the
+    # connection (row b saved, as ok, with the stray body).
+    if not read_ahead:
+        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
+    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        first = True
+        while read_request(tls):
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+            tls.sendall(head + BODY)
+            if first:
+                tls.sendall(stray)  # a record of its own, right behind: read ahead with it
+            first = False
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("a"), server.url("b")],
+            out_dir,
+            cacert=str(certs.ca_pem),
+            concurrency=1,
+            per_host=1,
+            retries=1,
+            workers=1,
+        )
+    assert report.ok == 2, report.failures
+    assert (out_dir / "a").read_bytes() == BODY
+    assert (out_dir / "b").read_bytes() == BODY

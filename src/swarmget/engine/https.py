@@ -13,16 +13,17 @@ socket itself, and this class only says when:
 * **In.**  On a readable event, ``read`` decrypts record after record straight
   into the engine's receive buffer, side by side, and the parser gets them in
   one go, so a 50 KB body is one parser call and one ``os.write``.  OpenSSL
-  reads the socket for us (a record's header, then its body: no read-ahead,
-  so it never holds bytes the kernel no longer reports as readable), and the
-  only copy of the plaintext is the one into our buffer.  Reading stops when
-  OpenSSL needs more from the kernel (``SSLWantReadError``), or before that
-  when the response is all in (the head said its length) or a short record
-  follows full ones (most likely the end of what the server sent in one go,
-  as with the last record of any body): the read that would only find the
-  socket empty costs a syscall and an exception, about as much as the rest of
-  the event.  Stopping early is always safe: epoll is level-triggered, so the
-  loop calls again at once if more is there.
+  reads the socket for us, and the only copy of the plaintext is the one into
+  our buffer.  Reading goes on until OpenSSL needs more from the kernel
+  (``SSLWantReadError``), even past the end of the response: bytes a server
+  sent after it (a stray second answer) are found then, and make the
+  connection unfit to reuse -- stopping at the response's end, the next
+  request would have gone out with them still unread, and taken them for its
+  answer.  Where OpenSSL reads ahead (``net/openssl.py``: up to 64 KiB a
+  ``read()``, where it would otherwise read each record's header and body
+  apart) it may hold bytes the kernel no longer reports as readable, so a
+  connection that yields to the others before that point puts itself back
+  on the loop (``call_soon``).
 * **Out.**  A request is one ``write``; should the socket not take it
   (``SSLWantWriteError``), the same bytes are written again once it is
   writable, as OpenSSL requires.
@@ -57,7 +58,6 @@ from swarmget.engine.job import Transfer
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.tls import record_reader
-from swarmget.protocol import ResponseParser
 
 # The largest TLS record's plaintext: keep this much room to read a whole one.
 _MAX_RECORD = 16 * 1024
@@ -65,7 +65,7 @@ _SAVED = object()  # HTTPSConnection._offered once its session has been saved
 
 
 class HTTPSConnection(HTTPConnection):
-    __slots__ = ("_offered", "_read", "_tls", "_watching", "_write")
+    __slots__ = ("_offered", "_read", "_read_ahead", "_tls", "_watching", "_write")
 
     def looks_closed(self) -> bool:
         # Bytes may be a TLS record without data (a late session ticket): the
@@ -84,6 +84,7 @@ class HTTPSConnection(HTTPConnection):
             return
         self._offered: object = pool.tls_session  # or _SAVED
         self._read = record_reader(self._tls)
+        self._read_ahead = self.owner.tls.read_ahead
         self._write: Callable[[bytes | memoryview], int] = self._tls.write
         self._watching = EVENT_WRITE  # as the connect left it
         self.state = HANDSHAKING
@@ -167,17 +168,16 @@ class HTTPSConnection(HTTPConnection):
         # (a 16 KiB record over a slow link takes many events to decrypt).
         self.last_activity = owner.loop.now
         for _ in range(MAX_READS_PER_EVENT):  # then the other connections' turn
-            # Decrypt records side by side into the buffer, then parse and write
-            # them in one go (see the module docstring for when reading stops).
-            expected = _still_expected(parser)
-            filled = last = 0
+            # Decrypt records side by side into the buffer until OpenSSL needs
+            # more from the kernel, then parse and write them in one go.
+            filled = 0
             eof = False
             error: OSError | None = None
             while filled < room:
                 try:
                     n = read(size - filled, buffer[filled:] if filled else buffer)
                 except ssl.SSLWantReadError:
-                    break  # the kernel has no more for now
+                    break  # nothing more for now: epoll says when there is
                 except OSError as exc:  # SSLEOFError: a TCP close without close_notify
                     error = exc
                     break
@@ -185,9 +185,6 @@ class HTTPSConnection(HTTPConnection):
                     eof = True  # close_notify: a clean end of the stream
                     break
                 filled += n
-                if filled == expected or (n < _MAX_RECORD and last == _MAX_RECORD):
-                    break  # the response is all in, or most likely the server's burst is
-                last = n
             try:
                 done = parser.feed(buffer[:filled]) if filled else False
                 if not done and eof:
@@ -203,7 +200,15 @@ class HTTPSConnection(HTTPConnection):
                 self._transport_error(error)
                 return
             if filled < room:
-                return  # drained, or stopped early: epoll says so if more is there
+                return  # drained
+        if self._read_ahead:
+            # The other connections' turn, but what OpenSSL read ahead is not
+            # the kernel's to report: this connection comes back by itself.
+            owner.loop.call_soon(self._read_on, self.transfer)
+
+    def _read_on(self, transfer: Transfer | None) -> None:
+        if self.state == ACTIVE and self.transfer is transfer:
+            self._readable()
 
     def _save_session(self) -> None:
         # Once per connection, and only while the pool still holds the session
@@ -233,14 +238,3 @@ class HTTPSConnection(HTTPConnection):
 
     def _transport_error(self, exc: OSError) -> None:
         self._fail(self._classify(exc, HANDSHAKE if self.state == HANDSHAKING else EXCHANGE))
-
-
-def _still_expected(parser: ResponseParser) -> int:
-    """The bytes of the response still to come, when its head has said (else -1)."""
-    head = parser.head
-    if head is None or head.chunked:
-        return -1
-    length = head.content_length
-    if length is None:
-        return -1
-    return length - parser.received

@@ -67,6 +67,7 @@ from typing import Protocol, TextIO, cast
 
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.net.address import bare_host
+from swarmget.net.openssl import enable_read_ahead
 
 ALPN_PROTOCOLS = ["http/1.1"]
 INSECURE_WARNING = (
@@ -135,7 +136,7 @@ class TLSChannel(Protocol):
 class ClientTLS:
     """The run's TLS settings and its one ``SSLContext``, built when first needed."""
 
-    __slots__ = ("_context", "_warn_to", "cacert", "insecure", "public_api")
+    __slots__ = ("_context", "_warn_to", "cacert", "insecure", "public_api", "read_ahead")
 
     def __init__(
         self, cacert: str | None = None, insecure: bool = False, *, warn_to: TextIO | None = None
@@ -147,6 +148,9 @@ class ClientTLS:
         # Wrap with the public SSLContext.wrap_socket even where the C
         # constructor is there (the fallback's own tests set this).
         self.public_api = False
+        # OpenSSL reads ahead (net/openssl.py): whoever reads a channel must go on
+        # until SSLWantReadError before waiting for the socket again.
+        self.read_ahead = False
         if cacert is not None or insecure:
             self._build()  # the user asked for TLS settings: check them before the run
 
@@ -156,6 +160,7 @@ class ClientTLS:
 
     def _build(self) -> ssl.SSLContext:
         self._context = client_context(self.cacert, insecure=self.insecure)
+        self.read_ahead = enable_read_ahead(self._context)
         if self.insecure:
             out = self._warn_to if self._warn_to is not None else sys.stderr
             out.write(INSECURE_WARNING)
