@@ -509,3 +509,49 @@ def test_a_host_that_resets_some_connections_is_not_given_up(
     finally:
         server.unroute("/flaky.bin")
     assert report.ok == 40, report.error_counts()
+
+
+def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_ones(
+    out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The response ends exactly where one recv_into fills the buffer: the stray
+    # answer behind it stayed in the kernel, the connection was reused, and row
+    # b saved, ok, with it.  (The .py build: a 64 KiB buffer.)
+    from swarmget.engine import core as engine_core
+
+    monkeypatch.setattr(engine_core, "RECV_BUFFER_SIZE", 64 << 10)
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %06d\r\n\r\n"
+    body = (bytes(range(256)) * 256)[: (64 << 10) - len(head % 0)]
+    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
+    answered = threading.Event()  # a's answer, on whichever connection asks first
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve(conn: socket.socket) -> None:
+        pending = b""
+        with conn, contextlib.suppress(OSError):  # a reset: the client left the stray unread
+            while chunk := conn.recv(65536):
+                pending += chunk
+                while b"\r\n\r\n" in pending:
+                    _, _, pending = pending.partition(b"\r\n\r\n")
+                    if answered.is_set():
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    else:
+                        answered.set()
+                        conn.sendall(head % len(body) + body + stray)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        report = run([f"http://127.0.0.1:{port}/a", f"http://127.0.0.1:{port}/b"], out_dir,
+                     concurrency=1, per_host=1, retries=1, workers=1)  # fmt: skip
+    finally:
+        listener.close()
+    assert report.ok == 2, report.failures
+    assert (out_dir / "a").read_bytes() == body
+    assert (out_dir / "b").read_bytes() == b"ok"

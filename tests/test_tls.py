@@ -858,3 +858,48 @@ def test_bytes_after_a_response_are_never_the_next_ones_answer(
     assert report.ok == 2, report.failures
     assert (out_dir / "a").read_bytes() == BODY
     assert (out_dir / "b").read_bytes() == BODY
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_ones(
+    certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: bool
+) -> None:
+    # The response ends exactly where a turn's buffer is full: the stray record
+    # behind it was left unread (in OpenSSL or in the kernel), the connection
+    # reused, and row b saved, ok, with it.  (The .py build: a 64 KiB buffer.)
+    if not read_ahead:
+        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
+    monkeypatch.setattr(engine_core, "RECV_BUFFER_SIZE", 64 << 10)
+    room = (64 << 10) - (16 << 10)
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: %06d\r\n\r\n"
+    body = (bytes(range(256)) * 256)[: room - len(head % 0)]
+    whole = head % len(body) + body
+    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
+
+    answered = threading.Event()  # a's answer, on whichever connection asks first
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        while read_request(tls):
+            if answered.is_set():
+                tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY)
+                continue
+            answered.set()
+            tls.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)  # one segment for all
+            for start in range(0, len(whole), 16 << 10):
+                tls.sendall(whole[start : start + (16 << 10)])  # a full record each
+            tls.sendall(stray)
+            tls.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("a"), server.url("b")],
+            out_dir,
+            cacert=str(certs.ca_pem),
+            concurrency=1,
+            per_host=1,
+            retries=1,
+            workers=1,
+        )
+    assert report.ok == 2, report.failures
+    assert (out_dir / "a").read_bytes() == body
+    assert (out_dir / "b").read_bytes() == BODY

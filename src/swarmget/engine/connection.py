@@ -305,7 +305,9 @@ class HTTPConnection(PooledConnection):
                 self._feed_failed(exc)
                 return
             if done:
-                self._complete(reusable=parser.reusable and n > 0)
+                # Reused only when drained: a full buffer may have left bytes
+                # unread (a stray answer the next request would take for its own).
+                self._complete(reusable=parser.reusable and 0 < n < len(buffer))
                 return
             if n < len(buffer):
                 return  # drained for now; a full buffer means more is likely waiting

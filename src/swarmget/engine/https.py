@@ -194,7 +194,12 @@ class HTTPSConnection(HTTPConnection):
                 return
             if done:
                 self._save_session()
-                self._complete(reusable=parser.reusable and not eof and error is None)
+                # Reused only when drained: a buffer filled to the brim may have
+                # left the next record unread, perhaps a stray answer that the
+                # connection's next request would take for its own.
+                drained = filled < room
+                reusable = parser.reusable and drained and not eof and error is None
+                self._complete(reusable=reusable)
                 return
             if error is not None:
                 self._transport_error(error)
