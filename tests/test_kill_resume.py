@@ -365,3 +365,35 @@ def test_a_fixed_url_takes_over_the_path_of_an_interrupted_rows(
     assert (out / "d/f0.bin").read_bytes() == expected_body("new.bin", 7000)
     assert [(r["url"], r["status"]) for r in records_of(out)] == [(new, "ok")]
     assert parts(out) == []
+
+
+def test_a_file_put_at_an_interrupted_rows_path_is_judged_as_any_other(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # The path an unfinished row gives up may hold the user's file now (put
+    # there after the kill, or there all along under --overwrite): it was
+    # deleted as if the row had published it, and replaced without --overwrite.
+    old = server.file_url("judged-old.bin", size=5000, latency=30)
+    new = server.file_url("judged-new.bin", size=7000)
+    first, fixed = tmp_path / "first.csv", tmp_path / "fixed.csv"
+    first.write_text(f"url,path\n{old},d/p.bin\n")
+    fixed.write_text(f"url,path\n{new},d/p.bin\n")
+    out = tmp_path / "out"
+    proc = swarmget(first, out)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (out / ".swarmget").exists():
+        time.sleep(0.01)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=10)
+    (out / "d").mkdir(exist_ok=True)
+    (out / "d/p.bin").write_bytes(b"the user's")
+    again = swarmget(fixed, out)
+    again.communicate(timeout=60)
+    assert again.returncode == 1
+    assert (out / "d/p.bin").read_bytes() == b"the user's"
+    assert [r["error"] for r in records_of(out)] == ["exists"]
+    replaced = swarmget(fixed, out, "--overwrite")
+    _, stderr = replaced.communicate(timeout=60)
+    assert replaced.returncode == 0, stderr.decode()
+    assert (out / "d/p.bin").read_bytes() == expected_body("judged-new.bin", 7000)

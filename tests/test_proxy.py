@@ -241,7 +241,7 @@ def test_a_bad_proxy_variable_fails_only_the_rows_it_would_carry(
     assert failure.message is not None and "secret" not in failure.message
     assert failure.message.startswith("cannot use $https_proxy 'socks5h://***@127.0.0.1:1080'")
     assert "socks5h:// proxies are not supported" in failure.message
-    assert "--proxy '' to go direct" in failure.message
+    assert "go direct with --proxy '' (proxy='' in Python)" in failure.message
     assert cli.main([secure, "-o", str(out_dir / "c"), "-q", "--cacert", ca]) == 1
     assert "secret" not in capsys.readouterr().err
     # no_proxy=* turns every proxy off before one is read; --proxy '' too.

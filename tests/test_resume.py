@@ -917,3 +917,27 @@ def test_a_lost_journal_is_made_good_for_a_reordered_list(
     assert {r["path"]: r["url"] for r in journal(out_dir)} == before
     assert all("journal was lost" in r["message"] for r in journal(out_dir))
     assert sorted(p.name for p in out_dir.iterdir()) == [".swarmget", *sorted(before)]
+
+
+def test_a_lost_journal_and_a_changed_file_keep_every_row_to_its_own_path(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Three URLs, one default name; the journal lost, x-1 changed, the list
+    # reversed.  x-1's row fell back to the default name x (another URL's
+    # whole file) and failed exists there, and so did x's row after it.
+    urls = [server.file_url(f"{d}/x", size=100 + n) for n, d in enumerate("abc")]
+    assert run(urls, out_dir).ok == 3
+    before = {r["path"]: r["url"] for r in journal(out_dir)}
+    (out_dir / ".swarmget" / "journal.sqlite3").unlink()
+    (out_dir / "x-1").write_bytes(b"shrunk")
+    seen = len(server.requests)
+    again = run(urls[::-1], out_dir)
+    assert (again.ok, again.error_counts()) == (2, {"exists": 1})
+    (failure,) = again.failures
+    assert failure.url == urls[1] and "x-1 changed since" in str(failure.message)
+    assert len(server.requests) == seen
+    assert (out_dir / "x-1").read_bytes() == b"shrunk"  # not known to be ours: kept
+    replaced = run(urls[::-1], out_dir, overwrite=True)
+    assert (replaced.ok, replaced.failed) == (3, 0)
+    assert {r["path"]: r["url"] for r in journal(out_dir)} == before
+    assert (out_dir / "x-1").read_bytes() == expected_body("b/x", 101)

@@ -222,7 +222,8 @@ def _proxy_from_env(env: Mapping[str, str], scheme: str) -> Proxy | None:
             except UsageError as exc:
                 # Set for other programs: it fails only the rows it would carry.
                 problem = (
-                    f"cannot use {exc}; set no_proxy for these hosts, or --proxy '' to go direct"
+                    f"cannot use {exc}; set no_proxy for these hosts, or go direct "
+                    "with --proxy '' (proxy='' in Python)"
                 )
                 return Proxy("", 0, source=f"${name}", problem=problem)
     return None

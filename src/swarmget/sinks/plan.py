@@ -314,14 +314,11 @@ class FilePlanner:
             if previous is not None and previous.path is not None:
                 path = previous.path  # claimed before: it keeps it, whatever moved around it
             else:
-                if row.path is not None and candidate is not None:
-                    done = self._take_explicit(row, key, url, candidate)
-                else:
-                    done = self._recovered_by_url(row, key, url) if self._recovering else None
-                if done is not None:
-                    batch.results.append(done)
+                found = self._new_path(row, key, url, candidate)
+                if isinstance(found, FileResult):
+                    batch.results.append(found)  # done already
                     return
-                path = self.names.allocate(row, candidate)
+                path = found
         except TransferError as exc:
             url, message = redact_failure(url, exc)
             batch.results.append(_failed(row, key, url, exc.code, message))
@@ -532,20 +529,52 @@ class FilePlanner:
             reused=previous.bytes,
         )
 
-    def _recovered_by_url(self, row: Row, key: int, url: str) -> FileResult | None:
-        """A row named by default, after the journal was lost: the first file the
+    def _new_path(self, row: Row, key: int, url: str, candidate: str | None) -> FileResult | str:
+        """The path of a row the journal holds none for, or its result when an
+        earlier run's file makes it done.  Raises ``exists``/``bad_path``."""
+        if row.path is not None and candidate is not None:
+            done = self._take_explicit(row, key, url, candidate)
+            if done is not None:
+                return done
+        elif self._recovering:
+            done, again = self._recovered_by_url(row, key, url)
+            if done is not None:
+                return done
+            if again is not None:
+                # The manifest lists it as this URL's file, but it changed since:
+                # the row keeps to it (its default name may be another URL's
+                # file now), and it is replaced only when asked, as a file not
+                # known to be ours is.
+                self._names_store.claim(again, parents_of(again))
+                if not self.options.overwrite:
+                    raise TransferError(
+                        ErrorCode.EXISTS,
+                        f"{again} changed since an earlier run's manifest listed it as "
+                        "this URL's (the journal was lost): use --overwrite to replace it",
+                    )
+                return again
+        return self.names.allocate(row, candidate)
+
+    def _recovered_by_url(
+        self, row: Row, key: int, url: str
+    ) -> tuple[FileResult | None, str | None]:
+        """A row named by default, after the journal was lost: the files the
         manifest lists as done for its URL that no row of this run has claimed
         (the list may have been reordered since, so its default name may now
-        be another row's file).  Done with that file, or None."""
+        be another row's file).  ``(done, None)`` with the first that is still
+        whole; else ``(None, path)``: the first, changed since; else
+        ``(None, None)``."""
         store = self._names_store
+        again = None
         for path in self.journal.recovered_paths(url):
             if store.taken(path):
                 continue  # another row of this run has it (the same URL twice)
             done = self._recovered(row, key, url, path)
             if done is not None:
                 store.claim(path, parents_of(path))
-                return done
-        return None
+                return done, None
+            again = again or path
+        return None, again
 
     def _recovered(self, row: Row, key: int, url: str, path: str) -> FileResult | None:
         """The row's file is at its path, the journal does not know it, and the
@@ -594,15 +623,13 @@ class FilePlanner:
         if found is None or found[1].run == self.journal.run or found[0] in self._batch:
             return None  # a row of this input has it: allocate refuses it
         holder_key, holder, holder_url = found
-        if holder.status != OK and holder.status != FAILED:
-            # Planned or partly done when a run stopped: it never finished, so
-            # the path goes to the first row of this input that asks for it,
-            # as a failed row's does.  (Kept for it, the path was stuck for
-            # good when the row had left the list; should it still be further
-            # on in this input, it now fails ``exists``, as a second row with
-            # one path does.)  A file at its path is ours (a kill came between
-            # the rename and the record) and of its URL: it goes too.
-            self._unpublish(holder)
+        # Planned or partly done when a run stopped, the row never finished: the
+        # path goes to the first row of this input that asks for it, as a failed
+        # row's does.  (Kept for it, the path was stuck for good when the row had
+        # left the list; should it still be further on in this input, it now
+        # fails ``exists``, as a second row with one path does.)  A file at the
+        # path is judged as any other: the row may have been planned over a
+        # user's file with --overwrite, or the user put one there since.
         whole = holder.status == OK and holder.mine and self._done(holder)
         if whole and holder_url == url and not self.options.overwrite:
             done = self._checked_on_disk(row, key, holder)
