@@ -439,3 +439,15 @@ def test_chunk_reader_refuses_what_does_not_end_the_data_whatever_the_split(fram
         with pytest.raises(ProtocolError):
             for piece in (framed[:cut], framed[cut:]):
                 reader.feed(memoryview(piece))
+
+
+def test_an_http2_reply_is_named_as_such() -> None:
+    # A server that ignores ALPN's http/1.1 and speaks HTTP/2 sends a SETTINGS
+    # frame first: said in words, not as "not an HTTP/1.x reply: b'\x00\x00...'".
+    settings_frame = b"\x00\x00\x12\x04\x00\x00\x00\x00\x00" + b"\x00\x03\x00\x00\x00\x64" * 3
+    parser = ResponseParser(lambda h: None, lambda b: None)
+    with pytest.raises(ProtocolError, match="the server answered in HTTP/2"):
+        parser.feed(memoryview(settings_frame))
+    other = ResponseParser(lambda h: None, lambda b: None)
+    with pytest.raises(ProtocolError, match=r"not an HTTP/1\.x reply"):
+        other.feed(memoryview(b"SSH-2.0-OpenSSH_9.2p1\r\n"))

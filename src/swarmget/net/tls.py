@@ -84,7 +84,11 @@ def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.
             context.load_verify_locations(cafile=cacert)
         except FileNotFoundError:
             raise UsageError(f"--cacert {cacert!r}: no such file") from None
-        except (ssl.SSLError, OSError) as exc:
+        except ssl.SSLError as exc:  # OpenSSL's reason in words, not its C location
+            raise UsageError(
+                f"--cacert {cacert!r}: not a PEM CA certificate ({describe(exc)})"
+            ) from None
+        except OSError as exc:
             reason = exc.strerror if isinstance(exc.strerror, str) else str(exc)
             raise UsageError(f"--cacert {cacert!r}: not a PEM CA certificate ({reason})") from None
     if insecure:
@@ -228,13 +232,18 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
     """The stable error for an ``ssl`` failure on a connection to ``host``."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         detail = exc.verify_message or describe(exc)
+        if "issuer" in detail or "self-signed" in detail or "self signed" in detail:
+            detail += " (a private CA is trusted with --cacert FILE, or $SSL_CERT_FILE)"
         return TransferError(
             ErrorCode.TLS_VERIFY, f"certificate verification failed for {host}: {detail}"
         )
     where = "TLS handshake with" if handshake else "TLS connection to"
     if isinstance(exc, ssl.SSLEOFError):
         return TransferError(ErrorCode.TLS, f"{where} {host}: connection closed by the server")
-    return TransferError(ErrorCode.TLS, f"{where} {host} failed: {describe(exc)}")
+    reason = describe(exc)
+    if reason == "wrong version number" and handshake:
+        reason += " (is it an http:// server?)"  # what a plain-HTTP reply reads as
+    return TransferError(ErrorCode.TLS, f"{where} {host} failed: {reason}")
 
 
 def describe(exc: ssl.SSLError) -> str:

@@ -149,6 +149,10 @@ def _check_status_start(pending: bytes | bytearray) -> None:
     start = bytes(pending[:16]).lstrip(b"\r\n")[:5]
     if start and not _STATUS_START.startswith(start):
         line = bytes(pending).lstrip(b"\r\n").split(b"\n", 1)[0][:40]
+        if len(pending) >= 4 and pending[0] == 0 and pending[1] == 0 and pending[3] == 4:
+            # A frame header (a 24-bit length under 256, type 4: SETTINGS), what
+            # an HTTP/2 server sends first, ignoring that we asked for HTTP/1.1.
+            raise ProtocolError(f"the server answered in HTTP/2, not HTTP/1.x: {line!r}")
         raise ProtocolError(f"not an HTTP/1.x reply: {line!r}")
 
 
