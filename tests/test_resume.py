@@ -941,3 +941,26 @@ def test_a_lost_journal_and_a_changed_file_keep_every_row_to_its_own_path(
     assert (replaced.ok, replaced.failed) == (3, 0)
     assert {r["path"]: r["url"] for r in journal(out_dir)} == before
     assert (out_dir / "x-1").read_bytes() == expected_body("b/x", 101)
+
+
+def test_a_lost_journals_files_are_named_around_by_new_rows(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A new URL whose default name is the file of a row further on (the
+    # journal lost) took that name and failed "exists ... was not downloaded
+    # by swarmget"; the row whose file it is then failed too.
+    old = server.file_url("p/a.jpg", size=300)
+    assert run([old], out_dir).ok == 1
+    (out_dir / ".swarmget" / "journal.sqlite3").unlink()
+    new = server.file_url("q/a.jpg", size=400)
+    seen = len(server.requests)
+    report = run([new, Row(1, new, path="a.jpg"), old], out_dir)
+    assert (report.ok, report.error_counts()) == (2, {"exists": 1})
+    assert len(server.requests) == seen + 1  # the new URL's, once
+    by_url = {(r["url"], r["index"]): r for r in journal(out_dir)}
+    assert by_url[(new, 0)]["path"] == "a-1.jpg" and by_url[(old, 2)]["path"] == "a.jpg"
+    assert (out_dir / "a.jpg").read_bytes() == expected_body("p/a.jpg", 300)
+    assert (out_dir / "a-1.jpg").read_bytes() == expected_body("q/a.jpg", 400)
+    assert by_url[(new, 1)]["message"] == (
+        f"a.jpg holds the file an earlier run downloaded from {old} (use --overwrite to replace it)"
+    )

@@ -234,6 +234,12 @@ class Journal:
             ).fetchone()
         return None if found is None else dict(json.loads(found[0]))
 
+    def is_recovered(self, path: str) -> bool:
+        """Does a record :meth:`recover` kept name ``path``?"""
+        with self._guard("read"):
+            found = self._db.execute("SELECT 1 FROM recovered WHERE path=?", (path,)).fetchone()
+        return found is not None
+
     def recovered_paths(self, url: str) -> list[str]:
         """The paths of the records :meth:`recover` kept for ``url`` (the rows of a
         reordered list find their files by URL), in the manifest's order."""

@@ -151,6 +151,10 @@ class NameStore:
         """Hand out ``name``; ``parents`` are the directories it implies."""
         raise NotImplementedError
 
+    def reserved(self, name: str) -> bool:
+        """Is ``name`` kept for a row still to come (so a default name goes past it)?"""
+        return False
+
     def next_suffix(self, name: str) -> int:
         """Where to start counting ``-N`` suffixes for ``name`` (1 when unknown)."""
         raise NotImplementedError
@@ -228,7 +232,8 @@ class NameAllocator:
                     ErrorCode.EXISTS,
                     f"output path {name!r} needs directory {parent!r}, which is another row's file",
                 )
-        return self._claim(name, parents)
+        self.store.claim(name, parents)  # free, as checked: never suffixed
+        return name
 
     def __len__(self) -> int:
         return len(self.store)
@@ -264,7 +269,8 @@ class NameAllocator:
         return candidate
 
     def _used(self, name: str) -> bool:
-        return self.store.taken(name) or self.store.is_dir(name)
+        store = self.store
+        return store.taken(name) or store.is_dir(name) or store.reserved(name)
 
 
 def with_suffix(path: str, n: int) -> str:

@@ -160,6 +160,12 @@ class JournalNames(NameStore):
         self._known: dict[str, bool] = {}  # prefetched: taken or not
         self._suffixes: dict[str, int] = {}
         self._filter: Bloom | None = None
+        # The journal was lost: the paths the manifest lists are kept for
+        # their URLs' rows (FilePlanner._recovered_by_url), not default names.
+        self.recovering = False
+
+    def reserved(self, name: str) -> bool:
+        return self.recovering and name not in self._held and self._journal.is_recovered(name)
 
     def use_filter(self, names: Bloom) -> None:
         """The journal started empty: names not in ``names`` were never claimed."""
@@ -260,6 +266,7 @@ class FilePlanner:
             and not self.fresh
             and self.journal.recover(_done_records(manifest)) > 0
         )
+        self._names_store.recovering = self._recovering
         if self.journal.empty_at_start:
             _remove_parts(self.root)  # no row knows them: nothing can continue them
         self._lines = ManifestLines(manifest) if self.journal.empty_at_start else None
@@ -330,10 +337,7 @@ class FilePlanner:
             if recovered is not None:
                 batch.results.append(recovered)
                 return
-            message = (
-                f"{path} already exists and was not downloaded by swarmget "
-                "(use --overwrite to replace it)"
-            )
+            message = self._foreign_file(path, url)
             # The name stays claimed (not ours): later rows are named around it.
             self._foreign[key] = path
             batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
@@ -529,6 +533,17 @@ class FilePlanner:
             reused=previous.bytes,
         )
 
+    def _foreign_file(self, path: str, url: str) -> str:
+        """Why the file at ``path`` is not this row's (``exists``)."""
+        earlier = self.journal.recovered(path) if self._recovering else None
+        if earlier is None:
+            what = "already exists and was not downloaded by swarmget"
+        elif earlier.get("url") == url:
+            what = "changed since an earlier run's manifest listed it as this URL's"
+        else:
+            what = f"holds the file an earlier run downloaded from {earlier.get('url')}"
+        return f"{path} {what} (use --overwrite to replace it)"
+
     def _new_path(self, row: Row, key: int, url: str, candidate: str | None) -> FileResult | str:
         """The path of a row the journal holds none for, or its result when an
         earlier run's file makes it done.  Raises ``exists``/``bad_path``."""
@@ -547,11 +562,7 @@ class FilePlanner:
                 # known to be ours is.
                 self._names_store.claim(again, parents_of(again))
                 if not self.options.overwrite:
-                    raise TransferError(
-                        ErrorCode.EXISTS,
-                        f"{again} changed since an earlier run's manifest listed it as "
-                        "this URL's (the journal was lost): use --overwrite to replace it",
-                    )
+                    raise TransferError(ErrorCode.EXISTS, self._foreign_file(again, url))
                 return again
         return self.names.allocate(row, candidate)
 
@@ -618,6 +629,12 @@ class FilePlanner:
         one claimed in this run)."""
         store = self._names_store
         if not store.taken(name):
+            if store.reserved(name) and not self.options.overwrite:
+                # The journal was lost, and the manifest lists the file there as
+                # another URL's: as when the journal holds that row (below).
+                earlier = self.journal.recovered(name)
+                if earlier is not None and earlier.get("url") != url:
+                    raise TransferError(ErrorCode.EXISTS, self._foreign_file(name, url))
             return None
         found = self.journal.holder(name)
         if found is None or found[1].run == self.journal.run or found[0] in self._batch:
