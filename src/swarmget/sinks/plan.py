@@ -316,20 +316,11 @@ class FilePlanner:
         if problem:
             batch.results.append(_failed(row, key, url, ErrorCode.BAD_ROW, problem))
             return
-        try:
-            self._split(row.url)
-            if previous is not None and previous.path is not None:
-                path = previous.path  # claimed before: it keeps it, whatever moved around it
-            else:
-                found = self._new_path(row, key, url, candidate)
-                if isinstance(found, FileResult):
-                    batch.results.append(found)  # done already
-                    return
-                path = found
-        except TransferError as exc:
-            url, message = redact_failure(url, exc)
-            batch.results.append(_failed(row, key, url, exc.code, message))
+        found = self._path_or_result(row, key, url, previous, candidate)
+        if isinstance(found, FileResult):
+            batch.results.append(found)  # settled already: done, or failed
             return
+        path = found
         overwrite = self.options.overwrite
         ours = previous is not None and previous.path == path and previous.mine
         if not ours and not overwrite and not self.fresh and self._occupied(path):
@@ -363,19 +354,24 @@ class FilePlanner:
         if ours and not overwrite and previous is not None and previous.validator:
             resume_from = _part_size(part_path(self.root, key))
             validator = previous.validator if resume_from else None
-        batch.assignments.append(
-            Assignment(
-                row.index,
-                key,
-                row.url,
-                path,
-                row.sha256,
-                row.md5,
-                row.size,
-                resume_from,
-                validator,
-            )
+        assignment = Assignment(
+            row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator
         )
+        batch.assignments.append(assignment)
+
+    def _path_or_result(
+        self, row: Row, key: int, url: str, previous: Previous | None, candidate: str | None
+    ) -> FileResult | str:
+        """The row's output path, or its result when that settles it already: done
+        with an earlier run's file, or failed (``bad_url``, ``bad_path``, ``exists``)."""
+        try:
+            self._split(row.url)
+            if previous is not None and previous.path is not None:
+                return previous.path  # claimed before: it keeps it, whatever moved around it
+            return self._new_path(row, key, url, candidate)
+        except TransferError as exc:
+            shown, message = redact_failure(url, exc)
+            return _failed(row, key, shown, exc.code, message)
 
     # -- --dedupe ----------------------------------------------------------------------
 
