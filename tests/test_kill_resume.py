@@ -397,3 +397,31 @@ def test_a_file_put_at_an_interrupted_rows_path_is_judged_as_any_other(
     _, stderr = replaced.communicate(timeout=60)
     assert replaced.returncode == 0, stderr.decode()
     assert (out / "d/p.bin").read_bytes() == expected_body("judged-new.bin", 7000)
+
+
+def test_a_path_column_added_for_an_interrupted_rows_name_goes_on_with_its_part(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # A row cut short by Ctrl-C, named by default; the list then gains a path
+    # column naming the same file for the same URL: a new identity, whose part
+    # was thrown away and the whole file fetched again.
+    import swarmget as library
+    from swarmget.sources.rows import Row
+
+    size = 4 << 20
+    url = server.file_url("carried.bin", size=size, fault="stall", times=1)
+    urls = tmp_path / "urls.txt"
+    urls.write_text(url + "\n")
+    out = tmp_path / "out"
+    proc = swarmget(urls, out)
+    part = part_for(out, url)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == size // 2):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=10)
+    assert part.stat().st_size == size // 2
+    report = library.download([Row(0, url, path="carried.bin")], out, workers=1)
+    assert (report.ok, report.reused) == (1, size // 2)  # resumed, not fetched again
+    assert (out / "carried.bin").read_bytes() == expected_body("carried.bin", size)
+    assert parts(out) == []

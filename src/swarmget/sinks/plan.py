@@ -252,6 +252,8 @@ class FilePlanner:
         if self.journal.empty_at_start:
             self._names_store.use_filter(Bloom())
         self._foreign: dict[int, str] = {}  # `exists` rows not yet written: their claimed path
+        # Rows that go on with an earlier row's part (_take_explicit): its validator.
+        self._carried: dict[int, str] = {}
         self._batch: dict[int, Previous] = {}  # see plan()
         self._pending: list[FileResult] = []  # outcomes not yet written (see _record_now)
         # A journal that started empty holds only this run's outcomes: the manifest
@@ -351,9 +353,12 @@ class FilePlanner:
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
         resume_from, validator = 0, None
+        carried = self._carried.pop(key, None) if self._carried else None
         if ours and not overwrite and previous is not None and previous.validator:
+            carried = previous.validator
+        if carried is not None:
             resume_from = _part_size(part_path(self.root, key))
-            validator = previous.validator if resume_from else None
+            validator = carried if resume_from else None
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator
         )
@@ -660,8 +665,15 @@ class FilePlanner:
                 "(use --overwrite to replace it)",
             )
         self.journal.forget(holder_key)
+        part = part_path(self.root, holder_key)
+        if holder_url == url and holder.validator and not self.options.overwrite:
+            # The same download under a new identity (a path column added for
+            # the name it had): its part goes on, as the row's own would.
+            with contextlib.suppress(OSError):
+                os.replace(part, part_path(self.root, key))
+                self._carried[key] = holder.validator
         with contextlib.suppress(OSError):
-            os.unlink(part_path(self.root, holder_key))  # a part it kept is of no use now
+            os.unlink(part)  # a part it kept is of no use now
         store.freed(name)
         return None
 
