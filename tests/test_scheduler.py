@@ -198,7 +198,8 @@ def test_a_host_that_keeps_pushing_back_is_given_up() -> None:
     assert kinds(actions) == ["Fail"] * 4 and p.given_up is not None
     fail = actions[0]
     assert isinstance(fail, Fail) and fail.error.code == "http_429"
-    assert "given up after 3 pauses in a row" in fail.error.message
+    assert fail.error.message.startswith("not requested: HTTP 429")  # queued, never sent
+    assert "host a.test given up: 3 rows in a row refused with 429" in fail.error.message
 
 
 def test_an_answer_between_pauses_starts_the_count_again() -> None:

@@ -275,7 +275,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "host_failures",
         "give a host up after N failed connections (connect errors or timeouts) in a row, "
-        "or N pauses in a row for 429 Too Many Requests, failing its remaining rows at "
+        "or N rows in a row refused with 429 Too Many Requests, failing its remaining rows at "
         "once; 0: never (default: {default})",
         "N",
     ),

@@ -644,6 +644,7 @@ class Engine(ConnectionOwner):
         transfer.retry = transfer.retry.failed(error)
         pool = self.pools.get(job.origin)
         pause = None
+        front = True  # a retry goes before the rows that have not been tried yet
         push_back: list[Action] = []
         if status and pool is not None:
             pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
@@ -660,7 +661,13 @@ class Engine(ConnectionOwner):
             # goes first, not behind the queue it was refused ahead of.
             assert pool is not None
             now = self.loop.now
-            push_back = self.scheduler.pushed_back(pool, now + pause, now, error, started)
+            # A row refused again goes behind the others: the next probe is
+            # another row, which tells whether the host refuses everything or
+            # only some URLs (only first refusals count towards giving it up).
+            front = transfer.retry.count(error.code) == 1
+            push_back = self.scheduler.pushed_back(
+                pool, now + pause, now, error, started, first=front
+            )
         elif not status and pool is not None and pool.probe_out:
             push_back = self.scheduler.probe_lost(pool, self.loop.now)  # no answer: probe again
         given_up = pool.given_up if pool is not None else None
@@ -669,7 +676,7 @@ class Engine(ConnectionOwner):
             delay = self.policy.decide(transfer.retry, error, retry_after, time_left)
             if delay is not None:
                 self._prepare_retry(transfer, error)
-                self.loop.call_later(delay, self._submit, transfer, True)
+                self.loop.call_later(delay, self._submit, transfer, front)
                 self._execute(push_back)
                 return
         self._execute(push_back)

@@ -118,6 +118,14 @@ class HostPool:
     def host(self) -> str:
         return self.origin[1]
 
+    @property
+    def host_port(self) -> str:
+        """The host for messages, with its port unless the scheme's own (one
+        address may serve many origins, each given up alone)."""
+        scheme, host, port = self.origin
+        shown = f"[{host}]" if ":" in host else host
+        return shown if port == (443 if scheme == "https" else 80) else f"{shown}:{port}"
+
     def __repr__(self) -> str:
         scheme, host, port = self.origin
         via = f" via {self.proxy}" if self.proxy else ""

@@ -334,8 +334,8 @@ class Scheduler:
             pool,
             TransferError(
                 error.code,
-                f"{error.message}; host {pool.host} given up after {pool.consecutive_failures} "
-                "failed connections in a row (--host-failures)",
+                f"{error.message}; host {pool.host_port} given up after "
+                f"{pool.consecutive_failures} failed connections in a row (--host-failures)",
             ),
             actions,
         )
@@ -363,25 +363,32 @@ class Scheduler:
         now: float,
         error: TransferError,
         started: float = float("inf"),
+        first: bool = True,
     ) -> list[Action]:
         """The host asked us to slow down (429, failing with ``error``, for a request
         sent at loop time ``started``): send it nothing new before loop time
         ``until``.  A refusal of a request sent before the latest pause began
         tells nothing new (a burst refused one by one, however slowly, is one
-        pause): it neither pauses again nor counts towards giving up."""
+        pause): it neither pauses again nor counts towards giving up.
+
+        Nor does a row refused again (not ``first``; the engine queues it behind
+        the others, so the next probe is another row): a host that refuses
+        some URLs every time while it serves the others was given up on those
+        alone, failing the rest unasked.  It takes ``host_failures`` rows in a
+        row, each refused at its first 429, with no answer between them."""
         actions: list[Action] = []
         if pool.given_up is not None or started < pool.pause_began:
             return actions
         if pool.paused_until == 0.0:
             pool.pause_began = now
-            pool.push_backs += 1
+            pool.push_backs += 1 if first else 0
             if self.host_failures and pool.push_backs >= self.host_failures:
                 self._give_up(
                     pool,
                     TransferError(
                         error.code,
-                        f"{error.message}; host {pool.host} given up after {pool.push_backs} "
-                        "pauses in a row for 429 Too Many Requests (--host-failures)",
+                        f"{error.message}; host {pool.host_port} given up: {pool.push_backs} "
+                        "rows in a row refused with 429 Too Many Requests (--host-failures)",
                     ),
                     actions,
                 )
@@ -573,5 +580,13 @@ class Scheduler:
     def _fail_queue(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         if pool in self.paused:
             self._parked -= len(pool.queue)
+        unsent = None
         while pool.queue:
-            actions.append(Fail(pool.queue.popleft(), error))
+            transfer = pool.queue.popleft()
+            if transfer.retry.attempts or error is not pool.given_up:
+                actions.append(Fail(transfer, error))
+                continue
+            # Never sent: the host was given up for the others' sake; say so.
+            if unsent is None:
+                unsent = TransferError(error.code, f"not requested: {error.message}")
+            actions.append(Fail(transfer, unsent))
