@@ -75,6 +75,7 @@ class HostPool:
         "resolving",
         "template",
         "tls_session",
+        "unsent",
         "via",
         "via_source",
     )
@@ -106,6 +107,9 @@ class HostPool:
         self.consecutive_failures = 0
         self.answered_at = -1.0  # loop time of the host's last response
         self.given_up: TransferError | None = None
+        # The same, for the rows that never went out when the host was given up
+        # after trying it ("not requested: ..."), so the manifest says so.
+        self.unsent: TransferError | None = None
         # Push-back: nothing new is sent here before this loop time (the host
         # answered 429; see Scheduler.pushed_back).
         self.paused_until = 0.0

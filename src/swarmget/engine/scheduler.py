@@ -448,6 +448,7 @@ class Scheduler:
 
     def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         pool.given_up = error
+        pool.unsent = TransferError(error.code, f"not requested: {error.message}")
         self._unpause(pool)
         self._fail_queue(pool, error, actions)
 
@@ -580,13 +581,11 @@ class Scheduler:
     def _fail_queue(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
         if pool in self.paused:
             self._parked -= len(pool.queue)
-        unsent = None
+        # A row never sent, where the host was given up for the others' sake: say so.
+        unsent = pool.unsent if error is pool.given_up else None
         while pool.queue:
             transfer = pool.queue.popleft()
-            if transfer.retry.attempts or error is not pool.given_up:
+            if unsent is not None and not transfer.retry.attempts:
+                actions.append(Fail(transfer, unsent))
+            else:
                 actions.append(Fail(transfer, error))
-                continue
-            # Never sent: the host was given up for the others' sake; say so.
-            if unsent is None:
-                unsent = TransferError(error.code, f"not requested: {error.message}")
-            actions.append(Fail(transfer, unsent))
