@@ -145,12 +145,44 @@ def test_5xx_is_retried_and_429_honours_retry_after(server: TestServer, out_dir:
     assert report.failures[0].attempts == 3
 
 
+@contextlib.contextmanager
+def threaded_server(serve: Callable[[socket.socket], object]) -> Iterator[int]:
+    """A plain server on loopback: ``serve(conn)`` for each connection, on a thread
+    of its own; yields the port, and stops accepting when the block ends."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=512)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = listener.accept()
+                threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+
+
+def answer_each_request(conn: socket.socket, reply: Callable[[], bytes]) -> int:
+    """``reply()`` to every request head on ``conn`` until the client goes (or
+    resets); returns how many there were."""
+    count, pending = 0, b""
+    with conn, contextlib.suppress(OSError):
+        while chunk := conn.recv(65536):
+            pending += chunk
+            while b"\r\n\r\n" in pending:
+                _, _, pending = pending.partition(b"\r\n\r\n")
+                count += 1
+                conn.sendall(reply())
+    return count
+
+
 def test_an_error_reply_then_an_unannounced_close_keeps_its_status(out_dir: Path) -> None:
     # Retries went out on kept-alive connections the server had closed after
     # its 504 (without Connection: close): the last of them was recorded as
     # "connect: connection closed before the response started", not http_504
     # (64 of 200 rows).  A plain threaded server: one request per connection.
-    listener = socket.create_server(("127.0.0.1", 0), backlog=512)
 
     def answer(conn: socket.socket) -> None:
         with conn:
@@ -163,19 +195,9 @@ def test_an_error_reply_then_an_unannounced_close_keeps_its_status(out_dir: Path
             time.sleep(0.2)
             conn.sendall(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\n\r\n")
 
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = listener.accept()
-                threading.Thread(target=answer, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    try:
-        port = listener.getsockname()[1]
+    with threaded_server(answer) as port:
         urls = [f"http://127.0.0.1:{port}/f{i}" for i in range(200)]
         report = run(urls, out_dir, retries=3, timeout=2)
-    finally:
-        listener.close()
     assert report.error_counts() == {"http_504": 200}
     assert {f.attempts for f in report.failures} == {4}
 
@@ -246,36 +268,15 @@ def test_a_request_that_says_connection_close_is_the_last_on_its_connection(
     # RFC 9112 9.6: the client that sent "close" sends nothing more on it, even
     # to a server that keeps the connection open (this one answers every
     # request it gets on a connection, and counts them).
-    import socket
-    import threading
-
-    listener = socket.create_server(("127.0.0.1", 0))
     per_connection: list[int] = []
 
     def serve(conn: socket.socket) -> None:
-        count, pending = 0, b""
-        with conn:
-            while chunk := conn.recv(65536):
-                pending += chunk
-                while b"\r\n\r\n" in pending:
-                    _, _, pending = pending.partition(b"\r\n\r\n")
-                    count += 1
-                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
-        per_connection.append(count)
+        hello = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+        per_connection.append(answer_each_request(conn, lambda: hello))
 
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = listener.accept()
-                threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    port = listener.getsockname()[1]
-    urls = [f"http://127.0.0.1:{port}/cc{i}" for i in range(8)]
-    try:
+    with threaded_server(serve) as port:
+        urls = [f"http://127.0.0.1:{port}/cc{i}" for i in range(8)]
         report = run(urls, out_dir, concurrency=2, per_host=2, headers={"Connection": "close"})
-    finally:
-        listener.close()
     assert report.ok == 8
     deadline = time.monotonic() + 5
     while sum(per_connection) < 8 and time.monotonic() < deadline:
@@ -524,34 +525,17 @@ def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_
     body = (bytes(range(256)) * 256)[: (64 << 10) - len(head % 0)]
     stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
     answered = threading.Event()  # a's answer, on whichever connection asks first
-    listener = socket.create_server(("127.0.0.1", 0))
 
-    def serve(conn: socket.socket) -> None:
-        pending = b""
-        with conn, contextlib.suppress(OSError):  # a reset: the client left the stray unread
-            while chunk := conn.recv(65536):
-                pending += chunk
-                while b"\r\n\r\n" in pending:
-                    _, _, pending = pending.partition(b"\r\n\r\n")
-                    if answered.is_set():
-                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                    else:
-                        answered.set()
-                        conn.sendall(head % len(body) + body + stray)
+    def reply() -> bytes:
+        if answered.is_set():
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+        answered.set()
+        return head % len(body) + body + stray
 
-    def accept() -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                conn, _ = listener.accept()
-                threading.Thread(target=serve, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
-    port = listener.getsockname()[1]
-    try:
+    # (A reset ends a connection: the client left the stray unread.)
+    with threaded_server(lambda conn: answer_each_request(conn, reply)) as port:
         report = run([f"http://127.0.0.1:{port}/a", f"http://127.0.0.1:{port}/b"], out_dir,
                      concurrency=1, per_host=1, retries=1, workers=1)  # fmt: skip
-    finally:
-        listener.close()
     assert report.ok == 2, report.failures
     assert (out_dir / "a").read_bytes() == body
     assert (out_dir / "b").read_bytes() == b"ok"
