@@ -795,6 +795,14 @@ def test_read_ahead_is_set_where_openssl_is_reachable(monkeypatch: pytest.Monkey
     assert settings(off) == (0, 0x10) and not off.read_ahead  # CPython releases buffers
 
 
+@pytest.fixture(params=[True, False], ids=["read-ahead", "no-read-ahead"])
+def read_ahead(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Each test that takes it runs with OpenSSL reading ahead, and without."""
+    if not request.param:
+        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
+    return bool(request.param)
+
+
 def _big_then_small(size: int) -> Handler:
     big = bytes(range(256)) * (size // 256)
 
@@ -806,15 +814,12 @@ def _big_then_small(size: int) -> Handler:
     return handler
 
 
-@pytest.mark.parametrize("read_ahead", [True, False])
 def test_a_body_longer_than_a_turns_reads_comes_whole(
     certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: bool
 ) -> None:
     # A connection that yields to the others after a turn's reads, with bytes
     # OpenSSL read ahead and epoll cannot see, must come back by itself (else it
     # waits for bytes the server already sent: a timeout).
-    if not read_ahead:
-        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
     # A small receive buffer makes the turns short (the .py build only: the
     # compiled one has the constant built in, and a turn there is 8 MB).
     monkeypatch.setattr(engine_core, "RECV_BUFFER_SIZE", 64 << 10)
@@ -830,28 +835,13 @@ def test_a_body_longer_than_a_turns_reads_comes_whole(
     assert (out_dir / "big2").read_bytes() == bytes(range(256)) * (size // 256)
 
 
-@pytest.mark.parametrize("read_ahead", [True, False])
-def test_bytes_after_a_response_are_never_the_next_ones_answer(
-    certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: bool
-) -> None:
-    # A server that sends a second response nobody asked for, with the first:
-    # read ahead with it, it would have answered the next request on the
-    # connection (row b saved, as ok, with the stray body).
-    if not read_ahead:
-        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
-    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
+STRAY = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"  # an answer nobody asked for
 
-    def handler(tls: ssl.SSLSocket) -> None:
-        first = True
-        while read_request(tls):
-            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY)
-            tls.sendall(head + BODY)
-            if first:
-                tls.sendall(stray)  # a record of its own, right behind: read ahead with it
-            first = False
 
+def _a_then_b(handler: Handler, certs: Certs, out_dir: Path) -> swarmget.Report:
+    """Rows a and b, one after the other on one connection if it may be reused."""
     with TLSServer(certs.contexts["good"], handler) as server:
-        report = swarmget.download(
+        return swarmget.download(
             [server.url("a"), server.url("b")],
             out_dir,
             cacert=str(certs.ca_pem),
@@ -860,27 +850,41 @@ def test_bytes_after_a_response_are_never_the_next_ones_answer(
             retries=1,
             workers=1,
         )
+
+
+def test_bytes_after_a_response_are_never_the_next_ones_answer(
+    certs: Certs, out_dir: Path, read_ahead: bool
+) -> None:
+    # A server that sends a second response nobody asked for, with the first:
+    # read ahead with it, it would have answered the next request on the
+    # connection (row b saved, as ok, with the stray body).
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        first = True
+        while read_request(tls):
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+            tls.sendall(head + BODY)
+            if first:
+                tls.sendall(STRAY)  # a record of its own, right behind: read ahead with it
+            first = False
+
+    report = _a_then_b(handler, certs, out_dir)
     assert report.ok == 2, report.failures
     assert (out_dir / "a").read_bytes() == BODY
     assert (out_dir / "b").read_bytes() == BODY
 
 
-@pytest.mark.parametrize("read_ahead", [True, False])
 def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_ones(
     certs: Certs, out_dir: Path, monkeypatch: pytest.MonkeyPatch, read_ahead: bool
 ) -> None:
     # The response ends exactly where a turn's buffer is full: the stray record
     # behind it was left unread (in OpenSSL or in the kernel), the connection
     # reused, and row b saved, ok, with it.  (The .py build: a 64 KiB buffer.)
-    if not read_ahead:
-        monkeypatch.setenv("SWARMGET_NO_READ_AHEAD", "1")
     monkeypatch.setattr(engine_core, "RECV_BUFFER_SIZE", 64 << 10)
     room = (64 << 10) - (16 << 10)
     head = b"HTTP/1.1 200 OK\r\nContent-Length: %06d\r\n\r\n"
     body = (bytes(range(256)) * 256)[: room - len(head % 0)]
     whole = head % len(body) + body
-    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nSTRAY"
-
     answered = threading.Event()  # a's answer, on whichever connection asks first
 
     def handler(tls: ssl.SSLSocket) -> None:
@@ -892,19 +896,10 @@ def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_
             tls.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)  # one segment for all
             for start in range(0, len(whole), 16 << 10):
                 tls.sendall(whole[start : start + (16 << 10)])  # a full record each
-            tls.sendall(stray)
+            tls.sendall(STRAY)
             tls.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
 
-    with TLSServer(certs.contexts["good"], handler) as server:
-        report = swarmget.download(
-            [server.url("a"), server.url("b")],
-            out_dir,
-            cacert=str(certs.ca_pem),
-            concurrency=1,
-            per_host=1,
-            retries=1,
-            workers=1,
-        )
+    report = _a_then_b(handler, certs, out_dir)
     assert report.ok == 2, report.failures
     assert (out_dir / "a").read_bytes() == body
     assert (out_dir / "b").read_bytes() == BODY
