@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -329,6 +329,27 @@ def test_ctrl_c_while_the_manifest_is_written_waits_for_it_unless_pressed_twice(
     ]
 
 
+def interrupt_when(
+    proc: subprocess.Popen[bytes], ready: Callable[[], bool], signum: int, settle: float = 0.0
+) -> None:
+    """Send ``signum`` once ``ready()`` (or after 20 s), ``settle`` seconds later,
+    and wait for the run to end."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not ready():
+        time.sleep(0.01)
+    time.sleep(settle)
+    proc.send_signal(signum)
+    proc.communicate(timeout=10)
+
+
+def path_lists(tmp_path: Path, path: str, old: str, new: str) -> tuple[Path, Path]:
+    """Two CSV lists with one row for ``path``: of the ``old`` URL, then the ``new``."""
+    first, fixed = tmp_path / "first.csv", tmp_path / "fixed.csv"
+    first.write_text(f"url,path\n{old},{path}\n")
+    fixed.write_text(f"url,path\n{new},{path}\n")
+    return first, fixed
+
+
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
 @pytest.mark.parametrize("begun", [False, True])
 def test_a_fixed_url_takes_over_the_path_of_an_interrupted_rows(
@@ -344,20 +365,11 @@ def test_a_fixed_url_takes_over_the_path_of_an_interrupted_rows(
     else:
         old = server.file_url(f"old-{signum}.bin", size=5000, latency=30)
     new = server.file_url("new.bin", size=7000)
-    first, fixed = tmp_path / "first.csv", tmp_path / "fixed.csv"
-    first.write_text(f"url,path\n{old},d/f0.bin\n")
-    fixed.write_text(f"url,path\n{new},d/f0.bin\n")
+    first, fixed = path_lists(tmp_path, "d/f0.bin", old, new)
     out = tmp_path / "out"
     proc = swarmget(first, out)
-    part = part_for(out, old, "d/f0.bin")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (
-        part.exists() if begun else (out / ".swarmget").exists()
-    ):
-        time.sleep(0.01)
-    time.sleep(0.3)
-    proc.send_signal(signum)
-    proc.communicate(timeout=10)
+    watched = part_for(out, old, "d/f0.bin") if begun else out / ".swarmget"
+    interrupt_when(proc, watched.exists, signum, settle=0.3)
     assert not (out / "d/f0.bin").exists()
     again = swarmget(fixed, out)
     _, stderr = again.communicate(timeout=60)
@@ -375,17 +387,10 @@ def test_a_file_put_at_an_interrupted_rows_path_is_judged_as_any_other(
     # deleted as if the row had published it, and replaced without --overwrite.
     old = server.file_url("judged-old.bin", size=5000, latency=30)
     new = server.file_url("judged-new.bin", size=7000)
-    first, fixed = tmp_path / "first.csv", tmp_path / "fixed.csv"
-    first.write_text(f"url,path\n{old},d/p.bin\n")
-    fixed.write_text(f"url,path\n{new},d/p.bin\n")
+    first, fixed = path_lists(tmp_path, "d/p.bin", old, new)
     out = tmp_path / "out"
     proc = swarmget(first, out)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (out / ".swarmget").exists():
-        time.sleep(0.01)
-    time.sleep(0.3)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=10)
+    interrupt_when(proc, (out / ".swarmget").exists, signal.SIGKILL, settle=0.3)
     (out / "d").mkdir(exist_ok=True)
     (out / "d/p.bin").write_bytes(b"the user's")
     again = swarmget(fixed, out)
@@ -415,11 +420,7 @@ def test_a_path_column_added_for_an_interrupted_rows_name_goes_on_with_its_part(
     out = tmp_path / "out"
     proc = swarmget(urls, out)
     part = part_for(out, url)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not (part.exists() and part.stat().st_size == size // 2):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=10)
+    interrupt_when(proc, lambda: part.exists() and part.stat().st_size == size // 2, signal.SIGINT)
     assert part.stat().st_size == size // 2
     report = library.download([Row(0, url, path="carried.bin")], out, workers=1)
     assert (report.ok, report.reused) == (1, size // 2)  # resumed, not fetched again
