@@ -381,7 +381,8 @@ class Scheduler:
             return actions
         if pool.paused_until == 0.0:
             pool.pause_began = now
-            pool.push_backs += 1 if first else 0
+            if first:
+                pool.push_backs += 1
             if self.host_failures and pool.push_backs >= self.host_failures:
                 self._give_up(
                     pool,
