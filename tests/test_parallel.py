@@ -81,6 +81,32 @@ def test_two_workers_match_one(server: ProcessServer, tmp_path: Path) -> None:
     assert sample["url"].endswith("/files/dir1/img0.jpg?size=1001")
 
 
+def test_worker_reports_keep_every_field_of_a_record(server: ProcessServer, tmp_path: Path) -> None:
+    """Plain ok rows cross from a worker as five integers, the driver putting the
+    rest back from the row it dealt (parallel/backend.py: Done): every record is
+    the one a single process writes, the redacted URL of a row with credentials
+    and the digests of a --hash run included."""
+    urls = [server.file_url(f"f{i}.bin", size=300 + i) for i in range(60)]
+    urls.append(server.file_url("cred.bin", size=10).replace("http://", "http://me:secret@", 1))
+    urls.append(server.file_url("gone.bin", status=404))
+    for options in ({}, {"hash": "sha256"}):
+        runs = []
+        for workers in (1, 2):
+            out = tmp_path / f"{workers}-{len(options)}"
+            report = swarmget.download(urls, out, workers=workers, retries=0, **options)
+            assert (report.ok, report.failed) == (61, 1)
+            lines = (out / ".swarmget" / "manifest.jsonl").read_text().splitlines()
+            records = [json.loads(line) for line in lines]
+            for record in records:
+                assert record.pop("elapsed_ms") >= 0
+            runs.append(records)
+        assert runs[0] == runs[1]
+        cred = next(r for r in runs[1] if "cred.bin" in r["url"])
+        assert "secret" not in cred["url"] and cred["path"] == "cred.bin"
+        assert all(("sha256" in r) == bool(options) for r in runs[1] if r["status"] == "ok")
+        assert {r["http_status"] for r in runs[1]} == {200, 404}
+
+
 def test_progress_is_the_sum_of_the_workers(server: ProcessServer, tmp_path: Path) -> None:
     seen: list[Snapshot] = []
     finished: list[Report] = []

@@ -34,10 +34,12 @@ from swarmget.errors import ErrorCode, SwarmgetError
 from swarmget.parallel.backend import (
     Backend,
     Died,
+    Done,
     Event,
     Finished,
     Progress,
     Stopped,
+    plain_result,
 )
 from swarmget.parallel.interrupts import TurnInterrupts
 from swarmget.report import FileResult, ProgressListener, Report, Snapshot
@@ -369,6 +371,8 @@ class Supervisor:
             results = event.results
             for result in results:
                 worker.outstanding.pop(result.key, None)
+            if event.done:
+                results = self._plain_results(worker, event.done) + results
             worker.done += len(results)
             self._add_results(results)
         elif isinstance(event, Finished):
@@ -390,6 +394,22 @@ class Supervisor:
             self._died(event.worker, None, "it was stopped by a signal")
         elif isinstance(event, Died):
             self._died(event.worker, event.exitcode, event.why)
+
+    def _plain_results(self, worker: _Worker, done: list[Done]) -> list[FileResult]:
+        """The FileResults of rows ``worker`` reported as plain ``ok`` (see Done)."""
+        outstanding = worker.outstanding
+        results: list[FileResult] = []
+        for entry in done:
+            row = outstanding.pop(entry[0], None)
+            if row is None:
+                # Every row a worker reports was dealt to it and is outstanding
+                # until reported: one that is not cannot be rebuilt, and must not
+                # vanish from the manifest without a word: the run stops, saying so.
+                problem = f"a worker reported a row it was not sent (key {entry[0]})"
+                self._fatal = self._fatal or SwarmgetError(problem)
+                continue
+            results.append(plain_result(row, entry))
+        return results
 
     def _died(self, index: int, exitcode: int | None, why: str = "") -> None:
         """A worker vanished: start another in its place, and deal what it held again,

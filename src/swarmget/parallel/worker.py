@@ -32,12 +32,15 @@ from swarmget.errors import SwarmgetError
 from swarmget.loop import EVENT_READ
 from swarmget.options import Options
 from swarmget.parallel.backend import (
+    Done,
     Finished,
     NoMoreRows,
     Progress,
     Release,
     Rows,
     Stopped,
+    done_of,
+    is_plain,
 )
 from swarmget.parallel.deathsig import parent_death_signal
 from swarmget.report import FileResult
@@ -80,7 +83,14 @@ class PipeEvents:
         engine = self.engine
         active, in_flight = engine.active() if engine is not None else (0, 0)
         parked = engine.parked() if engine is not None else 0
-        message = Progress(self._worker, self._results, self._partials, active, in_flight, parked)
+        results: list[FileResult] = []
+        done: list[Done] = []
+        for result in self._results:
+            if is_plain(result):
+                done.append(done_of(result))
+            else:
+                results.append(result)
+        message = Progress(self._worker, results, self._partials, active, in_flight, parked, done)
         self._results, self._partials = [], []
         pickle_values(message.results)
         data = ForkingPickler.dumps(message)
