@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import swarmget
+from swarmget import api
 from swarmget.errors import UsageError
 from swarmget.options import Options
 from swarmget.parallel import fork, supervisor, worker_count
@@ -105,6 +106,29 @@ def test_worker_reports_keep_every_field_of_a_record(server: ProcessServer, tmp_
         assert "secret" not in cred["url"] and cred["path"] == "cred.bin"
         assert all(("sha256" in r) == bool(options) for r in runs[1] if r["status"] == "ok")
         assert {r["http_status"] for r in runs[1]} == {200, 404}
+
+
+def test_a_download_collects_cycles_less_often_and_puts_the_threshold_back(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    seen = []
+
+    def urls() -> Iterator[str]:
+        for i in range(20):
+            seen.append(gc.get_threshold()[0])  # read by the driver, during the run
+            yield server.file_url(f"g{i}.bin", size=100)
+
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        assert swarmget.download(urls(), tmp_path / "a", workers=2).ok == 20
+        assert set(seen) == {api.DOWNLOAD_GC_THRESHOLD} and gc.get_threshold() == (700, 10, 10)
+        seen.clear()
+        gc.set_threshold(50_000, 10, 10)  # the caller's own, rarer: kept
+        assert swarmget.download(urls(), tmp_path / "b", workers=1).ok == 20
+        assert set(seen) == {50_000} and gc.get_threshold() == (50_000, 10, 10)
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_progress_is_the_sum_of_the_workers(server: ProcessServer, tmp_path: Path) -> None:

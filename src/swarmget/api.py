@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import os
 import sys
 import warnings
@@ -247,4 +248,30 @@ def run_download(
         raise
     supervisor = Supervisor(rows, planner, backend, backlog_limit=backlog_limit, progress=progress)
     supervisor.report.manifest = manifest_path(planner.root)
-    return supervisor.run()
+    with fewer_collections():
+        return supervisor.run()
+
+
+# Young objects the cyclic collector lets pile up before it runs, during a
+# download (CPython's default: 700).  The driver makes several short-lived
+# objects a row (rows, plans, results) and holds thousands of rows in flight,
+# so at the default it ran a collection every ~100 rows: 2,800 instructions a
+# row, 4% of the driver's work (callgrind, W1).  Almost none of it is cyclic
+# garbage, which is all a later collection delays.
+DOWNLOAD_GC_THRESHOLD = 10_000
+
+
+@contextlib.contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Raise the collector's first threshold for the block, then put it back (the
+    caller's process is ours only for the length of the call)."""
+    before = gc.get_threshold()
+    if before[0] == 0 or before[0] >= DOWNLOAD_GC_THRESHOLD:
+        yield  # collection off, or already rarer: the caller's choice stands
+        return
+    gc.set_threshold(DOWNLOAD_GC_THRESHOLD, *before[1:])
+    try:
+        yield
+    finally:
+        if gc.get_threshold()[0] == DOWNLOAD_GC_THRESHOLD:  # unless changed meanwhile
+            gc.set_threshold(*before)
