@@ -32,16 +32,22 @@ JSON object (a JSON array, pretty-printed JSON) raise
 :class:`~swarmget.errors.UsageError`.
 
 CSV needs care, because a quote opens a field that may span lines, and an
-unclosed quote would swallow the lines after it into one record.  A field
-that spans lines is accepted in a named column swarmget does not read (a
-description, say); the row's line is then the record's first.  A record that
-spans lines *and* is wrong -- bad quoting, a line break in a column swarmget
-reads or past the header's last column, too many fields -- is one bad row
-for its first line, and the lines after that are read again as records of
-their own, so the good rows an unclosed quote swallowed come back.  The one
-case this cannot see is a stray quote in an ignored column that a later
-quote happens to close right before a delimiter or a line end: that is a
-legal multi-line field, and it is read as one.
+unclosed quote would swallow the lines after it into one record.  A quoted
+field that spans lines is read as the csv module reads it (RFC 4180), in any
+column: the value keeps its line break (a URL or path then loses one at its
+ends, as it loses spaces), and the row's line is the record's first.  A
+record that spans lines *and* is wrong is one bad row for its first line,
+and the lines after that are read again as records of their own, so the
+good rows an unclosed quote swallowed come back.  Wrong is: bad quoting, too
+many fields, a value in a column swarmget reads (or past the header's last
+column) that is nothing but a line break (two stray quotes on two lines make
+that), a digest or size with a line break inside it (never valid), or a URL
+or path with a URL (``://``) after its line break: an unclosed quote
+in a column we read that a later quote happened to close has taken in the
+rows between, and every row holds a URL.  The one case this cannot see is a
+stray quote that a later quote closes right before a delimiter or a line
+end with no URL between them (in an ignored column, with or without one):
+that is a legal multi-line field, and it is read as one.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from swarmget.sources.fields import (
 from swarmget.sources.rows import Row, strip_url
 
 RAW_LIMIT = 200  # characters of a bad line kept as its row's url
+_TEXT_COLUMNS = ("url", "path")  # the columns whose value may hold a line break
 
 
 class ByteErrors:
@@ -261,7 +268,8 @@ def parse_delimited(
             problem = _record_problem(record, columns, width, len(feed.record) > 1)
             # Blank: a blank line, or the ",,,," rows spreadsheets leave at the end.
             # Not a "record" of nothing but a line break in a column we read:
-            # that is two lines with an unclosed quote each (`"` then `"`).
+            # that is two lines with an unclosed quote each (`"` then `"`), and
+            # _record_problem has made it a bad row.
             if not problem and not any(cell.strip() for cell in record):
                 continue
         start = feed.start()
@@ -301,15 +309,38 @@ def _record_problem(
     if len(record) > width and any(cell.strip() for cell in record[width:]):
         return f"{len(record)} fields but the header has {width}"
     if multiline:
-        # A field may span lines in a column that is named and ignored; in one
-        # we read, or past the header's last column, a line break is a quote
-        # that was not closed.
-        for column, i in columns.items():
-            if i < len(record) and _has_break(record[i]):
-                return f"{column!r} has a line break"
-        if any(_has_break(cell) for cell in record[width:]):
-            return f"a field past the header's {width} columns has a line break"
+        return _line_break_problem(record, columns, width)
     return ""
+
+
+def _line_break_problem(record: list[str], columns: Mapping[str, int], width: int) -> str:
+    """Why a record that spans lines is a quote gone wrong rather than values
+    with line breaks in them ("" if it is not): see the module docstring."""
+    for column, i in columns.items():
+        if i < len(record) and _has_break(record[i]):
+            value = record[i]
+            if _url_after_break(value):
+                return f"{column!r} has a line break with a URL after it"
+            # As the row reads it, a break at an end is let by.  Nothing but a
+            # line break is two stray quotes; a digest or a size that holds one
+            # can never be valid, and reading it as one bad row would lose the
+            # rows its quote took in.
+            stripped = value.strip()
+            if not stripped or (column not in _TEXT_COLUMNS and _has_break(stripped)):
+                return f"{column!r} has a line break"
+    # Past the header's last column a cell that is not blank is too many
+    # fields already; one that is blank but for a line break is two stray quotes.
+    if any(_has_break(cell) for cell in record[width:]):
+        return f"a field past the header's {width} columns has a line break"
+    return ""
+
+
+def _url_after_break(value: str) -> bool:
+    """Does ``value`` hold ``://`` after its first line break?  The lines an
+    unclosed quote took in are rows, and rows hold URLs; a URL or path that
+    was merely wrapped does not start another one."""
+    breaks = [at for at in (value.find("\n"), value.find("\r")) if at >= 0]
+    return bool(breaks) and "://" in value[min(breaks) :]
 
 
 def _has_break(cell: str) -> bool:
