@@ -266,6 +266,42 @@ def test_urls_after_sources_are_numbered_on_from_them(server: TestServer, tmp_pa
     assert paths == {0: "s0.bin", 1: "s1.bin", 2: "s2.bin", 3: "m0.bin", 4: "m1.bin"}
 
 
+def test_no_two_rows_share_an_index(server: TestServer, tmp_path: Path) -> None:
+    # A Row keeps its index; the rows around it are numbered on from the
+    # highest so far.  A URL after Row(1) was numbered by its place: 1 as well.
+    urls = [server.file_url(f"n{i}.bin", size=10) for i in range(4)]
+    items = [Row(1, urls[0]), urls[1], Row(7, urls[2]), urls[3]]
+    report = swarmget.download(items, tmp_path / "out")
+    assert report.ok == 4
+    paths = {r["index"]: r["path"] for r in swarmget.read_manifest(tmp_path / "out")}
+    assert paths == {1: "n0.bin", 2: "n1.bin", 7: "n2.bin", 8: "n3.bin"}
+    # Any order, when only Rows give them (a shuffled epoch).
+    with swarmget.stream([Row(9, urls[0]), Row(3, urls[1])], ordered=True) as stream:
+        assert [item.index for item in stream] == [9, 3]
+
+
+def test_a_row_index_that_sources_rows_may_have_is_refused(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # The rows of sources= are 0, 1 and 2: a Row(0) after them was a second
+    # record of index 0 in the manifest, and a second item 0 in a stream.
+    listed = tmp_path / "list.txt"
+    listed.write_text("".join(server.file_url(f"s{i}.bin", size=10) + "\n" for i in range(3)))
+    mine = [Row(0, server.file_url("mine.bin", size=10))]
+    refused = "urls item 0 is a Row with index 0, which may be another row's"
+    with pytest.raises(swarmget.UsageError, match=refused):
+        swarmget.download(mine, tmp_path / "out", sources=[str(listed)])
+    indices = [r["index"] for r in swarmget.read_manifest(tmp_path / "out")]
+    assert sorted(indices) == [0, 1, 2]  # what was read before it is done and recorded
+    stream = swarmget.stream(mine, sources=[str(listed)])
+    with stream, pytest.raises(swarmget.UsageError, match=refused):
+        list(stream)
+    # Above them, a Row's own index is taken as it is.
+    report = swarmget.download([Row(3, mine[0].url)], tmp_path / "ok", sources=[str(listed)])
+    assert report.ok == 4
+    assert sorted(r["index"] for r in swarmget.read_manifest(tmp_path / "ok")) == [0, 1, 2, 3]
+
+
 def test_an_empty_input_warns(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="no rows"):
         report = swarmget.download([], tmp_path)

@@ -37,7 +37,12 @@ FDS_MINIMUM = 32
 
 
 def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) -> Iterator[Row]:
-    """The rows of a run: ``sources`` (files, ``-``, URLs) first, then ``urls``."""
+    """The rows of a run: ``sources`` (files, ``-``, URLs) first, then ``urls``.
+
+    Every row has its own index (the manifest's key, and what results are
+    matched by): see :func:`_then` for how indices are given and why a Row
+    whose index may be another row's raises :class:`UsageError`.
+    """
     given: object = urls  # not narrowed: a bytes must reach the check, compiled or not
     if isinstance(given, str | bytes | bytearray):
         raise TypeError(
@@ -62,21 +67,53 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
 
 
 def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
-    """``first``'s rows, then ``urls`` numbered on from them (an index is a row's
-    place in the whole input: the manifest's key, and an ordered stream's)."""
-    start = 0
+    """``first``'s rows, then ``urls``, no two of them with one index.
+
+    swarmget numbers the rows of ``sources`` and the ``urls`` items that are
+    not Rows: each takes the index after the highest one so far (0, 1, 2 ...
+    when no Row gives its own).  A Row keeps the index it gives, in any order
+    (a shuffled epoch gives its dataset's), but it must be above every index
+    swarmget gave before it: at or below one, it may be that row's, and two
+    rows of one index clash in the manifest and in the results.  Checking
+    only that keeps memory flat (no set of a hundred million indices), at the
+    cost of refusing a Row index that falls between two numbered rows without
+    being either's.  That the Rows' own indices differ is the caller's to see to.
+    """
+    highest = -1  # the highest index so far, given or assigned
+    assigned = -1  # the highest index swarmget assigned
     for row in first:
-        start = row.index + 1
+        highest = assigned = row.index  # the reader numbers them from 0
         yield row
-    for offset, item in enumerate(urls, start):
+    for position, item in enumerate(urls):
         if isinstance(item, str):
+            highest += 1
+            assigned = highest
             # Surrounding whitespace is never part of a URL, and lines read from
             # a file object keep their "\n": the default name became "a.jpg_".
-            yield Row(offset, strip_url(item))
+            yield Row(highest, strip_url(item))
         elif isinstance(item, Row):
+            _check_own_index(item.index, position, assigned)
+            highest = max(highest, item.index)
             yield _checked(item)
         else:
-            yield _row_of(offset, item)
+            highest += 1
+            assigned = highest
+            yield _row_of(highest, item)
+
+
+def _check_own_index(index: int, position: int, assigned: int) -> None:
+    """Raise unless a Row's own ``index`` (``urls`` item ``position``) is above
+    ``assigned``, the highest index swarmget gave a row (see :func:`_then`)."""
+    if not isinstance(index, int) or isinstance(index, bool):
+        # What a compiled Row refuses when it is made; said alike uncompiled.
+        raise TypeError(f"swarmget: urls item {position}: a Row's index must be an int")
+    if index <= assigned:
+        raise UsageError(
+            f"urls item {position} is a Row with index {index}, which may be another "
+            f"row's: swarmget numbered the rows without an index of their own (those "
+            f"of sources=, URL strings) up to {assigned} so far; give every item "
+            f"a Row with its own index, or number yours above {assigned}"
+        )
 
 
 def _checked(row: Row) -> Row:
@@ -176,7 +213,11 @@ def download(
 
     ``urls`` is any iterable of URL strings (bytes: UTF-8) or
     :class:`~swarmget.sources.Row` objects (read lazily); ``sources`` are input
-    files / ``-`` / URLs as on the command line, read first.  Keyword options are
+    files / ``-`` / URLs as on the command line, read first.  Every row has an
+    index of its own: a Row keeps the one it gives, the other rows are numbered
+    on from the highest so far, and a Row whose index is at or below one that
+    swarmget numbered (the rows of ``sources``, say, from 0) raises
+    :class:`~swarmget.UsageError` when it is read.  Keyword options are
     the fields of :class:`~swarmget.Options`.  Each row's outcome is also written
     to ``dest/.swarmget/manifest.jsonl``.  ``progress=True`` shows the live
     display the CLI shows (on stderr); a ProgressListener of yours gets its

@@ -157,9 +157,11 @@ class Stream(Iterator[Item]):
     processes, one per CPU by default.  Every option of
     :func:`swarmget.download` applies (concurrency, per_host, retries,
     timeouts, checksums, TLS, proxies), and ``sources`` (input files, ``-``,
-    URLs, read before ``urls``, which may then be None); ``progress=True`` shows the live
-    display.  Use it in a ``with`` block (or call ``close()``) so an early
-    exit stops the downloads at once::
+    URLs, read before ``urls``, which may then be None), and its rule for
+    indices (``item.index``: a Row's own, or numbered on from the highest so
+    far; a Row at or below an index swarmget numbered is a UsageError);
+    ``progress=True`` shows the live display.  Use it in a ``with`` block (or
+    call ``close()``) so an early exit stops the downloads at once::
 
         with swarmget.stream(urls, map=decode) as items:
             for item in items:
