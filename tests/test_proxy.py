@@ -555,7 +555,11 @@ def silence(conn: socket.socket) -> None:
         (garbage, "protocol", "malformed response head"),
         (tunnel_with_junk, "protocol", "5 bytes after its CONNECT response"),
         (bad_gateway, "http_502", "refused CONNECT"),
-        (tunnel_then_reset, "tls", "TLS handshake with files.example (through proxy 127.0.0.1:"),
+        (
+            tunnel_then_reset,
+            "connect",
+            "TLS handshake with files.example (through proxy 127.0.0.1:",
+        ),
         (silence, "timeout", "connect through the proxy timed out"),
     ],
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
+from swarmget.engine.classify import HandshakeLost
 from swarmget.engine.connection import HTTPConnection, peer_closed
 from swarmget.engine.job import Job, Transfer
 from swarmget.engine.owner import ConnectionOwner
@@ -426,6 +427,22 @@ def test_connections_the_host_accepted_then_closed_do_not_trip_the_breaker() -> 
     p = pool()
     assert scheduler.host_failed(p, ConnectionClosed("connection closed before the response")) == []
     assert p.given_up is None
+
+
+def test_a_burst_of_lost_handshakes_counts_once_towards_the_breaker() -> None:
+    # A loaded server resets the handshakes it got at once; a host (or a
+    # middlebox) that resets every one is given up all the same.
+    scheduler = Scheduler(concurrency=10, per_host=10, host_failures=2)
+    p = pool()
+    reset = HandshakeLost("TLS handshake with a.test reset by the server")
+    scheduler.host_failed(p, reset, started=1.0, now=1.5)
+    for _ in range(8):  # under way with the one counted
+        scheduler.host_failed(p, reset, started=1.0, now=1.6)
+    assert p.given_up is None and p.consecutive_failures == 1
+    scheduler.host_failed(p, reset, started=2.0, now=2.5)  # a retry, begun after it
+    error = p.given_up
+    assert error is not None and error.code == ErrorCode.CONNECT
+    assert "reset by the server" in error.message and "--host-failures" in error.message
 
 
 def test_stopping_starts_nothing_and_reuses_nothing() -> None:

@@ -519,7 +519,35 @@ def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one(
     assert [r["attempts"] for r in manifest(out_dir)] == [1, 1, 1]
 
 
-def test_a_server_that_hangs_up_during_the_handshake_is_a_tls_error(out_dir: Path) -> None:
+def handshake_cutter(listener: socket.socket, context: ssl.SSLContext, cut: int) -> list[int]:
+    """Serve ``listener`` on a thread: reset the first ``cut`` connections' handshakes
+    (the ClientHello read, then an RST), do the next ones properly and answer
+    "ok".  The returned list grows by one per connection accepted."""
+    accepted: list[int] = []
+
+    def serve() -> None:
+        listener.settimeout(2)
+        with contextlib.suppress(OSError):
+            while True:
+                raw, _ = listener.accept()
+                accepted.append(1)
+                if len(accepted) <= cut:
+                    raw.recv(4096)  # the ClientHello
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    raw.close()  # RST
+                    continue
+                raw.settimeout(5)
+                with context.wrap_socket(raw, server_side=True) as tls:
+                    read_request(tls)
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    threading.Thread(target=serve, daemon=True).start()
+    return accepted
+
+
+def test_a_server_that_hangs_up_during_the_handshake_is_a_connect_error(out_dir: Path) -> None:
+    """A close without an alert is the transport ending, not TLS refusing: ``connect``."""
+
     def hang_up() -> None:
         raw, _ = listener.accept()
         raw.recv(4096)  # the ClientHello
@@ -532,35 +560,62 @@ def test_a_server_that_hangs_up_during_the_handshake_is_a_tls_error(out_dir: Pat
         report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=0)
         thread.join(5)
     (failure,) = report.failures
-    assert failure.error == "tls"
-    assert failure.message is not None and "closed" in failure.message
-
-
-def test_a_server_that_resets_the_handshake_is_a_tls_error(out_dir: Path) -> None:
-    """A reset where a close is ``tls`` is ``tls`` too (curl: exit 35), not a
-    connection closed before the response, retried as if the server were busy."""
-    accepted = 0
-
-    def reset() -> None:
-        nonlocal accepted
-        listener.settimeout(2)
-        with contextlib.suppress(OSError):
-            while True:
-                raw, _ = listener.accept()
-                accepted += 1
-                raw.recv(4096)  # the ClientHello
-                raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                raw.close()  # RST
-
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        thread = threading.Thread(target=reset, daemon=True)
-        thread.start()
-        port = listener.getsockname()[1]
-        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=2)
-    (failure,) = report.failures
-    assert failure.error == "tls", failure.message
+    assert failure.error == "connect"
     assert failure.message is not None and "handshake" in failure.message
-    assert accepted == 1
+    assert "closed by the server" in failure.message
+
+
+def test_a_handshake_reset_once_is_retried(certs: Certs, out_dir: Path) -> None:
+    """Loaded servers and middleboxes reset handshakes now and then (aria2c
+    retries them): the second attempt gets the file."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        accepted = handshake_cutter(listener, certs.contexts["good"], cut=1)
+        port = listener.getsockname()[1]
+        report = swarmget.download(
+            [f"https://127.0.0.1:{port}/x"], out_dir, retries=2, cacert=str(certs.ca_pem)
+        )
+    assert (report.ok, report.failed) == (1, 0), report.error_counts()
+    assert (out_dir / "x").read_bytes() == b"ok"
+    assert [row["attempts"] for row in manifest(out_dir)] == [2]
+    assert len(accepted) == 2
+
+
+def test_a_server_that_resets_every_handshake_fails_after_the_retries(
+    certs: Certs, out_dir: Path
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        accepted = handshake_cutter(listener, certs.contexts["good"], cut=1000)
+        port = listener.getsockname()[1]
+        report = swarmget.download(
+            [f"https://127.0.0.1:{port}/x"], out_dir, retries=2, cacert=str(certs.ca_pem)
+        )
+    (failure,) = report.failures
+    assert failure.error == "connect", failure.message
+    assert failure.message is not None and "TLS handshake" in failure.message
+    assert "reset by the server" in failure.message
+    assert [row["attempts"] for row in manifest(out_dir)] == [3]
+    assert len(accepted) == 3
+
+
+def test_a_host_that_resets_every_handshake_is_given_up(certs: Certs, out_dir: Path) -> None:
+    """Retried resets must not cost every row its retries: after --host-failures
+    of them in a row (a burst of parallel ones counting once) the host is given up."""
+    urls_count = 60
+    with socket.create_server(("127.0.0.1", 0), backlog=128) as listener:
+        accepted = handshake_cutter(listener, certs.contexts["good"], cut=10**6)
+        port = listener.getsockname()[1]
+        report = swarmget.download(
+            [f"https://127.0.0.1:{port}/{i}" for i in range(urls_count)],
+            out_dir,
+            retries=3,
+            host_failures=3,
+            per_host=4,
+            cacert=str(certs.ca_pem),
+        )
+    assert report.failed == urls_count and report.error_counts() == {"connect": urls_count}
+    given_up = [f for f in report.failures if f.message and "--host-failures" in f.message]
+    assert given_up, [f.message for f in report.failures[:3]]
+    assert len(accepted) < urls_count  # most rows never went out
 
 
 def test_a_silent_handshake_times_out(out_dir: Path) -> None:

@@ -11,7 +11,9 @@ stage                  failure                                      code
 any                    TransferError (parser, verdict, sink)       its own
 CONNECT / TUNNEL       OSError                                     ``connect``
 HANDSHAKE              certificate refused                         ``tls_verify``
-HANDSHAKE              other SSLError, or OSError (a reset)        ``tls``
+HANDSHAKE              reset, EOF or other OSError                 ``connect``
+                                                                   (HandshakeLost)
+HANDSHAKE              other SSLError (alert, version, protocol)   ``tls``
 EXCHANGE               reset/EOF after the response began          ``truncated``
 EXCHANGE               reset/EOF before it                         ``connect``
                                                                    (not counted by
@@ -26,6 +28,15 @@ any                    any other exception (a bug, odd input)      ``protocol``
 
 Unexpected exceptions end as ``protocol`` rather than crashing the process: one
 hostile reply must cost one row, never the rows of a whole worker.
+
+A handshake the *transport* broke (a reset, a close without an alert) says
+nothing about TLS itself: loaded servers and middleboxes reset handshakes
+transiently, and aria2c retries them.  It is ``connect`` like a reset before
+the response, retried, but a :class:`HandshakeLost`, which the circuit breaker
+counts (engine/scheduler.py): a host or middlebox that resets every handshake
+is given up after ``--host-failures``, as a host refusing every connect is.
+A TLS failure proper -- a certificate, an alert, a wrong version number --
+would fail the same way again and stays ``tls``/``tls_verify``, not retried.
 """
 
 from __future__ import annotations
@@ -46,6 +57,20 @@ HANDSHAKE: Final = 2  # TLS handshake
 EXCHANGE: Final = 3  # request sent, response expected or being read
 
 _STALE_ERRNOS = frozenset({errno.ECONNRESET, errno.EPIPE})
+
+
+class HandshakeLost(TransferError):
+    """``connect``: the connection was reset or closed during the TLS handshake.
+
+    A class of its own so the circuit breaker can tell it from a close after
+    the handshake (:class:`ConnectionClosed`, which it does not count).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.CONNECT, message)
+
+    def __reduce__(self) -> tuple[type[HandshakeLost], tuple[str]]:
+        return (HandshakeLost, (self.message,))
 
 
 def classify(
@@ -85,10 +110,11 @@ def _os_failure(
     if stage == TUNNEL:
         return TransferError(ErrorCode.CONNECT, f"connection to proxy {via} failed: {reason}")
     if stage == HANDSHAKE:
-        # A reset in the middle of the handshake is the handshake failing, as a
-        # close there is (curl: exit 35), whatever layer noticed it first.
+        # The transport failed, not TLS: worth another connection (see above).
         where = f" (through proxy {via})" if via else ""
-        return TransferError(ErrorCode.TLS, f"TLS handshake with {host}{where} failed: {reason}")
+        if exc.errno in _STALE_ERRNOS:
+            return HandshakeLost(f"TLS handshake with {host}{where} reset by the server: {reason}")
+        return HandshakeLost(f"connection to {host}{where} lost during the TLS handshake: {reason}")
     if started:
         return TransferError(ErrorCode.TRUNCATED, f"connection lost mid-response: {reason}")
     if exc.errno in _STALE_ERRNOS:
@@ -111,6 +137,9 @@ def _tls_failure(
                 f"TLS connection closed without close_notify after {received} body bytes",
             )
         return ConnectionClosed("server closed the TLS connection before responding")
+    if stage == HANDSHAKE and isinstance(exc, ssl.SSLEOFError):
+        # A TCP close without an alert: the transport ended, TLS refused nothing.
+        return HandshakeLost(f"TLS handshake with {host}: connection closed by the server")
     return tls_error(exc, host, handshake=stage != EXCHANGE)
 
 

@@ -616,7 +616,11 @@ class Engine(ConnectionOwner):
         connects still under way to it fail at once: each waited out its own
         --timeout, and a black-holed host cost two timeouts, not one."""
         alive = pool.given_up is None
-        self._execute(self.scheduler.host_failed(pool, error, dialling=dialling, started=started))
+        self._execute(
+            self.scheduler.host_failed(
+                pool, error, dialling=dialling, started=started, now=self.loop.now
+            )
+        )
         given_up = pool.given_up
         if not alive or given_up is None:
             return

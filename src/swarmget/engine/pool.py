@@ -60,6 +60,7 @@ class HostPool:
         "consecutive_failures",
         "dns_error",
         "given_up",
+        "handshake_lost_at",
         "idle",
         "kind",
         "open",
@@ -106,6 +107,7 @@ class HostPool:
         # every remaining transfer fails with once the host is given up.
         self.consecutive_failures = 0
         self.answered_at = -1.0  # loop time of the host's last response
+        self.handshake_lost_at = -1.0  # loop time of the last lost handshake counted
         self.given_up: TransferError | None = None
         # The same, for the rows that never went out when the host was given up
         # after trying it ("not requested: ..."), so the manifest says so.

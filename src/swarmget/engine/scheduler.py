@@ -61,6 +61,11 @@ The rules:
   queued and future transfers fail at once with the last error, so a dead
   host costs one ``--timeout``, not one per row.  Connections that could not
   be made to a proxy count for the proxy, across all the origins behind it.
+  A TLS handshake reset or closed by the server (``HandshakeLost``) counts
+  too, but a burst of them counts once: one that began before the last one
+  counted was under way with it (a loaded server resetting the ``per_host``
+  handshakes it got at once is not a dead host; one resetting every
+  handshake still is, after ``host_failures`` bursts).
 
 A connection being closed keeps its slot counted until the engine reports it
 closed (:meth:`Scheduler.closed`), but not as available: ``closing`` counts
@@ -71,6 +76,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from swarmget.engine.classify import HandshakeLost
 from swarmget.engine.job import Transfer
 from swarmget.engine.pool import HostPool, PooledConnection
 from swarmget.errors import ErrorCode, TransferError
@@ -293,8 +299,10 @@ class Scheduler:
         *,
         dialling: bool = False,
         started: float = float("inf"),
+        now: float = 0.0,
     ) -> list[Action]:
-        """A transfer on ``pool`` failed; maybe give the host up (the circuit breaker).
+        """A transfer on ``pool`` failed (at loop time ``now``); maybe give the host
+        up (the circuit breaker).
 
         ``dialling``: the connection itself was never made.  Through a proxy
         that is the proxy's failure, whatever the origin: a dead proxy is given
@@ -315,6 +323,10 @@ class Scheduler:
             return []
         if not self.host_failures:
             return []
+        if isinstance(error, HandshakeLost):
+            if started < pool.handshake_lost_at:
+                return []  # of the burst already counted
+            pool.handshake_lost_at = now
         actions: list[Action] = []
         if dialling and pool.proxy is not None:
             proxy = pool.connect_to
