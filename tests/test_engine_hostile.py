@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import swarmget
+from swarmget.report import Snapshot
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import parts
 from swarmget.testing.process import child_env
@@ -539,3 +540,101 @@ def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_
     assert report.ok == 2, report.failures
     assert (out_dir / "a").read_bytes() == body
     assert (out_dir / "b").read_bytes() == b"ok"
+
+
+# -- what a stalled run waits on (the progress line's "waiting: ...") ------------------
+
+
+@contextlib.contextmanager
+def black_hole() -> Iterator[int]:
+    """A port whose connects never complete: a listener never accepted from, its
+    backlog filled first, so the kernel drops further SYNs (Linux loopback)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        address = listener.getsockname()
+        fillers = [socket.socket() for _ in range(4)]
+        try:
+            for filler in fillers:
+                filler.setblocking(False)
+                filler.connect_ex(address)
+            yield address[1]
+        finally:
+            for filler in fillers:
+                filler.close()
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[int]:
+    """A port whose connects complete (the kernel's backlog) and that never says a word."""
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("scheme", "server_at", "stage"),
+    [
+        ("http", black_hole, "connecting to"),
+        ("http", silent_server, "awaiting a reply from"),
+        ("https", silent_server, "in TLS handshake with"),
+    ],
+)
+def test_an_engine_says_what_it_waits_on(
+    scheme: str, server_at: Callable[[], contextlib.AbstractContextManager[int]], stage: str,
+    out_dir: Path,
+) -> None:  # fmt: skip
+    from swarmget.engine.core import Engine
+    from swarmget.options import Options
+    from swarmget.sinks.base import Assignment
+    from swarmget.sinks.files import FileSink
+    from swarmget.testing.events import RecordedEvents
+
+    with server_at() as port:
+        engine = Engine(FileSink(out_dir), Options(retries=0, timeout=5), RecordedEvents())
+        try:
+            assert engine.waiting() is None
+            urls = [f"{scheme}://127.0.0.1:{port}/{i}" for i in range(3)]
+            engine.add([Assignment(i, i, url, f"f{i}") for i, url in enumerate(urls)])
+            engine.close_input()
+            began = time.monotonic()
+            while time.monotonic() - began < 0.4:
+                engine.step(0.05)
+            waiting = engine.waiting()
+        finally:
+            engine.abort()
+            engine.close()
+    assert waiting is not None
+    assert (waiting.count, waiting.stage, waiting.host) == (3, stage, f"127.0.0.1:{port}")
+    assert 0.2 <= waiting.seconds < 2
+
+
+class RecordedProgress:
+    def __init__(self) -> None:
+        self.snapshots: list[Snapshot] = []
+
+    def start(self) -> None:
+        pass
+
+    def update(self, snapshot: Snapshot) -> None:
+        self.snapshots.append(snapshot)
+
+    def finish(self, report: swarmget.Report) -> None:
+        pass
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["inline", "worker-processes"])
+def test_progress_snapshots_say_what_a_stalled_run_waits_on(workers: int, out_dir: Path) -> None:
+    """Through the driver, from one engine or several (their counts summed)."""
+    progress = RecordedProgress()
+    with silent_server() as port:
+        urls = [f"http://127.0.0.1:{port}/{i}" for i in range(4)]
+        run(urls, out_dir, timeout=1.0, workers=workers, progress=progress)
+    waits = [s.waiting for s in progress.snapshots if s.waiting is not None]
+    assert waits, "no snapshot said what the run waited on"
+    longest = max(waits, key=lambda w: (w.count, w.seconds))
+    assert (longest.count, longest.stage, longest.host) == (
+        4,
+        "awaiting a reply from",
+        f"127.0.0.1:{port}",
+    )
+    assert longest.seconds >= 0.5

@@ -16,12 +16,13 @@ from swarmget.progress import (
     ProgressListener,
     RateMeter,
     RichProgress,
+    StallWatch,
     format_bytes,
     format_eta,
     make_progress,
     summary_lines,
 )
-from swarmget.report import FileResult, Report, Snapshot
+from swarmget.report import FileResult, Report, Snapshot, Waiting, longest_waiting
 
 
 class FakeClock:
@@ -40,6 +41,7 @@ def snap(
     nbytes: int | None = None,
     rows_seen: int = 10000,
     input_done: bool = True,
+    waiting: Waiting | None = None,
 ) -> Snapshot:
     return Snapshot(
         done=done,
@@ -49,6 +51,7 @@ def snap(
         rows_seen=rows_seen,
         input_done=input_done,
         active=8,
+        waiting=waiting,
     )
 
 
@@ -64,6 +67,70 @@ def test_listeners_satisfy_the_protocols() -> None:
         engine_side.update(snap(1, 0.5))
         engine_side.finish(Report(ok=1))
         listener.close()
+
+
+# -- what a stalled run waits on -----------------------------------------------------------------
+
+
+def connecting(seconds: float, count: int = 3, host: str = "10.0.0.7:8443") -> Waiting:
+    return Waiting(count, "connecting to", host, seconds)
+
+
+def test_a_stall_is_said_once_nothing_finished_for_a_while() -> None:
+    watch = StallWatch(after=5.0)
+    assert watch.waiting(snap(0, 4.0, waiting=connecting(4.0))) is None  # not yet a while
+    assert watch.waiting(snap(0, 5.0, waiting=connecting(5.0))) == (
+        "waiting: 3 connecting to 10.0.0.7:8443 for 5 s"
+    )
+    assert watch.waiting(snap(0, 6.0)) is None  # nothing in flight (between attempts)
+    assert watch.waiting(snap(1, 7.0, waiting=connecting(7.0))) is None  # a row finished
+    assert watch.waiting(snap(1, 11.0, waiting=connecting(9.0))) is None  # 4 s since then
+    assert watch.waiting(snap(1, 12.0, waiting=connecting(1.0))) is None  # a fresh wait
+    assert watch.waiting(snap(1, 12.5, waiting=connecting(10.0))) is not None
+
+
+def test_a_waiting_host_is_made_printable() -> None:
+    watch = StallWatch(after=0.0)
+    said = watch.waiting(snap(0, 1.0, waiting=connecting(1.0, host="evil\x1b]0;x\x07")))
+    assert said is not None and "\x1b" not in said and "evil\\x1b" in said
+
+
+def test_the_longest_wait_of_several_engines_sums_their_counts_for_its_host() -> None:
+    assert longest_waiting([None, None]) is None
+    waits = [
+        connecting(3.0, count=2),
+        Waiting(5, "in TLS handshake with", "b.test", 9.0),
+        None,
+        Waiting(1, "in TLS handshake with", "b.test", 2.0),
+    ]
+    assert longest_waiting(waits) == Waiting(6, "in TLS handshake with", "b.test", 9.0)
+
+
+def test_plain_says_what_it_waits_on_instead_of_a_zero_rate() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock, interval=2.0)
+    progress.start()
+    for elapsed in (2.0, 4.0, 6.0):
+        clock.now += 2.0
+        progress.update(snap(0, elapsed, nbytes=0, rows_seen=3, waiting=connecting(elapsed)))
+    assert out.getvalue().splitlines() == [
+        "swarmget: 0/3 files, 0 failed, 0 B, 0.0 files/s",
+        "swarmget: 0/3 files, 0 failed, 0 B, 0.0 files/s",
+        "swarmget: 0/3 files, 0 failed, 0 B, waiting: 3 connecting to 10.0.0.7:8443 for 6 s",
+    ]
+
+
+def test_rich_says_what_it_waits_on_instead_of_a_zero_rate_and_no_eta() -> None:
+    console, buf = rich_console()
+    clock = FakeClock()
+    progress = RichProgress(console, clock=clock)
+    progress.start()
+    clock.now += 1
+    progress.update(snap(0, 12.0, nbytes=0, rows_seen=3, waiting=connecting(12.0)))
+    progress.close()
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    assert "waiting: 3 connecting to 10.0.0.7:8443 for 12 s" in plain
+    assert "files/s" not in plain and "ETA" not in plain
 
 
 # -- plain mode ---------------------------------------------------------------------------------

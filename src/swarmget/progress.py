@@ -7,6 +7,11 @@ soon.  Rendering happens at most ~10 times a second on a terminal and every
 ~2 s in plain mode, on the caller's thread; rich's own refresh thread is never
 started because it would compete with the loop for the GIL all run long.
 
+When no row has finished for ``STALL_AFTER`` seconds and something has waited
+that long (``Snapshot.waiting``: a connect to a black-holed host, a server that
+accepted and says nothing), the line says what instead of the files/s and ETA it
+can no longer tell: ``waiting: 3 connecting to 10.0.0.7:8443 for 12 s``.
+
 Rates come from the snapshots themselves (``Snapshot.elapsed``), not from the
 clock, so a test can drive a listener with synthetic snapshots and a fake clock
 and get exact output.  The clock only decides *when* to render.
@@ -26,7 +31,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Protocol
 
-from swarmget.report import ProgressListener, Report, Snapshot
+from swarmget.report import ProgressListener, Report, Snapshot, Waiting
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -36,6 +41,9 @@ Clock = Callable[[], float]
 PLAIN_INTERVAL = 2.0  # seconds between plain lines: often enough to see life in a CI log
 LIVE_INTERVAL = 0.1  # seconds between terminal renders: smooth to the eye, cheap for the loop
 RATE_WINDOW = 5.0  # seconds of history behind the live rate: steady, yet follows changes
+# Seconds without a finished row (and of a wait) before the line says what it waits on:
+# the live rate has read 0.0 files/s by then.
+STALL_AFTER = RATE_WINDOW
 
 
 class Display(ProgressListener, Protocol):
@@ -91,6 +99,31 @@ class RateMeter:
         return (snapshot.done - done) / span, (snapshot.bytes - nbytes) / span
 
 
+class StallWatch:
+    """Says what a run waits on once no row has finished for ``after`` seconds.
+
+    Times come from the snapshots (``elapsed``), as the rates do; one comparison
+    per render.
+    """
+
+    def __init__(self, after: float = STALL_AFTER) -> None:
+        self._after = after
+        self._done = 0
+        self._done_at = 0.0  # elapsed seconds when ``done`` last changed
+
+    def waiting(self, snapshot: Snapshot) -> str | None:
+        """``waiting: ...`` when the run is stalled on something, else None."""
+        if snapshot.done != self._done:
+            self._done, self._done_at = snapshot.done, snapshot.elapsed
+            return None
+        wait = snapshot.waiting
+        if wait is None or snapshot.elapsed - self._done_at < self._after:
+            return None
+        if wait.seconds < self._after:
+            return None  # rows stall, but nothing in flight has waited long: between attempts
+        return format_waiting(wait)
+
+
 class PlainProgress:
     """One line to ``stream`` every ``interval`` seconds; for logs and pipes.
 
@@ -110,6 +143,7 @@ class PlainProgress:
         self._clock = clock
         self._next = 0.0
         self._meter = RateMeter(window=interval)
+        self._stall = StallWatch()
 
     def start(self) -> None:
         # The first line waits a full interval: a run that ends sooner needs no progress.
@@ -121,9 +155,10 @@ class PlainProgress:
             return
         self._next = now + self._interval
         files_per_s, _ = self._meter.add(snapshot)
+        waiting = self._stall.waiting(snapshot)
         line = (
             f"swarmget: {format_done_total(snapshot)} files, {snapshot.failed} failed, "
-            f"{format_bytes(snapshot.bytes)}, {format_files_rate(files_per_s)}\n"
+            f"{format_bytes(snapshot.bytes)}, {waiting or format_files_rate(files_per_s)}\n"
         )
         try:
             self._stream.write(line)
@@ -167,6 +202,7 @@ class RichProgress:
         self._clock = clock
         self._next = 0.0
         self._meter = RateMeter()
+        self._stall = StallWatch()
         self._lock = threading.Lock()
         self._live = Live(
             console=console,
@@ -220,8 +256,13 @@ class RichProgress:
         text.append("  ")
         text.append(f"{snapshot.failed} failed", style="red" if snapshot.failed else "dim")
         text.append(f"  {format_bytes(snapshot.bytes)}")
-        text.append(f"  {format_files_rate(files_per_s)}  {format_bytes(bytes_per_s)}/s")
-        text.append(f"  ETA {format_eta(total, snapshot.done, files_per_s)}", style="cyan")
+        waiting = self._stall.waiting(snapshot)
+        if waiting is None:
+            text.append(f"  {format_files_rate(files_per_s)}  {format_bytes(bytes_per_s)}/s")
+            text.append(f"  ETA {format_eta(total, snapshot.done, files_per_s)}", style="cyan")
+        else:  # 0.0 files/s and no ETA tell nothing: say why instead
+            text.append(f"  {format_bytes(bytes_per_s)}/s")
+            text.append(f"  {waiting}", style="yellow")
         bar_width = min(30, self._console.width - text.cell_len - 1)
         line: RenderableType = text
         if bar_width >= 10:
@@ -286,6 +327,12 @@ def format_files_rate(files_per_s: float) -> str:
     if files_per_s >= 10:
         return f"{files_per_s:.0f} files/s"
     return f"{files_per_s:.1f} files/s"
+
+
+def format_waiting(wait: Waiting) -> str:
+    """``waiting: 3 connecting to 10.0.0.7:8443 for 12 s`` (the host comes from the
+    input: made printable)."""
+    return printable(f"waiting: {wait.count} {wait.stage} {wait.host} for {wait.seconds:.0f} s")
 
 
 def format_eta(total: int | None, done: int, files_per_s: float) -> str:

@@ -205,6 +205,37 @@ class Report:
 
 
 @dataclasses.dataclass(slots=True, frozen=True)
+class Waiting:
+    """What a run has waited on longest: ``count`` requests at one ``stage`` on one
+    ``host``, the oldest of them silent for ``seconds``.  A progress display shows
+    it when no row has finished for a while (``0.0 files/s`` says nothing of why).
+
+    ``stage`` reads after the count: "3 connecting to", "1 in TLS handshake with".
+    """
+
+    count: int
+    stage: str
+    host: str  # host[:port] as in messages
+    seconds: float
+
+
+def longest_waiting(waits: list[Waiting | None]) -> Waiting | None:
+    """The longest wait of several engines (worker processes), its count summed
+    over those waiting at the same stage on the same host."""
+    longest: Waiting | None = None
+    for wait in waits:
+        if wait is not None and (longest is None or wait.seconds > longest.seconds):
+            longest = wait
+    if longest is None:
+        return None
+    count = 0
+    for wait in waits:
+        if wait is not None and (wait.stage, wait.host) == (longest.stage, longest.host):
+            count += wait.count
+    return Waiting(count, longest.stage, longest.host, longest.seconds)
+
+
+@dataclasses.dataclass(slots=True, frozen=True)
 class Snapshot:
     """Progress so far, handed to a progress listener a few times a second."""
 
@@ -215,6 +246,7 @@ class Snapshot:
     rows_seen: int  # rows read from the input so far
     input_done: bool  # True once the whole input has been read (rows_seen is the total)
     active: int  # transfers in flight
+    waiting: Waiting | None = None  # what has waited longest, if anything
 
 
 class ProgressListener(Protocol):

@@ -41,7 +41,13 @@ from collections.abc import Iterable
 from typing import Final, TextIO
 
 from swarmget.engine.classify import connect_failure
-from swarmget.engine.connection import ACTIVE, CONNECTING, HTTPConnection
+from swarmget.engine.connection import (
+    ACTIVE,
+    CONNECTING,
+    HANDSHAKING,
+    TUNNELLING,
+    HTTPConnection,
+)
 from swarmget.engine.events import EngineEvents
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Job, Transfer
@@ -90,7 +96,7 @@ from swarmget.net.tls import ClientTLS
 from swarmget.options import Options
 from swarmget.protocol import ResponseHead
 from swarmget.protocol.request import RequestTemplate, header_lines
-from swarmget.report import FileResult
+from swarmget.report import FileResult, Waiting
 from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
 from swarmget.sinks.files import OutputError
 
@@ -112,6 +118,25 @@ CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authori
 SEND_BATCH: Final = 32
 # Bodies at least this large keep their part on failure and resume with Range.
 RESUME_MIN_BYTES: Final = 1 << 20
+
+# What a connection waits on, as Engine.waiting says it (after a count: "3 connecting to").
+CONNECTING_TO: Final = "connecting to"
+_WAITING_STAGES: Final = {
+    CONNECTING: CONNECTING_TO,
+    TUNNELLING: "connecting through the proxy to",
+    HANDSHAKING: "in TLS handshake with",
+}
+
+
+def _waiting_stage(conn: HTTPConnection) -> str:
+    """What ``conn`` waits on, "" when it waits on nothing (idle, closed)."""
+    state = conn.state
+    if state == ACTIVE:
+        parser = conn.parser
+        return (
+            "receiving from" if parser is not None and parser.started else "awaiting a reply from"
+        )
+    return _WAITING_STAGES.get(state, "")
 
 
 def _request_headers(options: Options) -> tuple[bytes, dict[str, str]]:
@@ -279,6 +304,34 @@ class Engine(ConnectionOwner):
                     carried = transfer.job.carried if transfer is not None else 0
                     in_flight += max(0, writer.written - carried)
         return active, in_flight
+
+    def waiting(self) -> Waiting | None:
+        """What this engine has waited on longest: the connections at one stage on
+        one host, with the oldest's silence.  For a progress display that has seen
+        nothing finish for a while; one pass over the connections, called with each
+        progress message (~10 a second), never per event."""
+        now = self.loop.now
+        # (stage, pool) -> [count, the oldest moment heard from]
+        groups: dict[tuple[str, HostPool], list[float]] = {}
+
+        def add(stage: str, pool: HostPool, since: float) -> None:
+            group = groups.get((stage, pool))
+            if group is None:
+                groups[(stage, pool)] = [1.0, since]
+            else:
+                group[0] += 1
+                group[1] = min(group[1], since)
+
+        for dial, pool in self.dialing.items():
+            add(CONNECTING_TO, pool, dial.started)
+        for conn in self.connections:
+            stage = _waiting_stage(conn)
+            if stage:
+                add(stage, conn.pool, conn.last_activity)
+        if not groups:
+            return None
+        (stage, pool), (count, since) = min(groups.items(), key=lambda item: item[1][1])
+        return Waiting(int(count), stage, pool.host_port, max(0.0, now - since))
 
     # -- intake -----------------------------------------------------------------------
 

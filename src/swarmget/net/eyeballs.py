@@ -90,6 +90,7 @@ class HappyEyeballs:
         "_stagger",
         "_stagger_timer",
         "_timeout",
+        "started",
     )
 
     def __init__(
@@ -112,6 +113,7 @@ class HappyEyeballs:
         self._deadline: Timer | None = None
         self._last_error = errno.EHOSTUNREACH
         self._done = False
+        self.started = loop.now  # loop time: how long it has been trying (for progress)
 
     def start(self) -> None:
         # Timers from the clock, not loop.now: the turn may have started a while ago.

@@ -36,7 +36,7 @@ from typing import Protocol
 
 from swarmget.engine.urls import redact
 from swarmget.errors import SwarmgetError
-from swarmget.report import FileResult
+from swarmget.report import FileResult, Waiting
 from swarmget.sinks.base import Assignment, AssignmentTuple
 
 # -- driver -> worker ---------------------------------------------------------------
@@ -70,6 +70,9 @@ class Progress:
     active: int  # transfers receiving now
     in_flight: int  # body bytes they have received so far
     parked: int = 0  # rows waiting for a host that pushed back (Engine.parked)
+    # What the worker has waited on longest (Engine.waiting), in a message without
+    # results only: a display shows it when no row has finished for a while.
+    waiting: Waiting | None = None
     done: list[Done] = dataclasses.field(default_factory=list)  # plain ok rows, see is_plain
 
 

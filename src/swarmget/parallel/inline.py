@@ -10,7 +10,7 @@ thread.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TextIO
+from typing import Final, TextIO
 
 from swarmget.engine.core import Engine
 from swarmget.options import Options
@@ -20,8 +20,10 @@ from swarmget.parallel.backend import (
     Progress,
     Stopped,
 )
-from swarmget.report import FileResult
+from swarmget.report import FileResult, Waiting
 from swarmget.sinks.base import Assignment, Sink
+
+WAITING_INTERVAL: Final = 0.1  # seconds: as often as a worker process sends Progress
 
 
 class Collected:
@@ -51,6 +53,9 @@ class InlineBackend:
         self.engine = Engine(make_sink(0), options, self._events, warn_to=warn_to)
         self._done = False  # Finished or Stopped was reported
         self._stopped = False
+        # Engine.waiting, asked at most every WAITING_INTERVAL (a poll is one loop turn).
+        self._last_waiting: Waiting | None = None
+        self._waiting_due = 0.0
 
     def start(self) -> None:
         pass
@@ -70,9 +75,16 @@ class InlineBackend:
         collected = self._events
         if collected.results or collected.partials or not (engine.finished or self._stopped):
             active, in_flight = engine.active()
+            waiting = self._waiting(engine, bool(collected.results))
             events.append(
                 Progress(
-                    0, collected.results, collected.partials, active, in_flight, engine.parked()
+                    0,
+                    collected.results,
+                    collected.partials,
+                    active,
+                    in_flight,
+                    engine.parked(),
+                    waiting,
                 )
             )
             collected.results, collected.partials = [], []
@@ -84,6 +96,19 @@ class InlineBackend:
             else:
                 events.append(Finished(0))
         return events
+
+    def _waiting(self, engine: Engine, finished_some: bool) -> Waiting | None:
+        """Engine.waiting for this poll's Progress: None when rows finished (the
+        display shows a wait only once none has for a while), else the last answer,
+        asked again once it is WAITING_INTERVAL old."""
+        if finished_some:
+            self._last_waiting = None
+            return None
+        now = engine.loop.now
+        if now >= self._waiting_due:
+            self._waiting_due = now + WAITING_INTERVAL
+            self._last_waiting = engine.waiting()
+        return self._last_waiting
 
     def wake(self) -> None:
         self.engine.loop.wake()

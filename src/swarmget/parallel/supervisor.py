@@ -42,7 +42,14 @@ from swarmget.parallel.backend import (
     plain_result,
 )
 from swarmget.parallel.interrupts import TurnInterrupts
-from swarmget.report import FileResult, ProgressListener, Report, Snapshot
+from swarmget.report import (
+    FileResult,
+    ProgressListener,
+    Report,
+    Snapshot,
+    Waiting,
+    longest_waiting,
+)
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.files import OutputError
 from swarmget.sinks.plan import PlanBatch
@@ -108,7 +115,17 @@ class NoDelivery:
 
 
 class _Worker:
-    __slots__ = ("active", "done", "ended", "gone", "in_flight", "outstanding", "parked", "sent")
+    __slots__ = (
+        "active",
+        "done",
+        "ended",
+        "gone",
+        "in_flight",
+        "outstanding",
+        "parked",
+        "sent",
+        "waiting",
+    )
 
     def __init__(self) -> None:
         self.sent = 0  # rows dealt to it
@@ -116,6 +133,7 @@ class _Worker:
         self.active = 0
         self.in_flight = 0
         self.parked = 0  # of the rows it holds, those waiting for a host that pushed back
+        self.waiting: Waiting | None = None  # what it waits on longest (Progress.waiting)
         self.ended = False  # told there are no more rows
         self.gone = False  # finished, stopped or dead: deal it nothing more
         # Rows dealt and not reported: what a crash would cost.
@@ -365,6 +383,7 @@ class Supervisor:
         if isinstance(event, Progress):
             worker.active, worker.in_flight = event.active, event.in_flight
             worker.parked = event.parked
+            worker.waiting = event.waiting
             # Parts first: a large file can begin and end between two messages.
             for key, validator in event.partials:
                 self._planner.partial(key, validator)
@@ -378,6 +397,7 @@ class Supervisor:
         elif isinstance(event, Finished):
             worker.gone = True
             worker.active = worker.in_flight = 0
+            worker.waiting = None
         elif isinstance(event, Stopped):
             if event.error is not None:
                 worker.gone = True
@@ -491,6 +511,7 @@ class Supervisor:
                 rows_seen=self._seen,
                 input_done=self._input_done,
                 active=sum(w.active for w in workers),
+                waiting=longest_waiting([w.waiting for w in workers]),
             )
         )
 

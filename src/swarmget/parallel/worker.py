@@ -83,6 +83,7 @@ class PipeEvents:
         engine = self.engine
         active, in_flight = engine.active() if engine is not None else (0, 0)
         parked = engine.parked() if engine is not None else 0
+        waiting = engine.waiting() if engine is not None and not self._results else None
         results: list[FileResult] = []
         done: list[Done] = []
         for result in self._results:
@@ -90,7 +91,9 @@ class PipeEvents:
                 done.append(done_of(result))
             else:
                 results.append(result)
-        message = Progress(self._worker, results, self._partials, active, in_flight, parked, done)
+        message = Progress(
+            self._worker, results, self._partials, active, in_flight, parked, waiting, done
+        )
         self._results, self._partials = [], []
         pickle_values(message.results)
         data = ForkingPickler.dumps(message)
