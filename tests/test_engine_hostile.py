@@ -18,8 +18,13 @@ from typing import Any
 import pytest
 
 import swarmget
-from swarmget.report import Snapshot
+from swarmget.engine.core import Engine
+from swarmget.options import Options
+from swarmget.report import Snapshot, Waiting
+from swarmget.sinks.base import Assignment
+from swarmget.sinks.files import FileSink
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
+from swarmget.testing.events import RecordedEvents
 from swarmget.testing.outputs import parts
 from swarmget.testing.process import child_env
 
@@ -571,6 +576,22 @@ def silent_server() -> Iterator[int]:
         yield listener.getsockname()[1]
 
 
+def waiting_after(seconds: float, urls: list[str], out: Path, **options: Any) -> Waiting | None:
+    """Engine.waiting once an engine has worked on ``urls`` for ``seconds``."""
+    engine = Engine(FileSink(out), Options(retries=0, timeout=5, **options), RecordedEvents())
+    try:
+        assert engine.waiting() is None
+        engine.add([Assignment(i, i, url, f"f{i}") for i, url in enumerate(urls)])
+        engine.close_input()
+        began = time.monotonic()
+        while time.monotonic() - began < seconds:
+            engine.step(0.05)
+        return engine.waiting()
+    finally:
+        engine.abort()
+        engine.close()
+
+
 @pytest.mark.parametrize(
     ("scheme", "server_at", "stage"),
     [
@@ -583,29 +604,24 @@ def test_an_engine_says_what_it_waits_on(
     scheme: str, server_at: Callable[[], contextlib.AbstractContextManager[int]], stage: str,
     out_dir: Path,
 ) -> None:  # fmt: skip
-    from swarmget.engine.core import Engine
-    from swarmget.options import Options
-    from swarmget.sinks.base import Assignment
-    from swarmget.sinks.files import FileSink
-    from swarmget.testing.events import RecordedEvents
-
     with server_at() as port:
-        engine = Engine(FileSink(out_dir), Options(retries=0, timeout=5), RecordedEvents())
-        try:
-            assert engine.waiting() is None
-            urls = [f"{scheme}://127.0.0.1:{port}/{i}" for i in range(3)]
-            engine.add([Assignment(i, i, url, f"f{i}") for i, url in enumerate(urls)])
-            engine.close_input()
-            began = time.monotonic()
-            while time.monotonic() - began < 0.4:
-                engine.step(0.05)
-            waiting = engine.waiting()
-        finally:
-            engine.abort()
-            engine.close()
+        urls = [f"{scheme}://127.0.0.1:{port}/{i}" for i in range(3)]
+        waiting = waiting_after(0.4, urls, out_dir)
     assert waiting is not None
     assert (waiting.count, waiting.stage, waiting.host) == (3, stage, f"127.0.0.1:{port}")
     assert 0.2 <= waiting.seconds < 2
+
+
+def test_a_silent_proxy_is_named_as_what_is_waited_on(out_dir: Path) -> None:
+    with black_hole() as port:
+        urls = [f"http://files.example/{i}" for i in range(2)]
+        waiting = waiting_after(0.3, urls, out_dir, proxy=f"http://127.0.0.1:{port}")
+    assert waiting is not None
+    assert (waiting.count, waiting.stage, waiting.host) == (
+        2,
+        "connecting to proxy",
+        f"127.0.0.1:{port}",
+    )
 
 
 class RecordedProgress:

@@ -204,7 +204,9 @@ class Report:
         }
 
 
-@dataclasses.dataclass(slots=True, frozen=True)
+# Not frozen: worker processes pickle it into Progress, and a frozen dataclass
+# compiled by mypyc cannot be unpickled (FrozenInstanceError on setattr).
+@dataclasses.dataclass(slots=True)
 class Waiting:
     """What a run has waited on longest: ``count`` requests at one ``stage`` on one
     ``host``, the oldest of them silent for ``seconds``.  A progress display shows

@@ -128,6 +128,10 @@ _WAITING_STAGES: Final = {
 }
 
 
+def _since(wait: tuple[str, HostPool, float]) -> float:
+    return wait[2]
+
+
 def _waiting_stage(conn: HTTPConnection) -> str:
     """What ``conn`` waits on, "" when it waits on nothing (idle, closed)."""
     state = conn.state
@@ -308,30 +312,21 @@ class Engine(ConnectionOwner):
     def waiting(self) -> Waiting | None:
         """What this engine has waited on longest: the connections at one stage on
         one host, with the oldest's silence.  For a progress display that has seen
-        nothing finish for a while; one pass over the connections, called with each
-        progress message (~10 a second), never per event."""
-        now = self.loop.now
-        # (stage, pool) -> [count, the oldest moment heard from]
-        groups: dict[tuple[str, HostPool], list[float]] = {}
-
-        def add(stage: str, pool: HostPool, since: float) -> None:
-            group = groups.get((stage, pool))
-            if group is None:
-                groups[(stage, pool)] = [1.0, since]
-            else:
-                group[0] += 1
-                group[1] = min(group[1], since)
-
-        for dial, pool in self.dialing.items():
-            add(CONNECTING_TO, pool, dial.started)
+        nothing finish for a while; a pass over the connections, called with each
+        progress message that has no results (~10 a second), never per event."""
+        waits = [(CONNECTING_TO, pool, dial.started) for dial, pool in self.dialing.items()]
         for conn in self.connections:
             stage = _waiting_stage(conn)
             if stage:
-                add(stage, conn.pool, conn.last_activity)
-        if not groups:
+                waits.append((stage, conn.pool, conn.last_activity))
+        if not waits:
             return None
-        (stage, pool), (count, since) = min(groups.items(), key=lambda item: item[1][1])
-        return Waiting(int(count), stage, pool.host_port, max(0.0, now - since))
+        stage, pool, since = min(waits, key=_since)
+        count = sum(1 for other in waits if other[0] == stage and other[1] is pool)
+        host = pool.host_port
+        if pool.proxy is not None and stage == CONNECTING_TO:
+            stage, host = "connecting to proxy", pool.via  # it is the proxy that is silent
+        return Waiting(count, stage, host, max(0.0, self.loop.now - since))
 
     # -- intake -----------------------------------------------------------------------
 
