@@ -134,7 +134,7 @@ def test_the_rows_parked_on_paused_hosts_are_counted_as_they_come_and_go() -> No
         elif step == 4:
             scheduler.released(PooledConnection(p), reusable=True, now=now)
         elif rng.random() < 0.1:
-            scheduler.give_up(p, REFUSED)
+            scheduler.give_up(p, REFUSED, "given up in the walk")
         assert scheduler.parked() == expected()
         seen_parked += scheduler.parked() > 0
     assert seen_parked > 30  # the walk did park rows, often

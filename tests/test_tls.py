@@ -618,6 +618,50 @@ def test_a_host_that_resets_every_handshake_is_given_up(certs: Certs, out_dir: P
     assert len(accepted) < urls_count  # most rows never went out
 
 
+def test_handshakes_under_way_when_their_host_is_given_up_fail_at_once(
+    certs: Certs, out_dir: Path
+) -> None:
+    """The first handshake is reset and gives the host up (--host-failures 1); the
+    others are still waiting on a server that never answers their ClientHello.
+    They fail at once with the give-up, not after --timeout each, and every row
+    says why it was not retried, the one that tipped it too."""
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        listener.settimeout(2)
+        with contextlib.suppress(OSError):
+            while True:
+                raw, _ = listener.accept()
+                raw.recv(4096)  # the ClientHello
+                if not held:
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    raw.close()  # RST
+                held.append(raw)  # the others: never answered
+
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        threading.Thread(target=serve, daemon=True).start()
+        port = listener.getsockname()[1]
+        started = time.monotonic()
+        report = swarmget.download(
+            [f"https://127.0.0.1:{port}/{i}" for i in range(8)],
+            out_dir,
+            workers=1,
+            retries=3,
+            host_failures=1,
+            per_host=8,
+            timeout=10,
+            cacert=str(certs.ca_pem),
+        )
+        elapsed = time.monotonic() - started
+        for raw in held:
+            raw.close()
+    assert report.failed == 8 and report.error_counts() == {"connect": 8}
+    assert elapsed < 5, elapsed
+    messages = [f.message or "" for f in report.failures]
+    assert all("given up after 1 failed connection" in m for m in messages), messages
+    assert any("reset by the server" in m and "; not retried: host" in m for m in messages)
+
+
 def test_a_silent_handshake_times_out(out_dir: Path) -> None:
     # The kernel completes the TCP handshake from the backlog; nobody ever
     # answers the ClientHello.

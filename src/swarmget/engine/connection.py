@@ -479,12 +479,13 @@ class HTTPConnection(PooledConnection):
             self.speed_window = options.min_speed_window
 
     def abandon_unanswered(self, error: TransferError) -> None:
-        """Fail the transfer of a connection still connecting, or whose request
-        has had no byte of answer yet: its host was given up meanwhile, and
-        waiting out its own --timeout would only cost time."""
+        """Fail the transfer of a connection still being set up (connecting,
+        through its proxy's tunnel, in its TLS handshake), or whose request has
+        had no byte of answer yet: its host was given up meanwhile, and waiting
+        out its own --timeout would only cost time."""
         state = self.state
         silent = self.verdict is None and self.last_activity == self.started
-        if state == CONNECTING or (state == ACTIVE and silent):
+        if state in _SETUP_STATES or (state == ACTIVE and silent):
             self._fail(error)
 
     def looks_closed(self) -> bool:

@@ -704,8 +704,8 @@ class Engine(ConnectionOwner):
             # No row may wait that long (--deadline): waiting would only delay
             # every queued row's failure.  The host is given up at once.
             assert pool is not None
-            message = f"{error.message}; Retry-After {pause:g} s is past --deadline"
-            push_back = self.scheduler.give_up(pool, TransferError(error.code, message))
+            why = f"Retry-After {pause:g} s is past --deadline"
+            push_back = self.scheduler.give_up(pool, error, why)
         elif pause is not None:
             # The host asked every row to wait, not only this one; it may also
             # be given up now (too many pauses in a row).  Its timer is set
@@ -723,14 +723,22 @@ class Engine(ConnectionOwner):
         elif not status and pool is not None and pool.probe_out:
             push_back = self.scheduler.probe_lost(pool, self.loop.now)  # no answer: probe again
         given_up = pool.given_up if pool is not None else None
-        if self.fatal is None and given_up is None:
+        if self.fatal is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.decide(transfer.retry, error, retry_after, time_left)
-            if delay is not None:
+            if delay is not None and given_up is None:
                 self._prepare_retry(transfer, error)
                 self.loop.call_later(delay, self._submit, transfer, front)
                 self._execute(push_back)
                 return
+            if delay is not None and given_up is not None and error is not given_up:
+                # It would have been retried, but its host is given up (by this
+                # very failure, perhaps): say so, or the row reads as failed at
+                # its first attempt despite --retries, for no reason given.
+                why = pool.given_up_why if pool is not None else ""
+                error = TransferError(
+                    error.code, f"{error.message}; not retried: {why or given_up.message}"
+                )
         self._execute(push_back)
         self._record(job, error, status, transfer)
 

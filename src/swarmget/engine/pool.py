@@ -60,6 +60,7 @@ class HostPool:
         "consecutive_failures",
         "dns_error",
         "given_up",
+        "given_up_why",
         "handshake_lost_at",
         "idle",
         "kind",
@@ -109,6 +110,9 @@ class HostPool:
         self.answered_at = -1.0  # loop time of the host's last response
         self.handshake_lost_at = -1.0  # loop time of the last lost handshake counted
         self.given_up: TransferError | None = None
+        # Why, without the error that tipped it ("host h:443 given up after 5
+        # failed connections in a row ..."): for a row not retried because of it.
+        self.given_up_why = ""
         # The same, for the rows that never went out when the host was given up
         # after trying it ("not requested: ..."), so the manifest says so.
         self.unsent: TransferError | None = None

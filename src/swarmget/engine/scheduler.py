@@ -332,25 +332,20 @@ class Scheduler:
             proxy = pool.connect_to
             failures = self._proxy_failures[proxy] = self._proxy_failures.get(proxy, 0) + 1
             if failures >= self.host_failures:
-                self._dead_proxies[proxy] = TransferError(
-                    error.code,
-                    f"{error.message}; proxy {pool.via} given up after {failures} "
-                    "failed connections in a row (--host-failures)",
+                why = (
+                    f"proxy {pool.via} given up after {failures} "
+                    "failed connections in a row (--host-failures)"
                 )
-                self._give_up(pool, self._dead_proxies[proxy], actions)
+                self._dead_proxies[proxy] = self._give_up(pool, error, why, actions)
                 return actions
         pool.consecutive_failures += 1
         if pool.consecutive_failures < self.host_failures:
             return []
-        self._give_up(
-            pool,
-            TransferError(
-                error.code,
-                f"{error.message}; host {pool.host_port} given up after "
-                f"{pool.consecutive_failures} failed connections in a row (--host-failures)",
-            ),
-            actions,
+        why = (
+            f"host {pool.host_port} given up after "
+            f"{pool.consecutive_failures} failed connections in a row (--host-failures)"
         )
+        self._give_up(pool, error, why, actions)
         return actions
 
     def host_answered(self, pool: HostPool, now: float = 0.0, status: int = 200) -> list[Action]:
@@ -396,15 +391,11 @@ class Scheduler:
             if first:
                 pool.push_backs += 1
             if self.host_failures and pool.push_backs >= self.host_failures:
-                self._give_up(
-                    pool,
-                    TransferError(
-                        error.code,
-                        f"{error.message}; host {pool.host_port} given up: {pool.push_backs} "
-                        "rows in a row refused with 429 Too Many Requests (--host-failures)",
-                    ),
-                    actions,
+                why = (
+                    f"host {pool.host_port} given up: {pool.push_backs} "
+                    "rows in a row refused with 429 Too Many Requests (--host-failures)"
                 )
+                self._give_up(pool, error, why, actions)
                 return actions
         if until > pool.paused_until:
             pool.paused_until = until
@@ -452,18 +443,24 @@ class Scheduler:
         """The error of ``pool``'s proxy, if it was given up."""
         return self._dead_proxies.get(pool.connect_to) if pool.proxy is not None else None
 
-    def give_up(self, pool: HostPool, error: TransferError) -> list[Action]:
-        """Give ``pool``'s host up now: its queued and future transfers fail with ``error``."""
+    def give_up(self, pool: HostPool, cause: TransferError, why: str) -> list[Action]:
+        """Give ``pool``'s host up now, ``cause`` having shown ``why``: its queued
+        and future transfers fail with both."""
         actions: list[Action] = []
         if pool.given_up is None:
-            self._give_up(pool, error, actions)
+            self._give_up(pool, cause, why, actions)
         return actions
 
-    def _give_up(self, pool: HostPool, error: TransferError, actions: list[Action]) -> None:
+    def _give_up(
+        self, pool: HostPool, cause: TransferError, why: str, actions: list[Action]
+    ) -> TransferError:
+        error = TransferError(cause.code, f"{cause.message}; {why}")
         pool.given_up = error
+        pool.given_up_why = why
         pool.unsent = TransferError(error.code, f"not requested: {error.message}")
         self._unpause(pool)
         self._fail_queue(pool, error, actions)
+        return error
 
     # -- the rules ---------------------------------------------------------------------
 
