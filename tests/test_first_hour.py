@@ -280,6 +280,19 @@ def test_no_two_rows_share_an_index(server: TestServer, tmp_path: Path) -> None:
         assert [item.index for item in stream] == [9, 3]
 
 
+def test_a_rows_own_index_may_be_any_int_when_swarmget_numbered_none(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Negative ones too (they were refused, "above -1"); a bool is the int it
+    # is, alike in both builds (a compiled Row stores True as 1).
+    urls = [server.file_url(f"m{i}.bin", size=10) for i in range(3)]
+    report = swarmget.download([Row(-5, urls[0]), Row(True, urls[1]), Row(-1, urls[2])], tmp_path)
+    assert report.ok == 3
+    records = swarmget.read_manifest(tmp_path)
+    assert sorted(r["index"] for r in records) == [-5, -1, 1]
+    assert all(type(r["index"]) is int for r in records)
+
+
 def test_a_row_index_that_sources_rows_may_have_is_refused(
     server: TestServer, tmp_path: Path
 ) -> None:
@@ -296,6 +309,8 @@ def test_a_row_index_that_sources_rows_may_have_is_refused(
     stream = swarmget.stream(mine, sources=[str(listed)])
     with stream, pytest.raises(swarmget.UsageError, match=refused):
         list(stream)
+    with pytest.raises(swarmget.UsageError, match="index -1, which may be another row's"):
+        swarmget.download([Row(-1, mine[0].url)], tmp_path / "neg", sources=[str(listed)])
     # Above them, a Row's own index is taken as it is.
     report = swarmget.download([Row(3, mine[0].url)], tmp_path / "ok", sources=[str(listed)])
     assert report.ok == 4

@@ -80,7 +80,7 @@ def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
     being either's.  That the Rows' own indices differ is the caller's to see to.
     """
     highest = -1  # the highest index so far, given or assigned
-    assigned = -1  # the highest index swarmget assigned
+    assigned: int | None = None  # the highest index swarmget assigned, if any
     for row in first:
         highest = assigned = row.index  # the reader numbers them from 0
         yield row
@@ -92,44 +92,49 @@ def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
             # a file object keep their "\n": the default name became "a.jpg_".
             yield Row(highest, strip_url(item))
         elif isinstance(item, Row):
-            _check_own_index(item.index, position, assigned)
-            highest = max(highest, item.index)
-            yield _checked(item)
+            index = _own_index(item.index, position, assigned)
+            highest = max(highest, index)
+            yield _checked(item, index)
         else:
             highest += 1
             assigned = highest
             yield _row_of(highest, item)
 
 
-def _check_own_index(index: int, position: int, assigned: int) -> None:
-    """Raise unless a Row's own ``index`` (``urls`` item ``position``) is above
-    ``assigned``, the highest index swarmget gave a row (see :func:`_then`)."""
-    if not isinstance(index, int) or isinstance(index, bool):
+def _own_index(index: object, position: int, assigned: int | None) -> int:
+    """A Row's own ``index`` (``urls`` item ``position``), as an int; raise unless
+    it is above ``assigned``, the highest index swarmget gave a row (see
+    :func:`_then`).  Any int will do when swarmget has numbered none, negative too."""
+    if not isinstance(index, int):
         # What a compiled Row refuses when it is made; said alike uncompiled.
         raise TypeError(f"swarmget: urls item {position}: a Row's index must be an int")
-    if index <= assigned:
+    # A bool is an int; a compiled Row stores True as 1, and so does this.
+    index = int(index)
+    if assigned is not None and index <= assigned:
         raise UsageError(
             f"urls item {position} is a Row with index {index}, which may be another "
             f"row's: swarmget numbered the rows without an index of their own (those "
             f"of sources=, URL strings) up to {assigned} so far; give every item "
             f"a Row with its own index, or number yours above {assigned}"
         )
+    return index
 
 
-def _checked(row: Row) -> Row:
+def _checked(row: Row, index: int) -> Row:
     """A caller's Row, held to the rules a CSV or JSONL row is (sources/fields.py):
     a url that is not a str failed the whole run, and a sha256 in upper case, a
-    size given as "1000", failed good files after their download."""
+    size given as "1000", failed good files after their download.  ``index``:
+    its index as an int (see :func:`_own_index`)."""
     if row.problem:
-        return row
+        return row if type(row.index) is int else Row(index, row.url, problem=row.problem)
     fields: dict[str, object] = {
         "url": row.url, "path": row.path, "sha256": row.sha256, "md5": row.md5, "size": row.size
     }  # fmt: skip
     try:
-        return build_row(row.index, fields)
+        return build_row(index, fields)
     except FieldError as bad:
         url = row.url if isinstance(row.url, str) else repr(row.url)[:200]
-        return Row(row.index, url, problem=f"input item {row.index}: {bad}")
+        return Row(index, url, problem=f"input item {index}: {bad}")
 
 
 # Not URLs, whatever str() makes of them: a mistake in the caller's list.
