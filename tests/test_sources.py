@@ -672,6 +672,7 @@ def test_quoted_line_break_in_a_column_we_read_is_kept(tmp_path: Path, suffix: s
         ["http://h/a", '"dir/two\nlines.jpg"'],  # a path with a line break
         ['"http://h/b\n"', "b"],  # a spreadsheet cell that ends in a line break
         ['"http://h/very/\r\nlong"', ""],  # a wrapped URL (CRLF in the value)
+        ['"\nhttp://h/c"', "c"],  # a url cell that begins with a line break
         ["http://h/d", '"x'],  # bad: its line number must count the breaks above
         ["http://h/e", "e"],
     ]
@@ -684,13 +685,14 @@ def test_quoted_line_break_in_a_column_we_read_is_kept(tmp_path: Path, suffix: s
         Row(0, "http://h/a", path="dir/two\nlines.jpg"),
         Row(1, "http://h/b", path="b"),
         Row(2, "http://h/very/\r\nlong"),  # the request leaves the break out
+        Row(3, "http://h/c", path="c"),
         bad(
-            3,
+            4,
             f'http://h/d{delimiter}"x',
-            f"input {path!r}, line 8: not valid {kind}: unexpected end of data "
-            "(the record runs on to line 9: is a quote not closed?)",
+            f"input {path!r}, line 10: not valid {kind}: unexpected end of data "
+            "(the record runs on to line 11: is a quote not closed?)",
         ),
-        Row(4, "http://h/e", path="e"),
+        Row(5, "http://h/e", path="e"),
     ]
 
 

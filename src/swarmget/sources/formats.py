@@ -318,14 +318,17 @@ def _line_break_problem(record: list[str], columns: Mapping[str, int], width: in
     with line breaks in them ("" if it is not): see the module docstring."""
     for column, i in columns.items():
         if i < len(record) and _has_break(record[i]):
+            # As the row reads it, a break at an end is let by.  A url cell that
+            # begins with one ("\nhttp://...") is a wrapped URL, not two rows; in
+            # another column a URL after a leading break is the next line's,
+            # taken in by a quote opened at the end of this one.
             value = record[i]
-            if _url_after_break(value):
-                return f"{column!r} has a line break with a URL after it"
-            # As the row reads it, a break at an end is let by.  Nothing but a
-            # line break is two stray quotes; a digest or a size that holds one
-            # can never be valid, and reading it as one bad row would lose the
-            # rows its quote took in.
             stripped = value.strip()
+            if _url_after_break(stripped if column == "url" else value):
+                return f"{column!r} has a line break with a URL after it"
+            # Nothing but a line break is two stray quotes; a digest or a size
+            # that holds one can never be valid, and reading it as one bad row
+            # would lose the rows its quote took in.
             if not stripped or (column not in _TEXT_COLUMNS and _has_break(stripped)):
                 return f"{column!r} has a line break"
     # Past the header's last column a cell that is not blank is too many
