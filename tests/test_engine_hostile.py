@@ -624,6 +624,23 @@ def test_a_silent_proxy_is_named_as_what_is_waited_on(out_dir: Path) -> None:
     )
 
 
+def test_a_lookup_that_gets_no_answer_is_what_is_waited_on(out_dir: Path) -> None:
+    # A name server that never answers: the rows wait on the lookup, which the
+    # display named as nothing at all (it was not a connection).
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        server = f"127.0.0.1:{silent.getsockname()[1]}"
+        urls = [f"http://files.example/{i}" for i in range(3)]
+        waiting = waiting_after(0.4, urls, out_dir, dns_servers=(server,))
+    assert waiting is not None
+    assert (waiting.count, waiting.stage, waiting.host) == (
+        1,
+        "looking up the address of",
+        "files.example",
+    )
+    assert 0.2 <= waiting.seconds < 2
+
+
 class RecordedProgress:
     def __init__(self) -> None:
         self.snapshots: list[Snapshot] = []

@@ -121,6 +121,7 @@ RESUME_MIN_BYTES: Final = 1 << 20
 
 # What a connection waits on, as Engine.waiting says it (after a count: "3 connecting to").
 CONNECTING_TO: Final = "connecting to"
+LOOKING_UP: Final = "looking up the address of"
 _WAITING_STAGES: Final = {
     CONNECTING: CONNECTING_TO,
     TUNNELLING: "connecting through the proxy to",
@@ -315,6 +316,13 @@ class Engine(ConnectionOwner):
         nothing finish for a while; a pass over the connections, called with each
         progress message that has no results (~10 a second), never per event."""
         waits = [(CONNECTING_TO, pool, dial.started) for dial, pool in self.dialing.items()]
+        # A first lookup holds its host's rows back (a refresh does not: the
+        # addresses it had still serve); one per host, so its count is 1.
+        waits.extend(
+            (LOOKING_UP, pool, pool.resolving_since)
+            for pool in self.pools.values()
+            if pool.resolving and pool.addresses is None
+        )
         for conn in self.connections:
             stage = _waiting_stage(conn)
             if stage:

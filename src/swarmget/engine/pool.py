@@ -75,6 +75,7 @@ class HostPool:
         "queue",
         "refresh_at",
         "resolving",
+        "resolving_since",
         "template",
         "tls_session",
         "unsent",
@@ -101,6 +102,7 @@ class HostPool:
         self.addresses: list[Address] | None = None
         self.dns_error: TransferError | None = None
         self.resolving = False
+        self.resolving_since = 0.0  # loop time the lookup in flight began
         self.refresh_at = 0.0  # loop time when the addresses (or dns_error) go stale
         # The last TLS session a connection got here: the next one resumes it.
         self.tls_session: ssl.SSLSession | None = None

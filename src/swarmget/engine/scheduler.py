@@ -476,7 +476,7 @@ class Scheduler:
             elif pool.resolving or pool in self._naming:
                 pass
             elif self.resolving < self.max_resolving:
-                self._resolve(pool, actions)
+                self._resolve(pool, now, actions)
             else:
                 self._naming[pool] = None  # its turn comes as lookups end
             return
@@ -492,7 +492,7 @@ class Scheduler:
             and pool.queue
             and self.resolving < self.max_resolving
         ):
-            self._resolve(pool, actions)  # in the background; connects use what we have
+            self._resolve(pool, now, actions)  # in the background; connects use what we have
         queue = pool.queue
         while queue and not self.stopping:
             if pool.probe_out:
@@ -529,8 +529,9 @@ class Scheduler:
         self._dispatch(pool, now, actions)
         return actions
 
-    def _resolve(self, pool: HostPool, actions: list[Action]) -> None:
+    def _resolve(self, pool: HostPool, now: float, actions: list[Action]) -> None:
         pool.resolving = True
+        pool.resolving_since = now
         self.resolving += 1
         actions.append(Resolve(pool))
 
