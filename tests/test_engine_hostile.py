@@ -614,7 +614,9 @@ def test_an_engine_says_what_it_waits_on(
 
 def test_a_silent_proxy_is_named_as_what_is_waited_on(out_dir: Path) -> None:
     with black_hole() as port:
-        urls = [f"http://files.example/{i}" for i in range(2)]
+        # Two hosts, one proxy: both dials wait on it, and count as one wait
+        # (an engine counted per host, while the driver sums workers' by text).
+        urls = ["http://files.example/0", "https://other.example/1"]
         waiting = waiting_after(0.3, urls, out_dir, proxy=f"http://127.0.0.1:{port}")
     assert waiting is not None
     assert (waiting.count, waiting.stage, waiting.host) == (

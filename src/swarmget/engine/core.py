@@ -129,8 +129,12 @@ _WAITING_STAGES: Final = {
 }
 
 
-def _since(wait: tuple[str, HostPool, float]) -> float:
-    return wait[2]
+def _shown(stage: str, pool: HostPool, since: float) -> tuple[float, str, str]:
+    """A wait as the display shows it: one connecting through a proxy waits on the
+    proxy, whichever host it is for."""
+    if stage == CONNECTING_TO and pool.proxy is not None:
+        return since, "connecting to proxy", pool.via
+    return since, stage, pool.host_port
 
 
 def _waiting_stage(conn: HTTPConnection) -> str:
@@ -315,25 +319,24 @@ class Engine(ConnectionOwner):
         one host, with the oldest's silence.  For a progress display that has seen
         nothing finish for a while; a pass over the connections, called with each
         progress message that has no results (~10 a second), never per event."""
-        waits = [(CONNECTING_TO, pool, dial.started) for dial, pool in self.dialing.items()]
+        # (since, stage, host), the host as the display names it.
+        waits = [_shown(CONNECTING_TO, pool, dial.started) for dial, pool in self.dialing.items()]
         # A first lookup holds its host's rows back (a refresh does not: the
-        # addresses it had still serve); one per host, so its count is 1.
+        # addresses it had still serve).
         waits.extend(
-            (LOOKING_UP, pool, pool.resolving_since)
+            (pool.resolving_since, LOOKING_UP, pool.host_port)
             for pool in self.pools.values()
             if pool.resolving and pool.addresses is None
         )
         for conn in self.connections:
             stage = _waiting_stage(conn)
             if stage:
-                waits.append((stage, conn.pool, conn.last_activity))
+                waits.append(_shown(stage, conn.pool, conn.last_activity))
         if not waits:
             return None
-        stage, pool, since = min(waits, key=_since)
-        count = sum(1 for other in waits if other[0] == stage and other[1] is pool)
-        host = pool.host_port
-        if pool.proxy is not None and stage == CONNECTING_TO:
-            stage, host = "connecting to proxy", pool.via  # it is the proxy that is silent
+        since, stage, host = min(waits)
+        # Counted as shown (workers' waits are summed alike: Supervisor).
+        count = sum(1 for other in waits if other[1] == stage and other[2] == host)
         return Waiting(count, stage, host, max(0.0, self.loop.now - since))
 
     # -- intake -----------------------------------------------------------------------
