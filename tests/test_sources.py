@@ -717,6 +717,22 @@ def test_quote_closed_by_a_later_line_takes_in_no_row(line: str, problem: str) -
     ]  # fmt: skip
 
 
+@pytest.mark.parametrize("header", ["path,url", "path,url,x"])
+def test_a_quote_opened_before_a_url_column_takes_in_no_row(header: str) -> None:
+    # The url cell begins with a line break, as a wrapped URL does, but what
+    # follows it is the next line's fields (p2,http://...): a quote left open.
+    # Read as a wrapped URL, two rows were one, and the second's URL was lost.
+    data = f'{header}\np1,"\np2,http://h/2"\np3,http://h/3\n'
+    got = rows("-", stdin=data.encode())
+    assert [(r.index, r.url.startswith("p1,"), r.problem is not None) for r in got[:1]] == [
+        (0, True, True)
+    ]
+    assert got[0].problem is not None and "'url' has a line break with a URL after it" in (
+        got[0].problem
+    )
+    assert [(r.index, r.url) for r in got[1:]] == [(1, 'http://h/2"'), (2, "http://h/3")]
+
+
 def test_size_with_a_line_break_inside_is_a_quote_not_closed() -> None:
     # A size (or digest) never holds a line break but at its ends: the next
     # line, which the quote took in, is read again as a row of its own.

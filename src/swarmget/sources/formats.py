@@ -319,12 +319,15 @@ def _line_break_problem(record: list[str], columns: Mapping[str, int], width: in
     for column, i in columns.items():
         if i < len(record) and _has_break(record[i]):
             # As the row reads it, a break at an end is let by.  A url cell that
-            # begins with one ("\nhttp://...") is a wrapped URL, not two rows; in
-            # another column a URL after a leading break is the next line's,
-            # taken in by a quote opened at the end of this one.
+            # begins with one and then is a URL alone ("\nhttp://...") is a
+            # wrapped URL, not two rows.  Anything else with a URL after a
+            # break -- in another column, or with a field of the next line
+            # before it ("\np2,http://...") -- is the next line's, taken in by a
+            # quote opened at the end of this one.
             value = record[i]
             stripped = value.strip()
-            if _url_after_break(stripped if column == "url" else value):
+            wrapped = column == "url" and _a_url_alone(stripped)
+            if _url_after_break(stripped if wrapped else value):
                 return f"{column!r} has a line break with a URL after it"
             # Nothing but a line break is two stray quotes; a digest or a size
             # that holds one can never be valid, and reading it as one bad row
@@ -336,6 +339,13 @@ def _line_break_problem(record: list[str], columns: Mapping[str, int], width: in
     if any(_has_break(cell) for cell in record[width:]):
         return f"a field past the header's {width} columns has a line break"
     return ""
+
+
+def _a_url_alone(text: str) -> bool:
+    """Does ``text`` start with a scheme and hold no field delimiter (a URL cell
+    on its own, not the start of the next line's fields)?"""
+    head = text[:12].lower()
+    return (head.startswith(("http://", "https://"))) and "," not in text and "\t" not in text
 
 
 def _url_after_break(value: str) -> bool:
