@@ -287,7 +287,12 @@ def test_a_retry_after_past_the_deadline_gives_the_host_up_at_once(
     report = swarmget.download(refusing, out_dir, concurrency=2, workers=1, deadline=2)
     assert time.monotonic() - started < 5
     assert report.failed == 6 and set(report.error_counts()) == {"http_429"}
-    assert any("past --deadline" in f.message for f in report.failures)
+    # Every row says why it was not retried; the others, that the host was
+    # given up for it (they said only "HTTP 429", or "not retried:" without
+    # the host, as if their own Retry-After were past the deadline).
+    messages = [f.message or "" for f in report.failures]
+    assert all("Retry-After 20 s is past --deadline" in m for m in messages), messages
+    assert any("given up: Retry-After 20 s is past --deadline" in m for m in messages), messages
 
 
 @pytest.mark.parametrize("workers", [1, 2])

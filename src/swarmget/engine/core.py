@@ -715,8 +715,12 @@ class Engine(ConnectionOwner):
             # No row may wait that long (--deadline): waiting would only delay
             # every queued row's failure.  The host is given up at once.
             assert pool is not None
-            why = f"Retry-After {pause:g} s is past --deadline"
-            push_back = self.scheduler.give_up(pool, error, why)
+            past = f"Retry-After {pause:g} s is past --deadline"
+            push_back = self.scheduler.give_up(
+                pool, error, f"host {pool.host_port} given up: {past}"
+            )
+            # Not retried for its own Retry-After: it says so itself.
+            error = TransferError(error.code, f"{error.message}; {past}")
         elif pause is not None:
             # The host asked every row to wait, not only this one; it may also
             # be given up now (too many pauses in a row).  Its timer is set

@@ -157,6 +157,7 @@ class Scheduler:
     __slots__ = (
         "_closing",
         "_dead_proxies",
+        "_dead_proxy_whys",
         "_deferred",
         "_idle",
         "_naming",
@@ -196,6 +197,7 @@ class Scheduler:
         # failed in a row, and the error of a proxy given up.
         self._proxy_failures: dict[tuple[str, int], int] = {}
         self._dead_proxies: dict[tuple[str, int], TransferError] = {}
+        self._dead_proxy_whys: dict[tuple[str, int], str] = {}  # HostPool.given_up_why
         self.paused: dict[HostPool, None] = {}  # pools pushed back, until their pause is over
         # Transfers queued on paused pools, kept as they come and go: parked() is
         # asked once per row finished, and summing over thousands of paused
@@ -311,6 +313,14 @@ class Scheduler:
         timeouts and retries)."""
         if error.code not in BREAKER_CODES or pool.given_up is not None:
             return []
+        dead = self.dead_proxy(pool) if dialling and self._dead_proxies else None
+        if dead is not None:
+            # Its proxy was given up already (this may be a dial that cut short):
+            # the host goes with it, counted again nowhere.  (Counted, each one
+            # gave the proxy up anew, its message nesting the last one's.)
+            adopted: list[Action] = []
+            self._behind_dead_proxy(pool, dead, adopted)
+            return adopted
         if isinstance(error, ConnectionClosed):
             # Accepted, then closed or reset before answering: a host that is up
             # and drops some connections (a burst of parallel ones failing at
@@ -337,6 +347,7 @@ class Scheduler:
                     "failed connections in a row (--host-failures)"
                 )
                 self._dead_proxies[proxy] = self._give_up(pool, error, why, actions)
+                self._dead_proxy_whys[proxy] = why
                 return actions
         pool.consecutive_failures += 1
         if pool.consecutive_failures < self.host_failures:
@@ -464,9 +475,21 @@ class Scheduler:
 
     # -- the rules ---------------------------------------------------------------------
 
+    def _behind_dead_proxy(
+        self, pool: HostPool, dead: TransferError, actions: list[Action]
+    ) -> None:
+        """``pool``'s proxy was given up (``dead``): so is the pool, with that error."""
+        pool.given_up = dead
+        pool.given_up_why = self._dead_proxy_whys.get(pool.connect_to, "")
+        self._unpause(pool)
+        self._fail_queue(pool, dead, actions)
+
     def _dispatch(self, pool: HostPool, now: float, actions: list[Action]) -> None:
         if pool.given_up is None and self._dead_proxies:
-            pool.given_up = self.dead_proxy(pool)
+            dead = self.dead_proxy(pool)
+            if dead is not None:
+                self._behind_dead_proxy(pool, dead, actions)
+                return
         if pool.given_up is not None:
             self._fail_queue(pool, pool.given_up, actions)
             return
