@@ -315,9 +315,9 @@ class Scheduler:
             return []
         dead = self.dead_proxy(pool) if dialling and self._dead_proxies else None
         if dead is not None:
-            # Its proxy was given up already (this may be a dial that cut short):
-            # the host goes with it, counted again nowhere.  (Counted, each one
-            # gave the proxy up anew, its message nesting the last one's.)
+            # Its proxy was given up already (this may be one of the dials that
+            # cut short): the host goes with it, counted again nowhere.  (Counted,
+            # each such dial gave the proxy up anew, nesting the last message.)
             adopted: list[Action] = []
             self._behind_dead_proxy(pool, dead, adopted)
             return adopted
