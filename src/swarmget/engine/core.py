@@ -129,6 +129,14 @@ _WAITING_STAGES: Final = {
 }
 
 
+def _not_retried(error: TransferError, pool: HostPool) -> TransferError:
+    """``error`` of a row that would have been retried but for its host, given up
+    (by this very failure, perhaps): said, or the row reads as failed at its
+    first attempt despite --retries, for no reason given."""
+    why = pool.given_up_why or (pool.given_up.message if pool.given_up is not None else "")
+    return TransferError(error.code, f"{error.message}; not retried: {why}")
+
+
 def _shown(stage: str, pool: HostPool, since: float) -> tuple[float, str, str]:
     """A wait as the display shows it: one connecting through a proxy waits on the
     proxy, whichever host it is for."""
@@ -746,14 +754,8 @@ class Engine(ConnectionOwner):
                 self.loop.call_later(delay, self._submit, transfer, front)
                 self._execute(push_back)
                 return
-            if delay is not None and given_up is not None and error is not given_up:
-                # It would have been retried, but its host is given up (by this
-                # very failure, perhaps): say so, or the row reads as failed at
-                # its first attempt despite --retries, for no reason given.
-                why = pool.given_up_why if pool is not None else ""
-                error = TransferError(
-                    error.code, f"{error.message}; not retried: {why or given_up.message}"
-                )
+            if delay is not None and pool is not None and error is not given_up:
+                error = _not_retried(error, pool)
         self._execute(push_back)
         self._record(job, error, status, transfer)
 

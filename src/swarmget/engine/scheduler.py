@@ -313,14 +313,9 @@ class Scheduler:
         timeouts and retries)."""
         if error.code not in BREAKER_CODES or pool.given_up is not None:
             return []
-        dead = self.dead_proxy(pool) if dialling and self._dead_proxies else None
-        if dead is not None:
-            # Its proxy was given up already (this may be one of the dials that
-            # cut short): the host goes with it, counted again nowhere.  (Counted,
-            # each such dial gave the proxy up anew, nesting the last message.)
-            adopted: list[Action] = []
-            self._behind_dead_proxy(pool, dead, adopted)
-            return adopted
+        adopted: list[Action] = []
+        if dialling and self._behind_dead_proxy(pool, adopted):
+            return adopted  # its proxy was given up already: counted again nowhere
         if isinstance(error, ConnectionClosed):
             # Accepted, then closed or reset before answering: a host that is up
             # and drops some connections (a burst of parallel ones failing at
@@ -475,21 +470,24 @@ class Scheduler:
 
     # -- the rules ---------------------------------------------------------------------
 
-    def _behind_dead_proxy(
-        self, pool: HostPool, dead: TransferError, actions: list[Action]
-    ) -> None:
-        """``pool``'s proxy was given up (``dead``): so is the pool, with that error."""
+    def _behind_dead_proxy(self, pool: HostPool, actions: list[Action]) -> bool:
+        """If ``pool``'s proxy was given up, so is the pool, with the proxy's error.
+
+        A failed dial behind a dead proxy (one of those its giving up cut short,
+        say) is not counted again: counted, each gave the proxy up anew, every
+        message nesting the last one's ("given up after 3 ...; after 4 ...")."""
+        dead = self.dead_proxy(pool) if self._dead_proxies else None
+        if dead is None:
+            return False
         pool.given_up = dead
         pool.given_up_why = self._dead_proxy_whys.get(pool.connect_to, "")
         self._unpause(pool)
         self._fail_queue(pool, dead, actions)
+        return True
 
     def _dispatch(self, pool: HostPool, now: float, actions: list[Action]) -> None:
-        if pool.given_up is None and self._dead_proxies:
-            dead = self.dead_proxy(pool)
-            if dead is not None:
-                self._behind_dead_proxy(pool, dead, actions)
-                return
+        if pool.given_up is None and self._behind_dead_proxy(pool, actions):
+            return
         if pool.given_up is not None:
             self._fail_queue(pool, pool.given_up, actions)
             return
