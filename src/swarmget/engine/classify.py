@@ -137,8 +137,9 @@ def _tls_failure(
                 f"TLS connection closed without close_notify after {received} body bytes",
             )
         return ConnectionClosed("server closed the TLS connection before responding")
-    if stage == HANDSHAKE and isinstance(exc, ssl.SSLEOFError):
-        # A TCP close without an alert: the transport ended, TLS refused nothing.
+    if isinstance(exc, ssl.SSLEOFError):
+        # In the handshake, a TCP close without an alert: the transport ended,
+        # TLS refused nothing.
         return HandshakeLost(f"TLS handshake with {host}: connection closed by the server")
     return tls_error(exc, host, handshake=stage != EXCHANGE)
 

@@ -238,8 +238,8 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
             ErrorCode.TLS_VERIFY, f"certificate verification failed for {host}: {detail}"
         )
     where = "TLS handshake with" if handshake else "TLS connection to"
-    if isinstance(exc, ssl.SSLEOFError):
-        return TransferError(ErrorCode.TLS, f"{where} {host}: connection closed by the server")
+    # (A close without an alert, SSLEOFError, is the transport's failure, not
+    # TLS's: engine/classify.py makes it HandshakeLost or truncated first.)
     reason = describe(exc)
     if reason == "wrong version number" and handshake:
         reason += " (is it an http:// server?)"  # what a plain-HTTP reply reads as
