@@ -611,8 +611,19 @@ def _download_command(argv: list[str]) -> int:
     return EXIT_OK if report.failed == 0 else EXIT_FAILED
 
 
+def _default_child_signal() -> None:
+    """SIGCHLD as the system sets it.  A program that ignores it (SIG_IGN) passes
+    that on across exec, and then the kernel reaps our workers itself: the
+    driver could not learn how they ended."""
+    child = getattr(signal, "SIGCHLD", None)
+    if child is not None and signal.getsignal(child) == signal.SIG_IGN:
+        signal.signal(child, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``swarmget`` script and ``python -m swarmget``; returns the status."""
+    if argv is None:  # the process is ours (a program calling main(argv) keeps its own)
+        _default_child_signal()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["demo"]:

@@ -24,6 +24,7 @@ import signal
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -45,6 +46,49 @@ from swarmget.sinks.base import Assignment, Sink
 from swarmget.sinks.memory import unpickle_values
 
 STOP_WAIT: Final = 10.0  # seconds a stopped worker gets to clean up before SIGKILL
+
+# Every worker process started here and not closed yet (see _forget_in_child).
+_ours: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
+
+
+def _forget_in_child() -> None:
+    """A child the caller forks with a bare ``os.fork()`` inherits multiprocessing's
+    list of its parent's children, our workers among them; when that child
+    exits, multiprocessing terminates every daemonic process on the list (its
+    atexit hook), so each of the caller's forks cost a running download its
+    workers.  Ours are not the child's: off its list they go."""
+    children: set[BaseProcess] | None = getattr(multiprocessing.process, "_children", None)
+    if children is not None:
+        children.difference_update(_ours)
+    _ours.clear()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _exited(process: BaseProcess) -> bool:
+    """Has ``process`` ended?  Asked of its sentinel (a pipe that closes when the
+    process does), not of waitpid: a caller that ignores SIGCHLD (SIG_IGN), or
+    reaps every child in its own handler, leaves waitpid nothing to report,
+    and multiprocessing then calls an ended worker alive forever."""
+    if process.exitcode is not None:
+        return True
+    try:
+        return bool(select.select([process.sentinel], [], [], 0)[0])
+    except (OSError, ValueError):  # closed already
+        return True
+
+
+def _close(process: BaseProcess) -> None:
+    """Free ``process``'s descriptors now (it sits in a reference cycle: a
+    program with the collector off got four more descriptors every run)."""
+    _ours.discard(process)
+    # ValueError: still running as multiprocessing sees it -- someone else
+    # reaped it (see _exited), or it has not ended yet; its sentinel closes
+    # with the Process object then.
+    with contextlib.suppress(ValueError):
+        process.close()
 
 
 class _Slot:
@@ -123,13 +167,13 @@ class ForkBackend:
             daemon=True,
         )
         process.start()
+        _ours.add(process)
         child_end.close()
         old = self._slots[worker]
         if old is not None:
             self._ended(old)
             old.conn.close()
-            with contextlib.suppress(ValueError):  # still running: the collector's
-                old.process.close()
+            _close(old.process)
         slot = self._slots[worker] = _Slot(process, parent_end)
         self._poller.register(slot.fd, select.POLLIN)
         self._by_fd[slot.fd] = worker
@@ -238,7 +282,7 @@ class ForkBackend:
         signum = signal.SIGTERM if keep_parts else signal.SIGUSR1
         for _, slot in self._live():
             pid = slot.process.pid
-            if slot.process.is_alive() and pid is not None:
+            if not _exited(slot.process) and pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
         deadline = time.monotonic() + self._stop_wait
@@ -252,9 +296,8 @@ class ForkBackend:
                 assert isinstance(conn, Connection)
                 self._receive(live[conn], events)
         for maybe in self._slots:
-            if maybe is not None and maybe.process.is_alive():
-                maybe.process.kill()
-                maybe.process.join()
+            if maybe is not None:
+                _kill(maybe.process)
         self._pending.extend(events)
 
     def close(self) -> None:
@@ -262,13 +305,17 @@ class ForkBackend:
             if slot is None:
                 continue
             slot.process.join(self._stop_wait)
-            if slot.process.is_alive():
-                slot.process.kill()
-                slot.process.join()
+            _kill(slot.process)
             slot.conn.close()
-            # Its own pipes (the sentinel's) close now: the Process object sits in
-            # a reference cycle, and a program that turns the collector off got
-            # four descriptors more with every run.
-            slot.process.close()
+            _close(slot.process)
         self._wake_read.close()
         self._wake_write.close()
+
+
+def _kill(process: BaseProcess) -> None:
+    """SIGKILL ``process`` unless it has ended, and wait for it.  Never a signal to a
+    process that ended already: reaped by someone else, its PID may be another
+    program's now."""
+    if not _exited(process):
+        process.kill()
+        process.join()

@@ -17,6 +17,7 @@ the parts worth resuming.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import multiprocessing
 import os
@@ -138,6 +139,7 @@ def worker_main(
     # dies.  Close them first.
     for other in inherited:
         other.close()
+    _forget_callers_signals()
     # Ctrl-C reaches the whole process group; the driver decides, and tells us
     # with SIGTERM, so a worker never dies halfway through its own cleanup.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -179,6 +181,29 @@ def worker_main(
     _send_last(conn, events, message)
     if engine is not None:
         engine.close()
+
+
+# The signals the driver stops a worker with (see ForkBackend.stop).
+_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def _forget_callers_signals() -> None:
+    """A forked worker starts with the caller's signal set-up, none of which is
+    meant for it: the caller's Python handlers (a SIGTERM the driver sends a
+    worker would run the caller's graceful shutdown here), its wake-up fd (an
+    asyncio program's self-pipe: the worker's signals would wake the
+    caller's loop, whose handlers then ran in the caller, once per worker),
+    and its blocked signals (a worker that cannot take SIGTERM waits for
+    SIGKILL, seconds later).  Signals ignored stay ignored (SIGPIPE above all:
+    a write to a closed socket must be an error, not the end of the worker)."""
+    with contextlib.suppress(ValueError):  # not the main thread: nothing set then
+        signal.set_wakeup_fd(-1)
+    for signum in signal.valid_signals():
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL, SIGSTOP, ...
+            if callable(signal.getsignal(signum)):
+                signal.signal(signum, signal.SIG_DFL)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def _report_periodically(engine: Engine, events: PipeEvents) -> None:
