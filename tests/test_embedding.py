@@ -167,3 +167,107 @@ def test_workers_take_stop_signals_the_caller_blocks(server: ProcessServer, tmp_
     print(round(time.monotonic() - started, 1) < 1.0)
     """
     assert run_script(body, server, tmp_path).strip() == "True"
+
+
+def test_a_fork_that_fails_is_a_clear_error_and_leaves_no_process(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # fork() failing (EAGAIN: the limit of processes) came out as a bare
+    # BlockingIOError, and a stream whose second fork failed left the first
+    # worker behind as a zombie.
+    body = """
+    import errno, multiprocessing
+    real_fork = os.fork
+    for kind in ("download", "stream"):
+        calls = []
+
+        def fork():
+            calls.append(1)
+            if len(calls) >= 2:
+                raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+            return real_fork()
+
+        os.fork = fork
+        urls = [f"{base}/files/p{i}.bin?size=100" for i in range(20)]
+        try:
+            if kind == "download":
+                swarmget.download(urls, out, workers=3)
+            else:
+                with swarmget.stream(urls, workers=3) as items:
+                    list(items)
+            print(kind, "ran")
+        except swarmget.SwarmgetError as exc:
+            print(kind, exc)
+        finally:
+            os.fork = real_fork
+        time.sleep(0.2)
+        print(kind, "children:", len(multiprocessing.active_children()))
+    """
+    lines = run_script(body, server, tmp_path).splitlines()
+    said = "cannot start worker process 2 of 3: Resource temporarily unavailable"
+    for kind in ("download", "stream"):
+        assert any(line.startswith(f"{kind} {said}") for line in lines), lines
+        assert f"{kind} children: 0" in lines
+
+
+def test_stream_fits_its_concurrency_to_the_limit_of_open_files(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # download() lowered --concurrency to what the descriptor limit allows;
+    # stream() did not, and items failed with "Too many open files".
+    body = """
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(60)]
+    urls = [f"{base}/files/n{i}.bin?size=50000&latency=0.05" for i in range(2000)]
+    for workers in (1, 2):
+        with swarmget.stream(urls, workers=workers, concurrency=200, per_host=200) as items:
+            errors = [item.message for item in items if not item.ok]
+        print(workers, len(errors), errors[:1])
+    """
+    assert run_script(body, server, tmp_path).splitlines() == ["1 0 []", "2 0 []"]
+
+
+def test_workers_none_is_the_default(server: ProcessServer, tmp_path: Path) -> None:
+    # stream(workers=None) took it as the default; download(workers=None) said
+    # "--workers must be a whole number, not None".
+    body = """
+    report = swarmget.download([f"{base}/files/d.bin?size=10"], out, workers=None)
+    print(report.ok)
+    """
+    assert run_script(body, server, tmp_path).strip() == "1"
+
+
+def test_a_closed_stdin_is_an_error_not_an_empty_input(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Descriptor 0 closed under sys.stdin: the input was read from whatever
+    # took that number next (the journal, a socket): no rows, and a warning.
+    body = """
+    os.close(0)
+    try:
+        swarmget.download(None, out, sources=["-"])
+        print("ran")
+    except swarmget.UsageError as exc:
+        print(exc)
+    """
+    assert run_script(body, server, tmp_path).strip() == "cannot read input '-': stdin is closed"
+
+
+def test_a_relative_output_dir_in_a_removed_directory_is_a_clear_error(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone"
+    body = f"""
+    os.mkdir({str(gone)!r})
+    os.chdir({str(gone)!r})
+    os.rmdir({str(gone)!r})
+    try:
+        swarmget.download([f"{{base}}/files/r.bin"], "relative")
+    except swarmget.UsageError as exc:
+        print(exc)
+    """
+    assert run_script(body, server, tmp_path).strip() == (
+        "the output directory 'relative' is relative to the current directory, "
+        "which cannot be found: No such file or directory"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import json
 import os
 import socket
@@ -1002,3 +1003,21 @@ def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_
     assert report.ok == 2, report.failures
     assert (out_dir / "a").read_bytes() == body
     assert (out_dir / "b").read_bytes() == BODY
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+@pytest.mark.parametrize("stderr", ["none", "closed"])
+def test_insecure_runs_whatever_became_of_stderr(
+    certs: Certs, out_dir: Path, workers: int, stderr: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The warning is said if it can be; a program without a usable stderr (a
+    # daemon: None; closed) got AttributeError or ValueError before any request.
+    gone: Any = None
+    if stderr == "closed":
+        gone = io.StringIO()
+        gone.close()
+    monkeypatch.setattr(sys, "stderr", gone)
+    with TLSServer(certs.contexts["self_signed"], serve_keep_alive) as server:
+        urls = [server.url(f"f{i}.bin") for i in range(4)]
+        report = swarmget.download(urls, out_dir, insecure=True, workers=workers)
+    assert (report.ok, report.failed) == (4, 0)

@@ -15,7 +15,7 @@ from typing import Any, TextIO
 from swarmget.errors import UsageError
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.manifest import manifest_path
-from swarmget.net.tls import INSECURE_WARNING
+from swarmget.net.tls import warn_insecure
 from swarmget.options import Options, check_output_dir
 from swarmget.parallel.backend import Backend
 from swarmget.parallel.fork import ForkBackend
@@ -285,7 +285,7 @@ def run_download(
             # speed (~5,000 rows/s per worker on loopback) or they idle.
             backlog_limit = 2 * shares[0].concurrency + 8 * BATCH
             if options.insecure:
-                sys.stderr.write(INSECURE_WARNING)  # once for the run, not once per worker
+                warn_insecure()  # once for the run, not once per worker
         else:
             backend = InlineBackend(make_sink, options)
             backlog_limit = max(2 * options.concurrency, BATCH) + BATCH

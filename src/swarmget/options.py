@@ -130,11 +130,14 @@ class Options:
     @classmethod
     def from_kwargs(cls, kwargs: Mapping[str, Any]) -> Options:
         """Build from keyword arguments, rejecting unknown names with a clear error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(kwargs) - known)
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - set(defaults))
         if unknown:
             raise UsageError(f"unknown option(s): {', '.join(unknown)}")
-        return cls(**kwargs)
+        # None is "the default" (``workers=None``, as stream() takes it), for an
+        # option whose default is something else.
+        given = {k: v for k, v in kwargs.items() if v is not None or defaults[k] is None}
+        return cls(**given)
 
 
 # Counts and sizes: whole numbers (a numpy integer, or a float such as 1e6 that is one).
@@ -207,7 +210,14 @@ def check_output_dir(root: str) -> None:
     if not root:
         # realpath("") is the current directory: an unset $OUT must not fill it.
         raise UsageError("the output directory is an empty string")
-    if any(part.lower() == ".swarmget" for part in os.path.abspath(root).split(os.sep)):
+    try:
+        absolute = os.path.abspath(root)
+    except OSError as exc:  # a relative path, and the current directory was removed
+        raise UsageError(
+            f"the output directory {root!r} is relative to the current directory, "
+            f"which cannot be found: {exc.strerror}"
+        ) from None
+    if any(part.lower() == ".swarmget" for part in absolute.split(os.sep)):
         # Our files would land beside that run's journal and parts.
         raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
 

@@ -58,6 +58,7 @@ the figures).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import socket
 import ssl
@@ -74,6 +75,17 @@ INSECURE_WARNING = (
     "swarmget: warning: --insecure: TLS certificates and host names are NOT verified\n"
 )
 _SSL_LOCATION = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def warn_insecure(out: TextIO | None = None) -> None:
+    """Say :data:`INSECURE_WARNING` on ``out`` (stderr by default) if it can be said:
+    a program without a usable stderr (None, closed, a broken pipe) still runs."""
+    out = out if out is not None else sys.stderr
+    if out is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        out.write(INSECURE_WARNING)
+        out.flush()
 
 
 def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.SSLContext:
@@ -166,9 +178,7 @@ class ClientTLS:
         self._context = client_context(self.cacert, insecure=self.insecure)
         self.read_ahead = enable_read_ahead(self._context)
         if self.insecure:
-            out = self._warn_to if self._warn_to is not None else sys.stderr
-            out.write(INSECURE_WARNING)
-            out.flush()
+            warn_insecure(self._warn_to)
         return self._context
 
     def wrap(

@@ -30,6 +30,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Final
 
+from swarmget.errors import SwarmgetError
 from swarmget.options import Options
 from swarmget.parallel.backend import (
     Died,
@@ -147,7 +148,18 @@ class ForkBackend:
             return  # a stream starts its workers early, in the caller's thread
         self._started = True
         for worker in range(self.workers):
-            self._spawn(worker)
+            try:
+                self._spawn(worker)
+            except OSError as exc:
+                # The system's limit of processes (EAGAIN), or memory: the
+                # workers started so far end now, none left running or unreaped.
+                self.stop()
+                self.close()
+                why = exc.strerror or str(exc)
+                raise SwarmgetError(
+                    f"cannot start worker process {worker + 1} of {self.workers}: {why} "
+                    "(the limit of processes?); with workers=1 swarmget runs in this process alone"
+                ) from None
 
     def _spawn(self, worker: int) -> None:
         parent_end, child_end = self._context.Pipe()
@@ -166,7 +178,12 @@ class ForkBackend:
             ),
             daemon=True,
         )
-        process.start()
+        try:
+            process.start()
+        except BaseException:
+            parent_end.close()
+            child_end.close()
+            raise
         _ours.add(process)
         child_end.close()
         old = self._slots[worker]
@@ -301,13 +318,15 @@ class ForkBackend:
         self._pending.extend(events)
 
     def close(self) -> None:
-        for slot in self._slots:
+        for worker, slot in enumerate(self._slots):
             if slot is None:
                 continue
             slot.process.join(self._stop_wait)
             _kill(slot.process)
+            self._ended(slot)
             slot.conn.close()
             _close(slot.process)
+            self._slots[worker] = None  # closed: a second close() passes it by
         self._wake_read.close()
         self._wake_write.close()
 

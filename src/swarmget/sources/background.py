@@ -21,6 +21,7 @@ which no child touches.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import queue
@@ -30,6 +31,7 @@ import threading
 from collections.abc import Iterator
 from typing import BinaryIO, Final
 
+from swarmget.errors import UsageError
 from swarmget.sources.rows import Row
 
 QUEUE_ROWS: Final = 4096  # rows read ahead of the run, at most
@@ -117,5 +119,11 @@ def private_stdin() -> BinaryIO | None:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         return open(os.dup(fd), "rb")
-    except (OSError, ValueError, io.UnsupportedOperation):
+    except (ValueError, io.UnsupportedOperation):  # closed object, or no descriptor
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            # Descriptor 0 closed under sys.stdin: whatever we open next (the
+            # journal, a socket) would get that number and be read as the input.
+            raise UsageError("cannot read input '-': stdin is closed") from None
         return None

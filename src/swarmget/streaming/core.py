@@ -226,6 +226,11 @@ class Stream(Iterator[Item]):
         if self._closed:
             raise UsageError("this stream is closed")
         self._started = True
+        from swarmget.api import fit_concurrency
+
+        # As download() does: sockets beyond the limit of open files would fail
+        # items with "Too many open files" (said once, concurrency lowered).
+        self._options = fit_concurrency(self._options)
         self.spill_dir = _make_spill_dir(self._spill_parent)
         try:
             backend, budget, arenas = self._backend()
