@@ -578,7 +578,8 @@ def silent_server() -> Iterator[int]:
 
 def waiting_after(seconds: float, urls: list[str], out: Path, **options: Any) -> Waiting | None:
     """Engine.waiting once an engine has worked on ``urls`` for ``seconds``."""
-    engine = Engine(FileSink(out), Options(retries=0, timeout=5, **options), RecordedEvents())
+    options = {"retries": 0, "timeout": 5, **options}
+    engine = Engine(FileSink(out), Options(**options), RecordedEvents())
     try:
         assert engine.waiting() is None
         engine.add([Assignment(i, i, url, f"f{i}") for i, url in enumerate(urls)])
@@ -643,6 +644,35 @@ def test_a_lookup_that_gets_no_answer_is_what_is_waited_on(out_dir: Path) -> Non
     assert 0.2 <= waiting.seconds < 2
 
 
+def test_rows_waiting_out_a_retry_after_are_what_is_waited_on(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Every row was refused with 503 and Retry-After: 30; none is in flight,
+    # and the display said nothing at all of why the run stood still.
+    urls = [server.file_url(f"busy{i}", status=503, retry_after=30) for i in range(3)]
+    waiting = waiting_after(0.5, urls, out_dir, retries=1)
+    assert waiting is not None
+    assert (waiting.count, waiting.stage, waiting.host) == (
+        3,
+        "backing off from",
+        f"127.0.0.1:{server.port}",
+    )
+    assert waiting.next_try_in is not None and 28 < waiting.next_try_in <= 30
+    assert 0.1 <= waiting.seconds < 2
+
+
+def test_rows_queued_on_a_host_that_pushed_back_are_what_is_waited_on(
+    server: TestServer, out_dir: Path
+) -> None:
+    # One 429 pauses the host: the refused row waits for its retry, the two
+    # behind it (never sent) for the pause to end; all three back off from it.
+    urls = [server.file_url(f"limited{i}", status=429, retry_after=30) for i in range(3)]
+    waiting = waiting_after(0.5, urls, out_dir, retries=1, concurrency=1, per_host=1)
+    assert waiting is not None
+    assert (waiting.count, waiting.stage) == (3, "backing off from")
+    assert waiting.next_try_in is not None and 28 < waiting.next_try_in <= 30
+
+
 class RecordedProgress:
     def __init__(self) -> None:
         self.snapshots: list[Snapshot] = []
@@ -673,3 +703,20 @@ def test_progress_snapshots_say_what_a_stalled_run_waits_on(workers: int, out_di
         f"127.0.0.1:{port}",
     )
     assert longest.seconds >= 0.5
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["inline", "worker-processes"])
+def test_progress_snapshots_say_rows_are_backing_off(
+    server: TestServer, workers: int, out_dir: Path
+) -> None:
+    """Through the driver: the rows' retry delays, from one engine or several."""
+    progress = RecordedProgress()
+    urls = [server.file_url(f"later{i}", status=503, retry_after=2) for i in range(4)]
+    report = run(urls, out_dir, retries=1, workers=workers, progress=progress)
+    assert report.failed == 4
+    waits = [s.waiting for s in progress.snapshots if s.waiting is not None]
+    backing_off = [w for w in waits if w.stage == "backing off from"]
+    assert backing_off, f"no snapshot said the rows were backing off: {waits}"
+    longest = max(backing_off, key=lambda w: (w.count, w.seconds))
+    assert (longest.count, longest.host) == (4, f"127.0.0.1:{server.port}")
+    assert longest.next_try_in is not None and longest.next_try_in <= 2

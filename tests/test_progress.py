@@ -89,6 +89,24 @@ def test_a_stall_is_said_once_nothing_finished_for_a_while() -> None:
     assert watch.waiting(snap(1, 12.5, waiting=connecting(10.0))) is not None
 
 
+def test_rows_backing_off_are_said_with_their_next_try() -> None:
+    watch = StallWatch(after=5.0)
+    backing_off = Waiting(3, "backing off from", "10.0.0.7:8443", 4.0, next_try_in=26.0)
+    assert watch.waiting(snap(0, 5.0, waiting=backing_off)) is None  # not long enough yet
+    backing_off = Waiting(3, "backing off from", "10.0.0.7:8443", 6.0, next_try_in=24.4)
+    assert watch.waiting(snap(0, 6.0, waiting=backing_off)) == (
+        "waiting: 3 backing off from 10.0.0.7:8443, next try in 24 s"
+    )
+
+
+def test_workers_backing_off_from_one_host_say_its_soonest_next_try() -> None:
+    waits = [
+        Waiting(2, "backing off from", "b.test", 9.0, next_try_in=20.0),
+        Waiting(1, "backing off from", "b.test", 3.0, next_try_in=2.0),
+    ]
+    assert longest_waiting(waits) == Waiting(3, "backing off from", "b.test", 9.0, 2.0)
+
+
 def test_a_waiting_host_is_made_printable() -> None:
     watch = StallWatch(after=0.0)
     said = watch.waiting(snap(0, 1.0, waiting=connecting(1.0, host="evil\x1b]0;x\x07")))

@@ -10,7 +10,9 @@ started because it would compete with the loop for the GIL all run long.
 When no row has finished for ``STALL_AFTER`` seconds and something has waited
 that long (``Snapshot.waiting``: a connect to a black-holed host, a server that
 accepted and says nothing), the line says what instead of the files/s and ETA it
-can no longer tell: ``waiting: 3 connecting to 10.0.0.7:8443 for 12 s``.
+can no longer tell: ``waiting: 3 connecting to 10.0.0.7:8443 for 12 s``.  Rows
+sitting out a backoff (a retry's delay, a 429's pause) are a wait too:
+``waiting: 3 backing off from 10.0.0.7:8443, next try in 25 s``.
 
 Rates come from the snapshots themselves (``Snapshot.elapsed``), not from the
 clock, so a test can drive a listener with synthetic snapshots and a fake clock
@@ -120,7 +122,7 @@ class StallWatch:
         if wait is None or snapshot.elapsed - self._done_at < self._after:
             return None
         if wait.seconds < self._after:
-            return None  # rows stall, but nothing in flight has waited long: between attempts
+            return None  # rows stall, but nothing has waited long: between quick attempts
         return format_waiting(wait)
 
 
@@ -330,9 +332,15 @@ def format_files_rate(files_per_s: float) -> str:
 
 
 def format_waiting(wait: Waiting) -> str:
-    """``waiting: 3 connecting to 10.0.0.7:8443 for 12 s`` (the host comes from the
-    input: made printable)."""
-    return printable(f"waiting: {wait.count} {wait.stage} {wait.host} for {wait.seconds:.0f} s")
+    """``waiting: 3 connecting to 10.0.0.7:8443 for 12 s``, or for rows sitting out
+    a backoff ``waiting: 3 backing off from 10.0.0.7:8443, next try in 25 s``
+    (when something will happen says more than how long nothing has).  The host
+    comes from the input: made printable."""
+    if wait.next_try_in is not None:
+        said = f"{wait.stage} {wait.host}, next try in {wait.next_try_in:.0f} s"
+    else:
+        said = f"{wait.stage} {wait.host} for {wait.seconds:.0f} s"
+    return printable(f"waiting: {wait.count} {said}")
 
 
 def format_eta(total: int | None, done: int, files_per_s: float) -> str:

@@ -213,12 +213,19 @@ class Waiting:
     it when no row has finished for a while (``0.0 files/s`` says nothing of why).
 
     ``stage`` reads after the count: "3 connecting to", "1 in TLS handshake with".
+
+    Rows waiting out a backoff (a retry's delay, a host's 429 pause) wait on no
+    connection: ``seconds`` is how long they have waited so far, ``next_try_in``
+    how long until the first of them goes out (None for a wait on a connection).
+    Without them a run whose rows all sat out a ``Retry-After`` showed a frozen
+    line with no reason given.
     """
 
     count: int
     stage: str
     host: str  # host[:port] as in messages
     seconds: float
+    next_try_in: float | None = None
 
 
 def longest_waiting(waits: list[Waiting | None]) -> Waiting | None:
@@ -231,10 +238,13 @@ def longest_waiting(waits: list[Waiting | None]) -> Waiting | None:
     if longest is None:
         return None
     count = 0
+    next_try_in = longest.next_try_in
     for wait in waits:
         if wait is not None and (wait.stage, wait.host) == (longest.stage, longest.host):
             count += wait.count
-    return Waiting(count, longest.stage, longest.host, longest.seconds)
+            if wait.next_try_in is not None and next_try_in is not None:
+                next_try_in = min(next_try_in, wait.next_try_in)  # the soonest of all
+    return Waiting(count, longest.stage, longest.host, longest.seconds, next_try_in)
 
 
 @dataclasses.dataclass(slots=True, frozen=True)

@@ -122,6 +122,8 @@ RESUME_MIN_BYTES: Final = 1 << 20
 # What a connection waits on, as Engine.waiting says it (after a count: "3 connecting to").
 CONNECTING_TO: Final = "connecting to"
 LOOKING_UP: Final = "looking up the address of"
+BACKING_OFF: Final = "backing off from"  # rows waiting out a retry delay or a 429 pause
+NOT_DUE: Final = float("inf")  # the next try of a wait on a connection: none is due
 _WAITING_STAGES: Final = {
     CONNECTING: CONNECTING_TO,
     TUNNELLING: "connecting through the proxy to",
@@ -137,12 +139,16 @@ def _not_retried(error: TransferError, pool: HostPool) -> TransferError:
     return TransferError(error.code, f"{error.message}; not retried: {why}")
 
 
-def _shown(stage: str, pool: HostPool, since: float) -> tuple[float, str, str]:
+# A wait as Engine.waiting weighs it: (since, stage, host, rows, next try due).
+Wait = tuple[float, str, str, int, float]
+
+
+def _shown(stage: str, pool: HostPool, since: float) -> Wait:
     """A wait as the display shows it: one connecting through a proxy waits on the
     proxy, whichever host it is for."""
     if stage == CONNECTING_TO and pool.proxy is not None:
-        return since, "connecting to proxy", pool.via
-    return since, stage, pool.host_port
+        return since, "connecting to proxy", pool.via, 1, NOT_DUE
+    return since, stage, pool.host_port, 1, NOT_DUE
 
 
 def _waiting_stage(conn: HTTPConnection) -> str:
@@ -227,6 +233,9 @@ class Engine(ConnectionOwner):
         self._window = max(256, 2 * options.concurrency)
         self._pool_limit = max(POOL_LIMIT, 2 * (self._window + options.concurrency))
         self._given_up: dict[Origin, TransferError] = {}  # hosts of retired pools
+        # Transfers waiting out their retry delay (on a timer, in no queue), as
+        # Engine.waiting weighs them: a run whose rows all wait says so.
+        self._backing_off: dict[Transfer, Wait] = {}
         self.fatal: OutputError | None = None
         self._to_publish: list[tuple[Transfer, FileResult]] = []  # complete, not yet published
         self._outbox: list[HTTPConnection] = []  # requests to send at the end of this turn
@@ -327,12 +336,12 @@ class Engine(ConnectionOwner):
         one host, with the oldest's silence.  For a progress display that has seen
         nothing finish for a while; a pass over the connections, called with each
         progress message that has no results (~10 a second), never per event."""
-        # (since, stage, host), the host as the display names it.
+        # The host as the display names it.
         waits = [_shown(CONNECTING_TO, pool, dial.started) for dial, pool in self.dialing.items()]
         # A first lookup holds its host's rows back (a refresh does not: the
         # addresses it had still serve).
         waits.extend(
-            (pool.resolving_since, LOOKING_UP, pool.host_port)
+            (pool.resolving_since, LOOKING_UP, pool.host_port, 1, NOT_DUE)
             for pool in self.pools.values()
             if pool.resolving and pool.addresses is None
         )
@@ -340,12 +349,23 @@ class Engine(ConnectionOwner):
             stage = _waiting_stage(conn)
             if stage:
                 waits.append(_shown(stage, conn.pool, conn.last_activity))
+        waits.extend(self._backing_off.values())
+        # Rows queued on a host that pushed back (429) wait for its pause to end.
+        waits.extend(
+            (pool.pause_began, BACKING_OFF, pool.host_port, len(pool.queue), pool.paused_until)
+            for pool in self.scheduler.paused
+            if pool.queue
+        )
         if not waits:
             return None
-        since, stage, host = min(waits)
+        since, stage, host, _, _ = min(waits)
         # Counted as shown (workers' waits are summed alike: Supervisor).
-        count = sum(1 for other in waits if other[1] == stage and other[2] == host)
-        return Waiting(count, stage, host, max(0.0, self.loop.now - since))
+        same = [other for other in waits if other[1] == stage and other[2] == host]
+        now = self.loop.now
+        due = min(other[4] for other in same)
+        next_try_in = max(0.0, due - now) if due != NOT_DUE else None
+        count = sum(other[3] for other in same)
+        return Waiting(count, stage, host, max(0.0, now - since), next_try_in)
 
     # -- intake -----------------------------------------------------------------------
 
@@ -750,8 +770,7 @@ class Engine(ConnectionOwner):
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.decide(transfer.retry, error, retry_after, time_left)
             if delay is not None and given_up is None:
-                self._prepare_retry(transfer, error)
-                self.loop.call_later(delay, self._submit, transfer, front)
+                self._retry_later(transfer, error, delay, front, pool)
                 self._execute(push_back)
                 return
             if delay is not None and pool is not None and error is not given_up:
@@ -759,13 +778,29 @@ class Engine(ConnectionOwner):
         self._execute(push_back)
         self._record(job, error, status, transfer)
 
-    def _prepare_retry(self, transfer: Transfer, error: TransferError) -> None:
+    def _retry_later(
+        self,
+        transfer: Transfer,
+        error: TransferError,
+        delay: float,
+        front: bool,
+        pool: HostPool | None,
+    ) -> None:
+        """Submit ``transfer`` again in ``delay`` seconds; meanwhile it is backing off."""
+        now = self.loop.now
         if isinstance(error, Stalled) and self.options.min_speed:
             # A slow host gets two min-speed windows for the row in all: the
             # retry's window is what is left of the second (retry.py).
             window = self.options.min_speed_window
-            spent = self.loop.now - transfer.job.first_start
+            spent = now - transfer.job.first_start
             transfer.speed_window = max(window / 4, 2 * window - spent - self._sweep_interval)
+        host = pool.host_port if pool is not None else transfer.job.origin[1]
+        self._backing_off[transfer] = (now, BACKING_OFF, host, 1, now + delay)
+        self.loop.call_later(delay, self._retry_now, transfer, front)
+
+    def _retry_now(self, transfer: Transfer, front: bool) -> None:
+        del self._backing_off[transfer]
+        self._submit(transfer, front)
 
     def _record(
         self,
