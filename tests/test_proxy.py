@@ -602,6 +602,25 @@ def test_a_dead_proxy_is_given_up_for_every_origin_behind_it(scheme: str, out_di
     ][:3]
 
 
+def test_rows_queued_behind_a_dead_proxy_say_they_were_not_requested(out_dir: Path) -> None:
+    # As the rows queued on a dead host do: those of the origins behind a proxy
+    # given up, never dialled, read "connect to proxy ... failed" at 0 attempts,
+    # as if each had been tried.
+    port = closed_port()
+    urls = [f"http://origin{i}.example/x" for i in range(60)]
+    report = swarmget.download(urls, out_dir, proxy=f"127.0.0.1:{port}", concurrency=8)
+    assert report.failed == 60
+    records = manifest(out_dir).values()
+    unsent = [r["message"] for r in records if r["attempts"] == 0]
+    assert len(unsent) > 30, [r["message"] for r in records][:3]
+    said = f"not requested: connect to proxy 127.0.0.1:{port} (--proxy) failed"
+    assert all(m.startswith(said) for m in unsent), unsent[:3]
+    assert all(f"; proxy 127.0.0.1:{port} given up after 5 " in m for m in unsent), unsent[:3]
+    assert not any("not retried" in m for m in unsent), unsent[:3]  # never tried at all
+    tried = [r["message"] for r in records if r["attempts"]]
+    assert not any("not requested" in m for m in tried), tried[:3]
+
+
 def test_http_request_through_a_proxy_has_absolute_form_and_credentials(out_dir: Path) -> None:
     url = "http://files.example/a%20b?x=1"
 

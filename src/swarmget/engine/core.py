@@ -143,6 +143,13 @@ def _not_retried(error: TransferError, pool: HostPool) -> TransferError:
 Wait = tuple[float, str, str, int, float]
 
 
+def _says_given_up(error: TransferError, pool: HostPool) -> bool:
+    """Is ``error`` the one ``pool``'s giving up fails its rows with (the host's,
+    or "not requested: ..." for a row never sent, so never tried: not retried
+    says nothing more of it)?"""
+    return error is pool.given_up or error is pool.unsent
+
+
 def _shown(stage: str, pool: HostPool, since: float) -> Wait:
     """A wait as the display shows it: one connecting through a proxy waits on the
     proxy, whichever host it is for."""
@@ -407,8 +414,8 @@ class Engine(ConnectionOwner):
             # half the limit, so this runs once per that many new hosts.
             retire_idle(pools, self._pool_limit // 2, self._given_up)
         pool = pools[origin] = self._new_pool(origin, host_header)
-        if pool.given_up is None:
-            pool.given_up = self._given_up.get(origin)
+        if pool.given_up is None and origin in self._given_up:
+            pool.mark_given_up(self._given_up[origin], "")  # why: in the error itself
         return pool
 
     def _new_pool(self, origin: Origin, host_header: str) -> HostPool:
@@ -773,7 +780,7 @@ class Engine(ConnectionOwner):
                 self._retry_later(transfer, error, delay, front, pool)
                 self._execute(push_back)
                 return
-            if delay is not None and pool is not None and error is not given_up:
+            if delay is not None and pool is not None and not _says_given_up(error, pool):
                 error = _not_retried(error, pool)
         self._execute(push_back)
         self._record(job, error, status, transfer)

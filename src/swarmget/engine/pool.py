@@ -126,6 +126,15 @@ class HostPool:
         self.probing = False  # after a pause: one request, until it is answered
         self.probe_out = False  # that one request has gone out
 
+    def mark_given_up(self, error: TransferError, why: str) -> None:
+        """The host (or its proxy) is given up with ``error``, ``why`` being the
+        reason without the error that tipped it ("" when not known)."""
+        self.given_up = error
+        self.given_up_why = why
+        # Rows that never went out say so, wherever the giving up came from: a
+        # row queued behind a dead proxy read as a failed connect of its own.
+        self.unsent = TransferError(error.code, f"not requested: {error.message}")
+
     @property
     def host(self) -> str:
         return self.origin[1]

@@ -461,9 +461,7 @@ class Scheduler:
         self, pool: HostPool, cause: TransferError, why: str, actions: list[Action]
     ) -> TransferError:
         error = TransferError(cause.code, f"{cause.message}; {why}")
-        pool.given_up = error
-        pool.given_up_why = why
-        pool.unsent = TransferError(error.code, f"not requested: {error.message}")
+        pool.mark_given_up(error, why)
         self._unpause(pool)
         self._fail_queue(pool, error, actions)
         return error
@@ -479,8 +477,7 @@ class Scheduler:
         dead = self.dead_proxy(pool) if self._dead_proxies else None
         if dead is None:
             return False
-        pool.given_up = dead
-        pool.given_up_why = self._dead_proxy_whys.get(pool.connect_to, "")
+        pool.mark_given_up(dead, self._dead_proxy_whys.get(pool.connect_to, ""))
         self._unpause(pool)
         self._fail_queue(pool, dead, actions)
         return True
