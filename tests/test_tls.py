@@ -566,6 +566,86 @@ def test_a_server_that_hangs_up_during_the_handshake_is_a_connect_error(out_dir:
     assert "closed by the server" in failure.message
 
 
+def hang_up_at_the_hello(
+    how: str, context: ssl.SSLContext | None = None
+) -> Callable[[socket.socket], None]:
+    """A server that reads the ClientHello, then closes (a FIN) or resets (an RST);
+    with ``context``, a TLS server that sends its ServerHello first."""
+
+    def serve(listener: socket.socket) -> None:
+        listener.settimeout(5)
+        with contextlib.suppress(OSError):
+            while True:
+                raw, _ = listener.accept()
+                hello = raw.recv(4096)
+                if context is not None:
+                    raw.sendall(server_hello(context, hello))
+                    time.sleep(0.05)  # read before the end comes
+                if how == "reset":
+                    raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                raw.close()
+
+    return serve
+
+
+def server_hello(context: ssl.SSLContext, client_hello: bytes) -> bytes:
+    """The first record ``context`` answers ``client_hello`` with (its ServerHello),
+    the rest of its handshake withheld."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    server = context.wrap_bio(incoming, outgoing, server_side=True)
+    incoming.write(client_hello)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        server.do_handshake()
+    flight = outgoing.read()
+    return flight[: 5 + int.from_bytes(flight[3:5], "big")]
+
+
+def failure_from(serve: Callable[[socket.socket], None], out_dir: Path) -> swarmget.FileResult:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        threading.Thread(target=serve, args=(listener,), daemon=True).start()
+        port = listener.getsockname()[1]
+        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=1)
+    (failure,) = report.failures
+    return failure
+
+
+NOT_TLS_HINT = "before any TLS reply (is it an http:// server, or not TLS on that port?)"
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_server_that_ends_the_connection_at_our_hello_may_not_speak_tls(
+    how: str, out_dir: Path
+) -> None:
+    # A plain-HTTP server given an https:// URL may close on the ClientHello it
+    # cannot read: retried as a lost handshake, the row said only that the
+    # server had closed it, nothing of why that was likely.
+    failure = failure_from(hang_up_at_the_hello(how), out_dir)
+    assert (failure.error, failure.attempts) == ("connect", 2)  # still retried as a lost one
+    assert failure.message is not None and failure.message.endswith(NOT_TLS_HINT)
+    assert ("closed by the server" if how == "close" else "reset by") in failure.message
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_tls_server_that_ends_the_handshake_is_not_said_to_be_plain_http(
+    how: str, certs: Certs, out_dir: Path
+) -> None:
+    failure = failure_from(hang_up_at_the_hello(how, certs.contexts["good"]), out_dir)
+    assert (failure.error, failure.attempts) == ("connect", 2)
+    assert failure.message is not None and "handshake" in failure.message
+    assert "http://" not in failure.message and "TLS reply" not in failure.message
+
+
+def test_openssl_3_2s_name_for_a_reply_that_is_not_tls_gets_the_hint_too() -> None:
+    # OpenSSL 3.2 and later report "wrong version number" wrapped in a "record
+    # layer failure" (the last error, the one Python shows).
+    exc = ssl.SSLError(1, "[SSL: RECORD_LAYER_FAILURE] record layer failure (_ssl.c:1000)")
+    exc.reason = "RECORD_LAYER_FAILURE"
+    error = tls_module.tls_error(exc, "h.test", handshake=True)
+    assert error.message == (
+        "TLS handshake with h.test failed: record layer failure (is it an http:// server?)"
+    )
+
+
 def test_a_handshake_reset_once_is_retried(certs: Certs, out_dir: Path) -> None:
     """Loaded servers and middleboxes reset handshakes now and then (aria2c
     retries them): the second attempt gets the file."""

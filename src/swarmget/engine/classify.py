@@ -37,6 +37,10 @@ counts (engine/scheduler.py): a host or middlebox that resets every handshake
 is given up after ``--host-failures``, as a host refusing every connect is.
 A TLS failure proper -- a certificate, an alert, a wrong version number --
 would fail the same way again and stays ``tls``/``tls_verify``, not retried.
+A handshake lost before the server sent anything of TLS back says it may not
+speak TLS at all (:func:`unanswered_hello`): a plain-HTTP server behind an
+https:// URL closes on our ClientHello, or answers it in plain HTTP (OpenSSL's
+"wrong version number", hinted at by ``tls_error``).
 """
 
 from __future__ import annotations
@@ -71,6 +75,16 @@ class HandshakeLost(TransferError):
 
     def __reduce__(self) -> tuple[type[HandshakeLost], tuple[str]]:
         return (HandshakeLost, (self.message,))
+
+
+def unanswered_hello(lost: HandshakeLost) -> HandshakeLost:
+    """``lost``, for a handshake the server ended before it answered our
+    ClientHello with anything TLS: most likely it does not speak TLS there (a
+    plain-HTTP server closes on bytes it cannot read), which the bare "closed
+    by the server" never hinted at, retry after retry."""
+    return HandshakeLost(
+        f"{lost.message}, before any TLS reply (is it an http:// server, or not TLS on that port?)"
+    )
 
 
 def classify(

@@ -44,7 +44,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from swarmget.engine.classify import EXCHANGE, HANDSHAKE
+from swarmget.engine.classify import EXCHANGE, HANDSHAKE, HandshakeLost, unanswered_hello
 from swarmget.engine.connection import (
     ACTIVE,
     CONNECTING,
@@ -106,6 +106,15 @@ class HTTPSConnection(HTTPConnection):
         transfer = self.transfer
         assert transfer is not None
         self.start(transfer)
+
+    def _classify(self, exc: BaseException, stage: int) -> TransferError:
+        error = super()._classify(exc, stage)
+        # No cipher yet: the server sent nothing OpenSSL took for a TLS hello.
+        # (An offered session names its cipher from the start: no hint then,
+        # and a server that gave us a session does speak TLS.)
+        if isinstance(error, HandshakeLost) and stage == HANDSHAKE and self._tls.cipher() is None:
+            return unanswered_hello(error)
+        return error
 
     def _watch(self, events: int) -> None:
         if events != self._watching:

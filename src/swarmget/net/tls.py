@@ -75,6 +75,10 @@ INSECURE_WARNING = (
     "swarmget: warning: --insecure: TLS certificates and host names are NOT verified\n"
 )
 _SSL_LOCATION = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+# What OpenSSL calls a reply to our ClientHello that is not TLS at all ("HTTP/1.1
+# 400 ..." read as a record header): "wrong version number", which OpenSSL 3.2
+# and later report as the "record layer failure" it comes wrapped in.
+_NOT_TLS_REASONS = frozenset({"wrong version number", "record layer failure"})
 
 
 def warn_insecure(out: TextIO | None = None) -> None:
@@ -147,6 +151,10 @@ class TLSChannel(Protocol):
 
     @property
     def session_reused(self) -> bool: ...
+
+    def cipher(self) -> tuple[str, str, int] | None:
+        """The cipher agreed on: None until the server's hello (or an offered session) names one."""
+        ...
 
 
 class ClientTLS:
@@ -251,7 +259,7 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
     # (A close without an alert, SSLEOFError, is the transport's failure, not
     # TLS's: engine/classify.py makes it HandshakeLost or truncated first.)
     reason = describe(exc)
-    if reason == "wrong version number" and handshake:
+    if reason in _NOT_TLS_REASONS and handshake:
         reason += " (is it an http:// server?)"  # what a plain-HTTP reply reads as
     return TransferError(ErrorCode.TLS, f"{where} {host} failed: {reason}")
 
