@@ -26,6 +26,7 @@ from swarmget.errors import UsageError
 from swarmget.sources import Row, read_rows
 from swarmget.sources.reader import Format, check_sources, format_from_name, sniff
 from swarmget.sources.rows import strip_url
+from swarmget.testing import expected_body
 
 NOT_SIZE = "'size' must be a whole number of bytes"
 SHA = "ab" * 32
@@ -627,23 +628,13 @@ def test_csv_quote_closed_later_in_a_column_we_read(tmp_path: Path) -> None:
         Row(1, "http://h/b", path='b"'),  # read again alone: a stray quote, not an opening one
         Row(2, "http://h/c", path="c"),
     ]
-    # Past the header's last column only blank cells are let by (trailing
-    # commas); one that is blank but for a line break is a quote gone wrong too.
+    # Past the header's last column blank cells are let by (trailing commas),
+    # one blank but for a line break too: its second line holds no row.  Read
+    # again, that line (`"`) was a bad row of its own.
     path = write(tmp_path / "past.csv", 'url\nhttp://h/a,"\n"\nhttp://h/c\n')
     assert [(r.index, r.url, r.problem) for r in rows(path)] == [
-        (
-            0,
-            'http://h/a,"',
-            f"input {path!r}, line 2: a field past the header's 1 columns has a line break "
-            "(the record runs on to line 3: is a quote not closed?)",
-        ),
-        (
-            1,
-            '"',
-            f"input {path!r}, line 3: not valid CSV: unexpected end of data "
-            "(the record runs on to line 4: is a quote not closed?)",
-        ),
-        (2, "http://h/c", None),
+        (0, "http://h/a", None),
+        (1, "http://h/c", None),
     ]
 
 
@@ -733,19 +724,26 @@ def test_a_quote_opened_before_a_url_column_takes_in_no_row(header: str) -> None
     assert [(r.index, r.url) for r in got[1:]] == [(1, 'http://h/2"'), (2, "http://h/3")]
 
 
-def test_size_with_a_line_break_inside_is_a_quote_not_closed() -> None:
-    # A size (or digest) never holds a line break but at its ends: the next
-    # line, which the quote took in, is read again as a row of its own.
-    got = rows("-", stdin=b'url,path,size\nhttp://h/1,p,"5\n6"\nhttp://h/3,r,\n')
-    assert [(r.url, r.problem) for r in got] == [
-        (
-            'http://h/1,p,"5',
-            "input '<stdin>', line 2: 'size' has a line break "
-            "(the record runs on to line 3: is a quote not closed?)",
-        ),
-        ('6"', None),
-        ("http://h/3", None),
+@pytest.mark.parametrize("delimiter", [",", "\t"])
+def test_a_size_or_digest_with_a_line_break_inside_is_one_bad_row(delimiter: str) -> None:
+    # As the csv module reads it: one record, whose size (or digest) is not
+    # one.  Read again line by line, the quote's second line (`6"`) was a row
+    # of its own, with no problem, made up out of half a size.
+    data = f'url{delimiter}path{delimiter}size\nhttp://h/1{delimiter}p{delimiter}"5\n6"\n'
+    data += f"http://h/3{delimiter}r{delimiter}\n"
+    got = rows("-", stdin=data.encode())
+    assert [(r.index, r.url, r.problem) for r in got] == [
+        (0, "http://h/1", "input '<stdin>', line 2: 'size' must be a whole number of bytes, "
+                          "got '5\\n6'"),
+        (1, "http://h/3", None),
+    ]  # fmt: skip
+    data = f'url{delimiter}md5\nhttp://h/1{delimiter}"abc\ndef"\nhttp://h/2{delimiter}\n'
+    got = rows("-", stdin=data.encode())
+    assert [(r.url, r.problem is not None) for r in got] == [
+        ("http://h/1", True),
+        ("http://h/2", False),
     ]
+    assert got[0].problem is not None and "'md5' must be 32 hex digits" in got[0].problem
     (row,) = rows("-", stdin=b'url,size\nhttp://h/1,"5\n"\n')  # from a spreadsheet cell
     assert (row.url, row.size, row.problem) == ("http://h/1", 5, None)
 
@@ -1259,6 +1257,24 @@ def test_two_lines_of_one_unclosed_quote_each_are_two_bad_rows(delimiter: str) -
 
 
 # -- end to end: bytes piped into a real `python -m swarmget - -o DIR` ----------------------
+
+
+def test_cli_a_size_cell_with_a_line_break_is_part_of_its_row(tmp_path: Path) -> None:
+    # Two rows, two records in the manifest: the one whose size holds a line
+    # break fails for its size, and no third row is made of its second line.
+    from swarmget.testing.server import TestServer
+
+    with TestServer() as server:
+        bad_size, good = server.file_url("a.bin", size=10), server.file_url("b.bin", size=5)
+        data = f'url,size\n{bad_size},"10\n0"\n{good},5\n'.encode()
+        proc = run_cli(data, tmp_path / "out")
+    assert proc.returncode == 1, proc.stderr
+    records = manifest(tmp_path / "out")
+    assert sorted(records) == sorted([bad_size, good]), records
+    assert (records[bad_size]["status"], records[bad_size]["error"]) == ("failed", "bad_row")
+    assert "'size' must be a whole number of bytes" in str(records[bad_size]["message"])
+    assert records[good]["status"] == "ok"
+    assert (tmp_path / "out" / "b.bin").read_bytes() == expected_body("b.bin", 5)
 
 
 def run_cli(data: bytes, out: Path, *args: str) -> subprocess.CompletedProcess[bytes]:

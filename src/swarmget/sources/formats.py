@@ -39,15 +39,17 @@ ends, as it loses spaces), and the row's line is the record's first.  A
 record that spans lines *and* is wrong is one bad row for its first line,
 and the lines after that are read again as records of their own, so the
 good rows an unclosed quote swallowed come back.  Wrong is: bad quoting, too
-many fields, a value in a column swarmget reads (or past the header's last
-column) that is nothing but a line break (two stray quotes on two lines make
-that), a digest or size with a line break inside it (never valid), or a URL
-or path with a URL (``://``) after its line break: an unclosed quote
-in a column we read that a later quote happened to close has taken in the
-rows between, and every row holds a URL.  The one case this cannot see is a
-stray quote that a later quote closes right before a delimiter or a line
-end with no URL between them (in an ignored column, with or without one):
-that is a legal multi-line field, and it is read as one.
+many fields, a url that is nothing but a line break (two stray quotes on two
+lines make that), or a value in a column swarmget reads with a URL (``://``)
+after its line break: an unclosed quote in a column we read that a later
+quote happened to close has taken in the rows between, and every row holds a
+URL.  Lines with no URL are no rows to bring back: a size or digest with a
+line break inside is one row, as the csv module reads it, which fails for its
+bad size or digest (read again, its second line was a row of its own, made
+up).  The one case this cannot see is a stray quote that a later quote
+closes right before a delimiter or a line end with no URL between them (in
+an ignored column, with or without one): that is a legal multi-line field,
+and it is read as one.
 """
 
 from __future__ import annotations
@@ -70,7 +72,6 @@ from swarmget.sources.fields import (
 from swarmget.sources.rows import Row, strip_url
 
 RAW_LIMIT = 200  # characters of a bad line kept as its row's url
-_TEXT_COLUMNS = ("url", "path")  # the columns whose value may hold a line break
 
 
 class ByteErrors:
@@ -315,7 +316,13 @@ def _record_problem(
 
 def _line_break_problem(record: list[str], columns: Mapping[str, int], width: int) -> str:
     """Why a record that spans lines is a quote gone wrong rather than values
-    with line breaks in them ("" if it is not): see the module docstring."""
+    with line breaks in them ("" if it is not): see the module docstring.
+
+    A record found wrong is read again line by line, each line a row, so it is
+    found wrong only where its later lines hold rows: a URL after the break.
+    Else it is one row, as the csv module reads it: a size "10\n0" read again
+    made its second line, `0"`, a row of its own (and a size that holds a
+    break fails its row as any bad size does)."""
     for column, i in columns.items():
         if i < len(record) and _has_break(record[i]):
             # As the row reads it, a break at an end is let by.  A url cell that
@@ -329,15 +336,10 @@ def _line_break_problem(record: list[str], columns: Mapping[str, int], width: in
             wrapped = column == "url" and _a_url_alone(stripped)
             if _url_after_break(stripped if wrapped else value):
                 return f"{column!r} has a line break with a URL after it"
-            # Nothing but a line break is two stray quotes; a digest or a size
-            # that holds one can never be valid, and reading it as one bad row
-            # would lose the rows its quote took in.
-            if not stripped or (column not in _TEXT_COLUMNS and _has_break(stripped)):
+            # A url that is nothing but a line break is two stray quotes, each
+            # on a line of its own, not a row with no URL.
+            if column == "url" and not stripped:
                 return f"{column!r} has a line break"
-    # Past the header's last column a cell that is not blank is too many
-    # fields already; one that is blank but for a line break is two stray quotes.
-    if any(_has_break(cell) for cell in record[width:]):
-        return f"a field past the header's {width} columns has a line break"
     return ""
 
 
