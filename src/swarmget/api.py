@@ -12,10 +12,10 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, TextIO
 
-from swarmget.errors import UsageError
+from swarmget.errors import UsageError, warn
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.manifest import manifest_path
-from swarmget.net.tls import warn_insecure
+from swarmget.net.tls import INSECURE_WARNING
 from swarmget.options import Options, check_output_dir
 from swarmget.parallel.backend import Backend
 from swarmget.parallel.fork import ForkBackend
@@ -188,15 +188,13 @@ def fit_concurrency(options: Options, warn_to: TextIO | None = None) -> Options:
     # a fixed 64 of a small limit (64 or less) left room for one connection.
     spare = min(FDS_SPARE, max(FDS_MINIMUM // 2, free // 4))
     fits = max(1, (free - spare) // FDS_PER_CONNECTION)
-    out = warn_to if warn_to is not None else sys.stderr
-    if out is not None:
-        held = f" with {in_use} open already" if in_use > 8 else ""
-        with contextlib.suppress(OSError, ValueError):
-            out.write(
-                f"swarmget: warning: --concurrency {options.concurrency} needs {wanted} file "
-                f"descriptors but the limit is {limit} (ulimit -n){held}; "
-                f"using --concurrency {fits}\n"
-            )
+    held = f" with {in_use} open already" if in_use > 8 else ""
+    warn(
+        f"swarmget: warning: --concurrency {options.concurrency} needs {wanted} file "
+        f"descriptors but the limit is {limit} (ulimit -n){held}; "
+        f"using --concurrency {fits}\n",
+        warn_to,
+    )
     return dataclasses.replace(options, concurrency=fits, per_host=min(options.per_host, fits))
 
 
@@ -285,7 +283,7 @@ def run_download(
             # speed (~5,000 rows/s per worker on loopback) or they idle.
             backlog_limit = 2 * shares[0].concurrency + 8 * BATCH
             if options.insecure:
-                warn_insecure()  # once for the run, not once per worker
+                warn(INSECURE_WARNING)  # once for the run, not once per worker
         else:
             backend = InlineBackend(make_sink, options)
             backlog_limit = max(2 * options.concurrency, BATCH) + BATCH

@@ -5,12 +5,27 @@ Every failure a user can see carries a short code (``http_404``, ``timeout``,
 documented in the README, written to ``manifest.jsonl`` and meant to be grepped
 for, so never rename one.  Exceptions pickle cleanly (worker processes send them
 across process boundaries), which is why every subclass keeps its constructor
-arguments in ``self.args``.
+arguments in ``self.args``.  :func:`warn` says what is not an error.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import contextlib
+import sys
+from typing import Any, Final, TextIO
+
+
+def warn(text: str, out: TextIO | None = None) -> None:
+    """Say ``text`` (a whole warning line) on ``out``, stderr by default, if it can
+    be said: a program without a usable stderr (None, closed, a broken pipe)
+    still runs.  (The CLI's own ``say`` also silences a broken stream for good;
+    a library must leave the caller's descriptors alone.)"""
+    out = out if out is not None else sys.stderr
+    if out is None:
+        return
+    with contextlib.suppress(OSError, ValueError):  # ValueError: a closed file object
+        out.write(text)
+        out.flush()
 
 
 class ErrorCode:

@@ -58,15 +58,13 @@ the figures).
 
 from __future__ import annotations
 
-import contextlib
 import re
 import socket
 import ssl
-import sys
 from collections.abc import Callable
 from typing import Protocol, TextIO, cast
 
-from swarmget.errors import ErrorCode, TransferError, UsageError
+from swarmget.errors import ErrorCode, TransferError, UsageError, warn
 from swarmget.net.address import bare_host
 from swarmget.net.openssl import enable_read_ahead
 
@@ -79,17 +77,6 @@ _SSL_LOCATION = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 # 400 ..." read as a record header): "wrong version number", which OpenSSL 3.2
 # and later report as the "record layer failure" it comes wrapped in.
 _NOT_TLS_REASONS = frozenset({"wrong version number", "record layer failure"})
-
-
-def warn_insecure(out: TextIO | None = None) -> None:
-    """Say :data:`INSECURE_WARNING` on ``out`` (stderr by default) if it can be said:
-    a program without a usable stderr (None, closed, a broken pipe) still runs."""
-    out = out if out is not None else sys.stderr
-    if out is None:
-        return
-    with contextlib.suppress(OSError, ValueError):
-        out.write(INSECURE_WARNING)
-        out.flush()
 
 
 def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.SSLContext:
@@ -186,7 +173,7 @@ class ClientTLS:
         self._context = client_context(self.cacert, insecure=self.insecure)
         self.read_ahead = enable_read_ahead(self._context)
         if self.insecure:
-            warn_insecure(self._warn_to)
+            warn(INSECURE_WARNING, self._warn_to)
         return self._context
 
     def wrap(
