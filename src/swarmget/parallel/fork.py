@@ -278,8 +278,7 @@ class ForkBackend:
             # the worker but will not load: its rows are unknown).  The books
             # only balance if that worker's rows are settled as lost: end it.
             self._ended(slot)
-            slot.process.kill()
-            slot.process.join(5)
+            _kill(slot.process)
             why = f"its report could not be read ({type(exc).__name__}: {exc})"
             events.append(Died(worker, slot.process.exitcode, why))
 
