@@ -461,10 +461,16 @@ class Scheduler:
         self, pool: HostPool, cause: TransferError, why: str, actions: list[Action]
     ) -> TransferError:
         error = TransferError(cause.code, f"{cause.message}; {why}")
+        self._retire(pool, error, why, actions)
+        return error
+
+    def _retire(
+        self, pool: HostPool, error: TransferError, why: str, actions: list[Action]
+    ) -> None:
+        """``pool`` is given up with ``error``: no pause to wait out, its queue failed."""
         pool.mark_given_up(error, why)
         self._unpause(pool)
         self._fail_queue(pool, error, actions)
-        return error
 
     # -- the rules ---------------------------------------------------------------------
 
@@ -477,9 +483,7 @@ class Scheduler:
         dead = self.dead_proxy(pool) if self._dead_proxies else None
         if dead is None:
             return False
-        pool.mark_given_up(dead, self._dead_proxy_whys.get(pool.connect_to, ""))
-        self._unpause(pool)
-        self._fail_queue(pool, dead, actions)
+        self._retire(pool, dead, self._dead_proxy_whys.get(pool.connect_to, ""), actions)
         return True
 
     def _dispatch(self, pool: HostPool, now: float, actions: list[Action]) -> None:
