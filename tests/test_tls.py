@@ -569,18 +569,23 @@ def test_a_server_that_hangs_up_during_the_handshake_is_a_connect_error(out_dir:
 def hang_up_at_the_hello(
     how: str, context: ssl.SSLContext | None = None
 ) -> Callable[[socket.socket], None]:
-    """A server that reads the ClientHello, then closes (a FIN) or resets (an RST);
-    with ``context``, a TLS server that sends its ServerHello first."""
+    """A server that reads the ClientHello, then closes (a FIN), resets (an RST)
+    or sits on the connection ("sit", as a plain-HTTP server waiting for the end
+    of a request line does); with ``context``, a TLS server that sends its
+    ServerHello first."""
 
     def serve(listener: socket.socket) -> None:
         listener.settimeout(5)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError), contextlib.ExitStack() as kept:
             while True:
                 raw, _ = listener.accept()
                 hello = raw.recv(4096)
                 if context is not None:
                     raw.sendall(server_hello(context, hello))
                     time.sleep(0.05)  # read before the end comes
+                if how == "sit":
+                    kept.enter_context(raw)  # closed when the listener is
+                    continue
                 if how == "reset":
                     raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 raw.close()
@@ -600,11 +605,13 @@ def server_hello(context: ssl.SSLContext, client_hello: bytes) -> bytes:
     return flight[: 5 + int.from_bytes(flight[3:5], "big")]
 
 
-def failure_from(serve: Callable[[socket.socket], None], out_dir: Path) -> swarmget.FileResult:
+def failure_from(
+    serve: Callable[[socket.socket], None], out_dir: Path, **options: Any
+) -> swarmget.FileResult:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         threading.Thread(target=serve, args=(listener,), daemon=True).start()
         port = listener.getsockname()[1]
-        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=1)
+        report = swarmget.download([f"https://127.0.0.1:{port}/x"], out_dir, retries=1, **options)
     (failure,) = report.failures
     return failure
 
@@ -633,6 +640,26 @@ def test_a_tls_server_that_ends_the_handshake_is_not_said_to_be_plain_http(
     assert (failure.error, failure.attempts) == ("connect", 2)
     assert failure.message is not None and "handshake" in failure.message
     assert "http://" not in failure.message and "TLS reply" not in failure.message
+
+
+def test_a_server_that_sits_on_our_hello_may_not_speak_tls(out_dir: Path) -> None:
+    # A plain-HTTP server reading our ClientHello as the start of a request
+    # line waits for its end: the handshake times out, and said no more than that.
+    failure = failure_from(hang_up_at_the_hello("sit"), out_dir, timeout=0.5)
+    assert failure.error == "timeout"
+    assert failure.message == (
+        "connect and TLS handshake timed out after 0.5s, no TLS reply "
+        "(is it an http:// server, or not TLS on that port?)"
+    )
+
+
+def test_a_tls_server_that_stalls_after_its_hello_is_not_said_to_be_plain_http(
+    certs: Certs, out_dir: Path
+) -> None:
+    serve = hang_up_at_the_hello("sit", certs.contexts["good"])
+    failure = failure_from(serve, out_dir, timeout=0.5)
+    assert failure.error == "timeout"
+    assert failure.message == "connect and TLS handshake timed out after 0.5s"
 
 
 def test_openssl_3_2s_name_for_a_reply_that_is_not_tls_gets_the_hint_too() -> None:

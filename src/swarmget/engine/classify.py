@@ -77,14 +77,18 @@ class HandshakeLost(TransferError):
         return (HandshakeLost, (self.message,))
 
 
+# Said when a server that took our TCP connection never answered our
+# ClientHello with TLS: closing on it, resetting it, or (a plain-HTTP server
+# waiting for the rest of a request line that never comes) sitting on it.
+NOT_TLS_HINT: Final = "(is it an http:// server, or not TLS on that port?)"
+
+
 def unanswered_hello(lost: HandshakeLost) -> HandshakeLost:
     """``lost``, for a handshake the server ended before it answered our
     ClientHello with anything TLS: most likely it does not speak TLS there (a
     plain-HTTP server closes on bytes it cannot read), which the bare "closed
     by the server" never hinted at, retry after retry."""
-    return HandshakeLost(
-        f"{lost.message}, before any TLS reply (is it an http:// server, or not TLS on that port?)"
-    )
+    return HandshakeLost(f"{lost.message}, before any TLS reply {NOT_TLS_HINT}")
 
 
 def classify(

@@ -439,10 +439,7 @@ class HTTPConnection(PooledConnection):
             return
         if state in _SETUP_STATES:
             if now - self.started > options.timeout:
-                what = _SETUP_STATES[state]
-                self._fail(
-                    TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {options.timeout:g}s")
-                )
+                self._fail(self._setup_timed_out(options.timeout))
             return
         verdict = self.verdict
         if verdict is not None and verdict.kind != ACCEPT:
@@ -477,6 +474,10 @@ class HTTPConnection(PooledConnection):
             self.window_start = now
             self.window_bytes = received
             self.speed_window = options.min_speed_window
+
+    def _setup_timed_out(self, limit: float) -> TransferError:
+        what = _SETUP_STATES[self.state]
+        return TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {limit:g}s")
 
     def abandon_unanswered(self, error: TransferError) -> None:
         """Fail the transfer of a connection still being set up (connecting,

@@ -44,7 +44,13 @@ from __future__ import annotations
 import ssl
 from collections.abc import Callable
 
-from swarmget.engine.classify import EXCHANGE, HANDSHAKE, HandshakeLost, unanswered_hello
+from swarmget.engine.classify import (
+    EXCHANGE,
+    HANDSHAKE,
+    NOT_TLS_HINT,
+    HandshakeLost,
+    unanswered_hello,
+)
 from swarmget.engine.connection import (
     ACTIVE,
     CONNECTING,
@@ -114,6 +120,15 @@ class HTTPSConnection(HTTPConnection):
         # and a server that gave us a session does speak TLS.)
         if isinstance(error, HandshakeLost) and stage == HANDSHAKE and self._tls.cipher() is None:
             return unanswered_hello(error)
+        return error
+
+    def _setup_timed_out(self, limit: float) -> TransferError:
+        error = super()._setup_timed_out(limit)
+        # Connected, hello sent, and no cipher after all this time: the server
+        # is up but said nothing TLS (a plain-HTTP server waits for the rest
+        # of a request line that never comes).
+        if self.state == HANDSHAKING and self._tls.cipher() is None:
+            return TransferError(error.code, f"{error.message}, no TLS reply {NOT_TLS_HINT}")
         return error
 
     def _watch(self, events: int) -> None:
