@@ -295,6 +295,36 @@ def test_a_retry_after_past_the_deadline_gives_the_host_up_at_once(
     assert any("given up: Retry-After 20 s is past --deadline" in m for m in messages), messages
 
 
+def test_a_429_past_the_deadline_names_the_servers_retry_after_not_our_cap(
+    server: TestServer, out_dir: Path
+) -> None:
+    # The wait is capped at 120 s; the message said "Retry-After 120 s", a
+    # value the server never sent.
+    url = server.file_url("later", size=10, status=429, retry_after=10**9)
+    report = swarmget.download([url], out_dir, workers=1, deadline=2)
+    (failure,) = report.failures
+    assert failure.error == "http_429"
+    assert failure.message == "HTTP 429; Retry-After 1e+09 s is past --deadline"
+
+
+@pytest.mark.parametrize("retry_after", [20, 10**9])
+def test_a_503_whose_retry_after_is_past_the_deadline_says_why_it_is_not_retried(
+    retry_after: int, server: TestServer, out_dir: Path
+) -> None:
+    # A 503 pauses only its row: past --deadline it failed at once, saying
+    # only "HTTP 503" after one attempt despite --retries.
+    url = server.file_url("busy", size=10, status=503, retry_after=retry_after)
+    started = time.monotonic()
+    report = swarmget.download([url], out_dir, workers=1, retries=3, deadline=2)
+    assert time.monotonic() - started < 5
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("http_503", 1)
+    assert (
+        failure.message
+        == f"HTTP 503; not retried: Retry-After {retry_after:g} s is past --deadline"
+    )
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_rows_waiting_for_a_paused_host_do_not_hold_up_the_others(
     workers: int, server: TestServer, out_dir: Path

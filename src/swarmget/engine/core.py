@@ -139,6 +139,26 @@ def _not_retried(error: TransferError, pool: HostPool) -> TransferError:
     return TransferError(error.code, f"{error.message}; not retried: {why}")
 
 
+def _why_not_retried(error: TransferError, pool: HostPool | None, wait: str) -> TransferError:
+    """``error`` of a row that would have been retried, saying why it is not:
+    its host was given up (by this very failure, perhaps), or ``wait``, the
+    wait before the retry, outlasts the row's --deadline.  Unsaid, the row
+    reads as failed at its first attempt despite --retries, for no reason given."""
+    if pool is not None and pool.given_up is not None:
+        return error if _says_given_up(error, pool) else _not_retried(error, pool)
+    if "deadline" in error.message:
+        return error  # the deadline itself ended it ("deadline of 20s exceeded")
+    return TransferError(error.code, f"{error.message}; not retried: {wait} is past --deadline")
+
+
+def _asked_wait(retry_after: float | None, wait: float) -> str:
+    """The wait before a retry, for a message: the server's own Retry-After
+    (not the cap we would have waited at most), or our backoff."""
+    if retry_after is not None:
+        return f"Retry-After {retry_after:g} s"
+    return f"the backoff of {wait:.3g} s"
+
+
 # A wait as Engine.waiting weighs it: (since, stage, host, rows, next try due).
 Wait = tuple[float, str, str, int, float]
 
@@ -744,18 +764,20 @@ class Engine(ConnectionOwner):
         pause = None
         front = True  # a retry goes before the rows that have not been tried yet
         push_back: list[Action] = []
+        said = False  # the message already says why the row is not retried
         if status and pool is not None:
             pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
         if pause is not None and pause >= self.options.deadline:
             # No row may wait that long (--deadline): waiting would only delay
             # every queued row's failure.  The host is given up at once.
             assert pool is not None
-            past = f"Retry-After {pause:g} s is past --deadline"
+            past = f"{_asked_wait(retry_after, pause)} is past --deadline"
             push_back = self.scheduler.give_up(
                 pool, error, f"host {pool.host_port} given up: {past}"
             )
             # Not retried for its own Retry-After: it says so itself.
             error = TransferError(error.code, f"{error.message}; {past}")
+            said = True
         elif pause is not None:
             # The host asked every row to wait, not only this one; it may also
             # be given up now (too many pauses in a row).  Its timer is set
@@ -772,16 +794,15 @@ class Engine(ConnectionOwner):
             )
         elif not status and pool is not None and pool.probe_out:
             push_back = self.scheduler.probe_lost(pool, self.loop.now)  # no answer: probe again
-        given_up = pool.given_up if pool is not None else None
         if self.fatal is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
-            delay = self.policy.decide(transfer.retry, error, retry_after, time_left)
-            if delay is not None and given_up is None:
+            delay = self.policy.wait(transfer.retry, error, retry_after)
+            if delay is not None and delay < time_left and (pool is None or pool.given_up is None):
                 self._retry_later(transfer, error, delay, front, pool)
                 self._execute(push_back)
                 return
-            if delay is not None and pool is not None and not _says_given_up(error, pool):
-                error = _not_retried(error, pool)
+            if delay is not None and not said:
+                error = _why_not_retried(error, pool, _asked_wait(retry_after, delay))
         self._execute(push_back)
         self._record(job, error, status, transfer)
 

@@ -145,6 +145,16 @@ class RetryPolicy:
         ``state`` already holds ``error`` (see :meth:`RetryState.failed`);
         ``time_left`` is what remains of the row's ``--deadline``.
         """
+        wait = self.wait(state, error, retry_after)
+        if wait is None or wait >= time_left:
+            return None  # e.g. a Retry-After past the deadline: fail now, with its code
+        return wait
+
+    def wait(
+        self, state: RetryState, error: TransferError, retry_after: float | None = None
+    ) -> float | None:
+        """Seconds to wait before the next attempt, were the deadline no object;
+        None when ``error`` is not to be retried at all."""
         if isinstance(error, OutOfDescriptors) and state.attempts <= self.retries:
             return self.delay(state.attempts)  # a moment's shortage, whatever its code
         if not self.should_retry(error.code, state.attempts):
@@ -153,10 +163,7 @@ class RetryPolicy:
             if state.count(STALLED) > self.slow_retries:
                 return None
             return 0.0  # the host was slow, not refusing: no reason to wait
-        wait = self.delay(state.attempts, retry_after)
-        if wait >= time_left:
-            return None  # a Retry-After past the deadline: fail now, with its code
-        return wait
+        return self.delay(state.attempts, retry_after)
 
 
 def parse_retry_after(value: bytes | None, now: float | None = None) -> float | None:
