@@ -139,7 +139,18 @@ REPLIES = [
         head(status=b"HTTP/1.1 100 Con\x00tinue") + head(CL) + BODY,
         PROTOCOL,
     ),
-    Reply("two-spaces-before-code", head(CL, status=b"HTTP/1.1  200 OK") + BODY, PROTOCOL),
+    # curl 7.88 reads these (and so do we): blanks before the code, the name in
+    # any case, HTTP/2 spelt out in an HTTP/1.1 reply.
+    Reply("two-spaces-before-code", head(CL, status=b"HTTP/1.1  200 OK") + BODY, BODY),
+    Reply("space-tab-before-code", head(CL, status=b"HTTP/1.1 \t200 OK") + BODY, BODY),
+    Reply("lower-case-name", head(CL, status=b"http/1.1 200 OK") + BODY, BODY),
+    Reply("mixed-case-name", head(CL, status=b"Http/1.1 200 OK") + BODY, BODY),
+    Reply("http2-spelt-out", head(CL, status=b"HTTP/2 200") + BODY, BODY),
+    Reply("http2.0-spelt-out", head(CL, status=b"HTTP/2.0 200 OK") + BODY, BODY),
+    Reply("http2-until-close", head(status=b"HTTP/2 200 OK") + BODY, BODY, close=True),
+    Reply("http3-spelt-out", head(CL, status=b"HTTP/3 200") + BODY, PROTOCOL),
+    Reply("http2.1", head(CL, status=b"HTTP/2.1 200 OK") + BODY, PROTOCOL),
+    Reply("lower-case-no-blank", head(CL, status=b"http/1.1200 OK") + BODY, PROTOCOL),
     Reply("four-digit-code", head(CL, status=b"HTTP/1.1 2000 OK") + BODY, PROTOCOL),
     # Was http_0 with no http_status in the record.
     Reply("status-000", head(CL, status=b"HTTP/1.1 000 Zero") + BODY, PROTOCOL),

@@ -30,9 +30,13 @@ list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
   and DEL, becomes a space; but not in the fields we act on (``_ACTED_ON``:
   framing, Location, validators), which stay refused as curl refuses a
   Location with a control character in it.
-* **A tab for a space in the status line**, or blanks around the reason phrase
-  (RFC 9112 section 4 names SP; curl takes any blank): rewritten with SP.  The
-  three-digit code must still follow the version after exactly one blank.
+* **A status line as curl reads it** (RFC 9112 section 4 names ``HTTP`` and
+  one SP): the name in any case, any blanks (tabs, several spaces) between
+  the version and the code or around the reason phrase: rewritten as
+  ``HTTP/1.x SP code SP reason``.  A textual ``HTTP/2`` or ``HTTP/2.0``
+  version, in reply to our HTTP/1.1 request, is read as HTTP/1.0 (see
+  :func:`_status_line`).  The three digits must still be followed by a blank
+  or the end of the line.
 
 Nothing here makes llhttp accept a NUL or a bare CR anywhere in a field, a line
 without a colon or a bad status line (curl refuses a NUL too): those stay in
@@ -96,23 +100,31 @@ def _field(line: bytes) -> bytes | None:
     return name + b":" + value.translate(_CONTROLS_TO_SPACE)
 
 
-def _status_line(line: bytes) -> bytes:
-    """``HTTP/1.x SP code [SP reason]`` from a line with a tab for either space.
+# What curl 7.88 reads as a status line: the name in any case, blanks after the
+# version, three digits, then a blank or the end.  ``200OK`` and ``2000`` do not.
+_STATUS: Final = re.compile(rb"(?i:HTTP)/(1\.[01]|2(?:\.0)?)[ \t]+([0-9]{3})(?:[ \t](.*))?")
 
-    curl takes any one blank (space or tab) after the version, and anything
-    after the three digits; we take a blank or nothing there (``200OK`` or
-    ``2000`` stay refused).  Anything else is left for llhttp to refuse.
+
+def _status_line(line: bytes) -> bytes:
+    """``HTTP/1.x SP code [SP reason]`` from a status line curl reads.
+
+    curl takes the name in any case (``http/1.1``), any blanks (spaces or
+    tabs) after the version, and anything after the three digits; we take a
+    blank or nothing there (``200OK`` or ``2000`` stay refused).  A head that
+    calls itself ``HTTP/2`` or ``HTTP/2.0`` in reply to our HTTP/1.1 request (a
+    proxy passing its own protocol's name on; the binary HTTP/2 is refused
+    before this), or whose name is not in capitals, is read as HTTP/1.0 (curl
+    does so), whose connections are not kept alive unless asked: what else it
+    got wrong is not bet on.  Anything else is left for llhttp to refuse.
     """
-    version, code, rest = line[:8], line[9:12], line[12:]
-    if (
-        len(line) < 12
-        or version not in (b"HTTP/1.1", b"HTTP/1.0")
-        or line[8:9] not in _FOLD
-        or not code.isdigit()
-        or rest[:1] not in (b"", *_FOLD)
-    ):
+    match = _STATUS.fullmatch(line)
+    if match is None:
         return line
-    reason = rest.strip(b" \t")
+    number, code, reason = match.groups()
+    # HTTP/1.0 for a name in another case too, as curl reads it.
+    plain = line.startswith(b"HTTP/") and number.startswith(b"1")
+    version = b"HTTP/" + (number if plain else b"1.0")
+    reason = (reason or b"").strip(b" \t")
     return version + b" " + code + (b" " + reason if reason else b"")
 
 

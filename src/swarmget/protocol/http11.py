@@ -146,7 +146,7 @@ def _check_status_start(pending: bytes | bytearray) -> None:
     SSH banner, an HTTP/0.9 body, another protocol): waiting for its head to end,
     or retrying it as cut short, cannot turn it into one (curl: "Received
     HTTP/0.9 when not allowed")."""
-    start = bytes(pending[:16]).lstrip(b"\r\n")[:5]
+    start = bytes(pending[:16]).lstrip(b"\r\n")[:5].upper()  # curl: any case
     if start and not _STATUS_START.startswith(start):
         line = bytes(pending).lstrip(b"\r\n").split(b"\n", 1)[0][:40]
         if len(pending) >= 4 and pending[0] == 0 and pending[1] == 0 and pending[3] == 4:
@@ -647,6 +647,9 @@ class ResponseParser:
         try:
             parser.feed_data(block)
             self._head_len = len(block)
+            if block.startswith(b"HTTP/2.0"):
+                # llhttp reads the version; we read such a head as HTTP/1.0 (head.py).
+                raise ValueError("HTTP/2.0 in an HTTP/1.1 reply")
         except Exception as exc:  # llhttp's errors, and HttpParserUpgrade for a 101
             end = head_end(block)
             if 0 <= end < len(block):
