@@ -55,6 +55,37 @@ def test_each_redirect_status_is_followed(server: TestServer, out_dir: Path, cod
     assert record["attempts"] == 1
 
 
+@pytest.mark.parametrize("code", [300, 399])
+def test_a_300_or_an_unknown_3xx_with_a_location_is_followed(
+    server: TestServer, out_dir: Path, code: int
+) -> None:
+    # As curl -L follows them (RFC 9110: the Location is the server's choice);
+    # they failed as http_300 / http_399.
+    final = server.file_url("chosen.bin", size=321)
+    start = server.file_url("choices.bin", redirect=code, to=final)
+    report = run([start], out_dir)
+    assert report.ok == 1, report.failures
+    assert (out_dir / "choices.bin").read_bytes() == expected_body("chosen.bin", 321)
+    assert journal(out_dir)[0]["final_url"] == final
+
+
+@pytest.mark.parametrize("code", [304, 305, 306])
+def test_a_304_or_a_use_proxy_is_never_followed(
+    server: TestServer, out_dir: Path, code: int
+) -> None:
+    start = server.file_url("proxy.bin", redirect=code, to=server.file_url("elsewhere.bin"))
+    report = run([start], out_dir)
+    (failure,) = report.failures
+    assert failure.error == f"http_{code}"
+    assert not (out_dir / "proxy.bin").exists()
+
+
+def test_a_300_without_a_location_fails_as_its_status(server: TestServer, out_dir: Path) -> None:
+    report = run([server.file_url("choices.bin", status=300)], out_dir)
+    (failure,) = report.failures
+    assert failure.error == "http_300"
+
+
 def test_a_chain_across_origins(server: TestServer, other: TestServer, out_dir: Path) -> None:
     final = other.file_url("far.bin", size=777)
     start = chain(server, [301, 302, 307, 308], final)

@@ -13,6 +13,12 @@ from swarmget.options import Options
 from swarmget.sources.rows import strip_url
 
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+# Followed only when they name a Location, as curl -L follows them: 300
+# (Multiple Choices: the Location is the server's preferred choice, RFC 9110
+# section 15.4.1) and the 3xx codes with no meaning of their own, read as 300
+# (section 15).  Not 304 (no body to follow), nor 305 and 306 (Use Proxy,
+# deprecated for what following it could do).
+OPTIONAL_REDIRECTS: Final = frozenset(range(300, 400)) - REDIRECT_STATUSES - {304, 305, 306}
 # "http:" and what follows it, the slashes (and backslashes) apart.
 _SPECIAL: Final = re.compile(r"(?i)(https?):([/\\]*)(.*)", re.DOTALL)
 

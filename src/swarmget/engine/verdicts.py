@@ -34,7 +34,7 @@ from swarmget.engine.job import (
     content_range_ok,
     content_range_total,
 )
-from swarmget.engine.redirects import REDIRECT_STATUSES, redirect_target
+from swarmget.engine.redirects import OPTIONAL_REDIRECTS, REDIRECT_STATUSES, redirect_target
 from swarmget.engine.retry import parse_http_date, parse_retry_after
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.net.proxy import Proxy
@@ -151,7 +151,8 @@ def judge(
     discard = head.chunked or (
         head.content_length is not None and head.content_length <= MAX_DISCARD
     )
-    if status in REDIRECT_STATUSES:
+    optional = status in OPTIONAL_REDIRECTS
+    if status in REDIRECT_STATUSES or (optional and (head.get(b"location") or b"").strip()):
         location = head.get(b"location")
         if location is None or not location.strip():
             error = TransferError(
