@@ -178,6 +178,9 @@ def test_a_plan_log_survives_a_final_commit_the_full_disk_refused(tmp_path: Path
         out = mount / "out"
         out.mkdir()
         planner = FilePlanner(str(out), Options())
+        # Its room taken too (by the filler below): the commit fails even
+        # when the journal's writes are redone (sinks/reserve.py).
+        (out / ".swarmget" / "reserve").unlink()
         urls = [f"http://h/{i:03d}-{'x' * 120}.jpg" for i in range(60)]
         batch = planner.plan(rows(*urls))
         for a in batch.assignments:  # published, as the engine would have
@@ -199,6 +202,35 @@ def test_a_plan_log_survives_a_final_commit_the_full_disk_refused(tmp_path: Path
         # Every file is known as ours (redone), none is called foreign.
         assert [r.error for r in redo.results] == []
         assert [a.path for a in redo.assignments] == [a.path for a in batch.assignments]
+
+
+def test_the_reserve_lets_the_last_commit_through_a_full_disk(tmp_path: Path) -> None:
+    """As above, with room for a reserve at the start: the rolled-back commit is
+    written again on its room, and the rows are on record, not redone."""
+    with small_tmpfs(tmp_path / "small", "2m") as mount:
+        out = mount / "out"
+        out.mkdir()
+        planner = FilePlanner(str(out), Options())
+        assert (out / ".swarmget" / "reserve").stat().st_size > 0
+        urls = [f"http://h/{i:03d}-{'x' * 120}.jpg" for i in range(60)]
+        batch = planner.plan(rows(*urls))
+        for a in batch.assignments:
+            (out / a.path).write_bytes(b"body")
+        filler = mount / "filler"
+        with contextlib.suppress(OSError), open(filler, "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+        planner.record([ok(a, 4) for a in batch.assignments])
+        planner.commit()  # meets the full disk: redone on the reserve's room
+        planner.finish(interrupted=False)
+        assert not (out / ".swarmget" / "reserve").exists()
+        filler.unlink()
+        again = FilePlanner(str(out), Options())
+        try:
+            redo = again.plan(rows(*urls))
+        finally:
+            again.finish(interrupted=True)
+        assert (redo.assignments, redo.results, redo.skipped) == ([], [], 60)  # done before
 
 
 def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:

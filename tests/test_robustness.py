@@ -371,6 +371,34 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
         assert len(records(out)) == 20
 
 
+def test_the_rows_done_before_a_full_disk_are_not_fetched_again(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # SQLite rolls a transaction back when its commit meets a full disk: every
+    # row done since the last commit (a short run's all) was lost from the
+    # journal, and the rerun fetched and replaced every file already there.
+    with small_tmpfs(tmp_path / "small", "16m") as mount:
+        out = mount / "out"
+        filler = mount / "filler"
+        filler.write_bytes(b"\0" * (12 << 20))
+        urls = tmp_path / "urls.txt"
+        urls.write_text("".join(server.file_url(f"s{i}.bin", size=1000) + "\n"
+                                for i in range(3000)))  # fmt: skip
+        argv = [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "--json"]
+        full = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        assert full.returncode == 1 and "No space left" in full.stderr, full.stderr
+        done = {p.name: p.stat().st_ino for p in out.iterdir() if p.name.endswith(".bin")}
+        assert 100 < len(done) < 3000
+        assert not (out / ".swarmget" / "reserve").exists()  # its room is the disk's again
+        filler.unlink()
+        again = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        assert again.returncode == 0, again.stderr
+        summary = json.loads(again.stdout)
+        assert (summary["skipped"], summary["ok"]) == (len(done), 3000 - len(done))
+        assert {name: (out / name).stat().st_ino for name in done} == done  # not replaced
+        assert len(records(out)) == 3000
+
+
 def test_a_full_disk_in_one_worker_gives_back_the_other_workers_parts(
     server: TestServer, tmp_path: Path
 ) -> None:

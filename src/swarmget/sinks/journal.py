@@ -31,6 +31,11 @@ OS has (every commit is in the page cache); only a power cut could, and then
 at worst a planned path is forgotten and a later run calls our file foreign
 (``exists``).  A full disk makes a write fail: SQLite rolls the transaction
 back, the journal stays consistent, and the driver stops the run with ``io``.
+The rows of that transaction are not lost with it: the journal keeps its
+writes until they commit, and writes them again in a new transaction on the
+room a :class:`~swarmget.sinks.reserve.Reserve` kept aside (and the parts of
+the stopped downloads gave back).  Without that, a disk that filled up cost
+the rerun every row done since the last commit: a short run's all.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from typing import Any, Final
 from swarmget.errors import UsageError
 from swarmget.report import FileResult
 from swarmget.sinks.files import OutputError, state_dir
+from swarmget.sinks.reserve import Reserve
 
 JOURNAL_NAME: Final = "journal.sqlite3"
 PLAN_LOG_NAME: Final = "plans.log"
@@ -144,10 +150,14 @@ class Journal:
         except sqlite3.Error as exc:
             raise OutputError(f"cannot open the journal in {state}: {exc}", True) from None
         self.path = os.path.join(state, JOURNAL_NAME)
+        # This transaction's writes, (sql, parameters, many), until it commits.
+        self._uncommitted: list[tuple[str, Any, bool]] = []
+        self._reserve = Reserve(state)  # after the lock: the output dir is ours
         try:
             self._open(state)
         except BaseException:
             self._db.close()  # a journal that could not open leaves nothing open
+            self._reserve.free()
             os.close(self._lock)
             raise
 
@@ -223,7 +233,11 @@ class Journal:
             self._db.execute("CREATE INDEX IF NOT EXISTS temp.recovered_url ON recovered (url)")
             before = self._db.total_changes
             self._db.executemany("INSERT OR REPLACE INTO recovered VALUES (?, ?, ?)", records)
-            return self._db.total_changes - before
+            count = self._db.total_changes - before
+        # Committed now, not kept to be written again: they are read once, from
+        # a manifest of any length, and they are not on the output disk.
+        self.commit()
+        return count
 
     def recovered(self, path: str) -> dict[str, Any] | None:
         """The manifest record :meth:`recover` kept for ``path``, if any (only
@@ -253,7 +267,7 @@ class Journal:
         """Drop row ``key``: another row, with its path, takes its place."""
         self.changed = True
         with self._guard("write"):
-            self._db.execute("DELETE FROM rows WHERE key=?", (key,))
+            self._write("DELETE FROM rows WHERE key=?", (key,))
 
     def digests(self, keys: list[int]) -> dict[int, dict[str, str]]:
         """The digests recorded for each of ``keys`` (a row done without one: an
@@ -313,7 +327,7 @@ class Journal:
 
     def set_leader(self, url_key: int, key: int) -> None:
         with self._guard("write"):
-            self._db.execute(
+            self._write(
                 "INSERT INTO leaders VALUES (?, ?, ?) ON CONFLICT (url_key) DO UPDATE "
                 "SET key=excluded.key, run=excluded.run",
                 (url_key, key, self.run),
@@ -321,7 +335,7 @@ class Journal:
 
     def add_follower(self, follower: Follower) -> None:
         with self._guard("write"):
-            self._db.execute(
+            self._write(
                 "INSERT OR REPLACE INTO followers VALUES (?, ?, ?, ?, ?)",
                 (follower.key, follower.leader, follower.index, follower.url, follower.path),
             )
@@ -339,7 +353,7 @@ class Journal:
             found.extend(Follower(*row) for row in rows)
         if found:
             with self._guard("write"):
-                self._db.executemany("DELETE FROM followers WHERE key=?", [(f.key,) for f in found])
+                self._write("DELETE FROM followers WHERE key=?", [(f.key,) for f in found], True)
         return found
 
     def __len__(self) -> int:
@@ -397,13 +411,14 @@ class Journal:
             return
         self.changed = True
         with self._guard("write"):
-            self._db.executemany(
+            self._write(
                 "INSERT INTO rows (key, run, idx, path, mine, status) "
                 f"VALUES (?, {self.run}, ?, ?, ?, {PLANNED}) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
                 "path=excluded.path, mine=excluded.mine, "
                 f"status=CASE WHEN status={OK} THEN {PLANNED} ELSE status END",
                 [(key, index, path, 1 if mine else 0) for key, index, _url, path, mine in plans],
+                True,
             )
 
     def note_directories(self) -> None:
@@ -418,9 +433,10 @@ class Journal:
             return
         self.changed = True
         with self._guard("write"):
-            self._db.executemany(
+            self._write(
                 f"UPDATE rows SET run={self.run}, idx=? WHERE key=?",
-                ((index, key) for key, index in rows),
+                [(index, key) for key, index in rows],
+                True,
             )
 
     def record(self, entries: list[tuple[FileResult, str | None, bool]]) -> list[Recorded]:
@@ -440,7 +456,7 @@ class Journal:
             for r, path, mine in entries
         ]
         with self._guard("write"):
-            self._db.executemany(
+            self._write(
                 "INSERT INTO rows (key, run, idx, path, mine, status, bytes, record) "
                 f"VALUES (?, {self.run}, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
@@ -449,6 +465,7 @@ class Journal:
                 "status=excluded.status, bytes=excluded.bytes, record=excluded.record, "
                 f"validator=CASE WHEN excluded.status={OK} THEN NULL ELSE validator END",
                 rows,
+                True,
             )
         return rows
 
@@ -472,7 +489,7 @@ class Journal:
             }
         )
         with self._guard("write"):
-            self._db.execute(
+            self._write(
                 "INSERT INTO rows (key, run, idx, path, mine, status, validator, record) "
                 f"VALUES (?, {self.run}, ?, ?, ?, {PARTIAL}, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
@@ -485,7 +502,7 @@ class Journal:
 
     def commit(self) -> None:
         with self._guard("write"):
-            self._db.execute("COMMIT")
+            self._commit()
             self._db.execute("BEGIN")
 
     # -- the manifest ------------------------------------------------------------------
@@ -522,11 +539,12 @@ class Journal:
         that says which planned paths are ours, and the next run folds it in:
         emptying it then would make our own files look foreign (``exists``)."""
         try:
-            self._db.execute("COMMIT")
+            self._commit()
             committed = True
-        except sqlite3.Error:  # a full disk; or no transaction left by a failed commit()
+        except sqlite3.Error:  # a full disk, even with the reserve's room
             committed = False
         self._db.close()
+        self._reserve.free()
         if committed:
             with contextlib.suppress(OSError):
                 os.ftruncate(self._plan_log, 0)
@@ -534,6 +552,48 @@ class Journal:
         os.close(self._lock)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _write(self, sql: str, parameters: Any, many: bool = False) -> None:
+        """One write of the open transaction, kept until it commits (see the module
+        docstring); ``many``: ``parameters`` is a list of rows (executemany)."""
+        self._uncommitted.append((sql, parameters, many))
+        try:
+            if many:
+                self._db.executemany(sql, parameters)
+            else:
+                self._db.execute(sql, parameters)
+        except sqlite3.OperationalError as exc:
+            if not _disk_full(exc):
+                raise
+            self._redo()  # with the reserve's room; raises if even that is not enough
+
+    def _commit(self) -> None:
+        """COMMIT; if a full disk rolled the transaction back (now, or at one of
+        its writes), write it again with the reserve's room and COMMIT that."""
+        try:
+            if self._db.in_transaction:
+                self._db.execute("COMMIT")
+                self._uncommitted.clear()
+                return
+        except sqlite3.OperationalError as exc:
+            if not _disk_full(exc):
+                raise
+        self._redo()
+        self._db.execute("COMMIT")
+        self._uncommitted.clear()
+
+    def _redo(self) -> None:
+        """The open transaction's writes again, in a new transaction, on the room
+        the reserve gives back (SQLite rolled them back: a full disk)."""
+        if self._db.in_transaction:
+            self._db.execute("ROLLBACK")  # a write failed but the transaction lives on
+        self._reserve.free()
+        self._db.execute("BEGIN")
+        for sql, parameters, many in self._uncommitted:
+            if many:
+                self._db.executemany(sql, parameters)
+            else:
+                self._db.execute(sql, parameters)
 
     def _fold_plan_log(self) -> None:
         """An earlier run was killed: its claims that never reached the table go in now.
@@ -577,7 +637,7 @@ class Journal:
         return int(row[0]) if row else 0
 
     def _set_meta(self, name: str, value: int) -> None:
-        self._db.execute(
+        self._write(
             "INSERT INTO meta VALUES (?, ?) ON CONFLICT (name) DO UPDATE SET value=excluded.value",
             (name, value),
         )
@@ -603,6 +663,10 @@ _DAMAGED_HINT = (
     "the journal is damaged: move the .swarmget folder aside to start a new one; "
     "files already here are then not known to be ours, so add --overwrite"
 )
+
+
+def _disk_full(exc: sqlite3.Error) -> bool:
+    return getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL
 
 
 def _damaged(exc: sqlite3.DatabaseError) -> bool:
