@@ -14,6 +14,7 @@ import pytest
 
 import swarmget
 from swarmget.engine.retry import RETRYABLE_STATUS, RetryPolicy, parse_retry_after
+from swarmget.sources.rows import Row
 from swarmget.testing import RouteHandler, ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import small_tmpfs
 
@@ -389,6 +390,27 @@ def test_read_only_output_stops_the_run(server: TestServer, tmp_path: Path) -> N
             swarmget.download(urls, mount, retries=0)
         assert info.value.code == "io"
         assert "Read-only" in info.value.message
+
+
+def test_a_read_only_or_full_mount_inside_the_output_fails_only_its_rows(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A directory to create on a read-only mount inside the output dir stopped
+    # the whole run (EROFS, as if the output dir itself were read-only).
+    import os
+
+    with small_tmpfs(out_dir / "ro", "64k") as read_only, small_tmpfs(out_dir / "tiny", "64k"):
+        os.system(f"mount -o remount,ro {read_only}")
+        rows = [
+            Row(0, server.file_url("b", size=5), path="ro/new/b.bin"),
+            Row(1, server.file_url("c", size=200_000), path="tiny/new/c.bin"),
+            *[Row(i + 2, server.file_url(f"r{i}", size=5), path=f"r{i}.bin") for i in range(300)],
+        ]
+        report = swarmget.download(rows, out_dir, retries=0, concurrency=4)
+        assert (report.ok, report.failed) == (300, 2), report.failures
+        messages = sorted(f.message or "" for f in report.failures)
+        assert "Read-only" in messages[0] or "Read-only" in messages[1], messages
+        assert any("No space left" in m for m in messages), messages
 
 
 def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(

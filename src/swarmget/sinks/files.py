@@ -94,10 +94,13 @@ class AppearedMeanwhile(TransferError):
         return (AppearedMeanwhile, (self.message,))
 
 
-def io_error(action: str, path: str, exc: OSError) -> OutputError:
+def io_error(action: str, path: str, exc: OSError, elsewhere: bool = False) -> OutputError:
+    """``elsewhere``: ``path`` is on another file system than the output dir (a
+    mount inside it): that one being full or read-only stops no other row."""
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return OutOfDescriptors(f"cannot {action} {path}: {exc.strerror}")
-    return OutputError(f"cannot {action} {path}: {exc.strerror}", exc.errno in FATAL_ERRNOS)
+    fatal = exc.errno in FATAL_ERRNOS and not elsewhere
+    return OutputError(f"cannot {action} {path}: {exc.strerror}", fatal)
 
 
 def state_dir(root: str) -> str:
@@ -334,6 +337,7 @@ class OutputDir:
             raise io_error("create output directory", self.root, exc) from None
         # Directories checked to resolve inside the root -> their (device, inode).
         self._dirs: dict[str, tuple[int, int]] = {self.root: (0, 0)}
+        self._device = os.stat(self.root).st_dev
 
     def final_path(self, rel: str) -> str:
         """Absolute final path for a confined relative path; creates parent dirs."""
@@ -397,7 +401,8 @@ class OutputDir:
                 if not os.path.isdir(directory):  # a file where a directory must go
                     raise io_error("create directory", directory, exc) from None
             except OSError as exc:
-                raise io_error("create directory", directory, exc) from None
+                elsewhere = self._elsewhere(existing)
+                raise io_error("create directory", directory, exc, elsewhere) from None
             except ValueError:  # a NUL: the planner refuses these, but never crash on one
                 raise TransferError(
                     ErrorCode.BAD_PATH, f"{directory!r} is not a valid path"
@@ -408,6 +413,13 @@ class OutputDir:
             self._remember(parent, os.stat(parent))
         except OSError as exc:
             raise io_error("create directory", parent, exc) from None
+
+    def _elsewhere(self, directory: str) -> bool:
+        """Is ``directory`` (one that exists) on another file system than the root?"""
+        try:
+            return os.stat(directory).st_dev != self._device
+        except OSError:
+            return False
 
     def _check_inside(self, directory: str) -> None:
         """A directory (or a symlink) that already existed could point elsewhere."""
