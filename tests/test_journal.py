@@ -233,12 +233,26 @@ def test_the_reserve_lets_the_last_commit_through_a_full_disk(tmp_path: Path) ->
         assert (redo.assignments, redo.results, redo.skipped) == ([], [], 60)  # done before
 
 
+def test_a_journal_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
+    # SQLite called it "disk I/O error", and the user was left to guess.
+    with small_tmpfs(tmp_path / "small", "1m") as mount:
+        out = mount / "out"
+        out.mkdir()
+        FilePlanner(str(out), Options()).finish(interrupted=False)
+        with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
+            while True:
+                f.write(b"\0" * 4096)
+        with pytest.raises(OutputError) as info:
+            FilePlanner(str(out), Options())
+        assert info.value.message.endswith(("(no space left on the disk)", "disk is full"))
+
+
 def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:
     planner = FilePlanner(str(tmp_path), Options())
     planner.finish(interrupted=False)
     journal = tmp_path / ".swarmget" / "journal.sqlite3"
     journal.write_bytes(b"\x13" * 8192)
-    with pytest.raises(OutputError, match=r"move the \.swarmget folder aside"):
+    with pytest.raises(OutputError, match=r"the journal is damaged: remove it"):
         FilePlanner(str(tmp_path), Options())
 
 

@@ -964,3 +964,23 @@ def test_a_lost_journals_files_are_named_around_by_new_rows(
     assert by_url[(new, 1)]["message"] == (
         f"a.jpg holds the file an earlier run downloaded from {old} (use --overwrite to replace it)"
     )
+
+
+def test_a_damaged_journal_removed_as_its_message_says_keeps_every_file(
+    server: TestServer, out_dir: Path
+) -> None:
+    # The advice was to move .swarmget aside and add --overwrite: every file
+    # downloaded again, and any file not ours overwritten.
+    urls = [server.file_url(f"d{i}.bin", size=3000) for i in range(5)]
+    assert swarmget.download(urls, out_dir).ok == 5
+    state = out_dir / ".swarmget"
+    (state / "journal.sqlite3").write_bytes(b"\x13" * 8192)
+    with pytest.raises(swarmget.TransferError) as info:
+        swarmget.download(urls, out_dir)
+    assert "remove it (with its -wal and -shm files) and run again" in info.value.message
+    for name in ("journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm"):
+        (state / name).unlink(missing_ok=True)
+    inodes = {p.name: p.stat().st_ino for p in out_dir.glob("*.bin")}
+    again = swarmget.download(urls, out_dir)
+    assert (again.ok, again.failed) == (5, 0)  # kept as the manifest's: not fetched again
+    assert {p.name: p.stat().st_ino for p in out_dir.glob("*.bin")} == inodes

@@ -148,7 +148,8 @@ class Journal:
         except OSError as exc:
             raise OutputError(f"cannot open the journal in {state}: {exc.strerror}", True) from None
         except sqlite3.Error as exc:
-            raise OutputError(f"cannot open the journal in {state}: {exc}", True) from None
+            message = f"cannot open the journal in {state}: {exc}"
+            raise OutputError(_with_full_disk_hint(message, exc, state), True) from None
         self.path = os.path.join(state, JOURNAL_NAME)
         # This transaction's writes, (sql, parameters, many), until it commits.
         self._uncommitted: list[tuple[str, Any, bool]] = []
@@ -651,18 +652,33 @@ class Journal:
             message = f"cannot {action} the journal {self.path}: {exc}"
             if _damaged(exc):
                 message += f" ({_DAMAGED_HINT})"
-            raise OutputError(message, True) from None
+            raise OutputError(_with_full_disk_hint(message, exc, self.path), True) from None
         except sqlite3.Error as exc:
-            raise OutputError(f"cannot {action} the journal {self.path}: {exc}", True) from None
+            message = f"cannot {action} the journal {self.path}: {exc}"
+            raise OutputError(_with_full_disk_hint(message, exc, self.path), True) from None
 
 
 _INT64 = 1 << 63  # SQLite's integers
 
 # What a user can do about a journal SQLite cannot read (not a full disk).
 _DAMAGED_HINT = (
-    "the journal is damaged: move the .swarmget folder aside to start a new one; "
-    "files already here are then not known to be ours, so add --overwrite"
+    "the journal is damaged: remove it (with its -wal and -shm files) and run again: "
+    "the files the manifest lists as done are then known as ours and kept; without a "
+    "manifest, move the .swarmget folder aside and add --overwrite"
 )
+
+
+def _with_full_disk_hint(message: str, exc: sqlite3.Error, path: str) -> str:
+    """``message``, saying the disk is full if it is and SQLite did not say so
+    (it may call that a "disk I/O error")."""
+    if _disk_full(exc):
+        return message
+    try:
+        disk = os.statvfs(os.path.dirname(path) if os.path.isfile(path) else path)
+    except OSError:
+        return message
+    full = disk.f_bavail * disk.f_frsize < (64 << 10)
+    return f"{message} (no space left on the disk)" if full else message
 
 
 def _disk_full(exc: sqlite3.Error) -> bool:
