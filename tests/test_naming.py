@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tracemalloc
 import unicodedata
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -186,6 +187,7 @@ def test_confine_accepts_and_normalises(path: str, normal: str) -> None:
         ("a/.SWARMGET/journal.sqlite3", "is inside a reserved '.swarmget' directory"),
         ("a" * 256, "has a component longer than 255 bytes"),
         ("d/" + "é" * 128, "has a component longer than 255 bytes"),
+        ("/".join(["d" * 250] * 17), "is longer than 4095 bytes (PATH_MAX, with the output dir)"),
     ],
 )
 def test_confine_rejects(path: str, problem: str) -> None:
@@ -373,3 +375,24 @@ def test_memory_and_time_all_colliding() -> None:
     peak, names = peak_allocating(urls)
     assert names.allocate(Row(0, urls[0])) == f"image-{MEMORY_ROWS}.jpg"
     assert peak < MEMORY_ROWS * BYTES_PER_ROW, f"{peak / MEMORY_ROWS:.0f} B/row"
+
+
+def test_a_path_past_path_max_with_the_output_dir_fails_before_any_directory_is_made(
+    tmp_path: Path,
+) -> None:
+    # It failed io ("File name too long") and left 16 nested empty directories.
+    from swarmget.options import Options
+    from swarmget.sinks.plan import FilePlanner
+
+    planner = FilePlanner(str(tmp_path), Options())
+    room = 4095 - len(str(tmp_path).encode()) - 1
+    fits = "/".join(["d" * 200] * (room // 201)) + "/f"
+    too_long = "/".join(["e" * 250] * 16) + "/" + "f" * 200
+    try:
+        batch = planner.plan([Row(0, "http://h/a", path=fits), Row(1, "http://h/b", path=too_long)])
+    finally:
+        planner.finish(interrupted=True)
+    assert [a.path for a in batch.assignments] == [fits]
+    (failure,) = batch.results
+    assert failure.error == "bad_path" and "PATH_MAX" in (failure.message or "")
+    assert not (tmp_path / ("e" * 250)).exists()

@@ -30,6 +30,7 @@ base name; the counter makes a million ``image.jpg`` linear, not quadratic.
 from __future__ import annotations
 
 import codecs
+import os
 import re
 import sys
 from typing import Final
@@ -40,6 +41,7 @@ from swarmget.sources.rows import Row
 
 MAX_NAME_BYTES = 200  # default names; see the module docstring
 MAX_COMPONENT_BYTES = 255  # NAME_MAX on every file system we care about
+PATH_MAX: Final = 4096  # Linux's, its NUL included
 RESERVED = ".swarmget"  # the run's state directory at the top of the output dir
 FALLBACK_NAME = "index"  # for URLs whose path is empty or ends in "/"
 
@@ -94,13 +96,15 @@ def _spelled(text: str) -> bool:
     return True
 
 
-def confine(path: str) -> str:
+def confine(path: str, max_bytes: int = PATH_MAX - 1) -> str:
     """Validate an explicit relative output path; return it normalised.
 
     Raises :class:`TransferError` with code ``bad_path`` when the path is empty,
     absolute, has a ``..`` component, a backslash or a control character, names
     a directory (ends in ``/`` or ``/.``), starts with the reserved
-    ``.swarmget`` directory, or has a component longer than 255 bytes.
+    ``.swarmget`` directory, has a component longer than 255 bytes, or is
+    longer than ``max_bytes`` (what PATH_MAX leaves after the output dir: the
+    kernel refused it only after the row's directories had been made).
     """
     if not path:
         raise _bad_path(path, "is empty")
@@ -128,6 +132,8 @@ def confine(path: str) -> str:
         len(part.encode()) > MAX_COMPONENT_BYTES for part in parts
     ):
         raise _bad_path(path, f"has a component longer than {MAX_COMPONENT_BYTES} bytes")
+    if len(path) * 4 > max_bytes and len(path.encode()) > max_bytes:
+        raise _bad_path(path, f"is longer than {max_bytes} bytes (PATH_MAX, with the output dir)")
     return "/".join(parts)
 
 
@@ -196,12 +202,14 @@ class MemoryNames(NameStore):
 class NameAllocator:
     """Hands out a unique relative output path per row, deterministically."""
 
-    def __init__(self, store: NameStore | None = None) -> None:
+    def __init__(self, store: NameStore | None = None, root: str = "") -> None:
         self.store = store if store is not None else MemoryNames()
+        # What PATH_MAX leaves a relative path in the output dir ``root``.
+        self.max_bytes = PATH_MAX - 1 - len(os.fsencode(root)) - 1
 
     def candidate(self, row: Row) -> str:
         """The path ``row`` asks for before collisions: confined, or from the URL."""
-        return default_name(row.url) if row.path is None else confine(row.path)
+        return default_name(row.url) if row.path is None else confine(row.path, self.max_bytes)
 
     def allocate(self, row: Row, candidate: str | None = None) -> str:
         """The output path for ``row``: ``row.path`` if given, else from the URL.

@@ -238,7 +238,7 @@ class FilePlanner:
         self.options = options
         self.journal = Journal(self.root)
         self._names_store = JournalNames(self.journal)
-        self.names = NameAllocator(self._names_store)
+        self.names = NameAllocator(self._names_store, self.root)
         # In an output dir that starts empty, every file is ours: no need to look
         # for foreign files before each download (one syscall less per file).
         self.fresh = self.journal.empty_at_start and not _has_files(self.root)
