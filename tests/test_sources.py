@@ -861,6 +861,23 @@ def test_text_line_that_is_not_utf8(tmp_path: Path) -> None:
     ]
 
 
+def test_a_latin_1_letter_on_the_first_line_fails_that_row_not_the_input(
+    tmp_path: Path,
+) -> None:
+    # The whole input was refused (exit 2) for it, while the same line further
+    # down failed alone.
+    path = tmp_path / "u.txt"
+    path.write_bytes(b"\n\nhttp://h/caf\xe9\nhttp://h/b\n")
+    assert rows(path) == [
+        bad(
+            0,
+            "http://h/caf\\xe9",
+            f"input {str(path)!r}, line 3: not valid UTF-8 (byte 0xe9 at column 13)",
+        ),
+        Row(1, "http://h/b"),
+    ]
+
+
 def test_text_given_as_text_is_checked_too() -> None:
     # Text that the reader did not decode (stdin= a text stream) may hold lone
     # surrogates too: every line is checked.
@@ -886,8 +903,13 @@ _ONLY_GZIP = "only gzip is read as it is"
             "not valid UTF-8 (byte 0xff at column 1); it is UTF-16 text: save it as UTF-8",
         ),
         (
-            b"\n\nhttp://h/caf\xe9\nhttp://h/b\n",
-            "not valid UTF-8 (byte 0xe9 at column 13); "
+            b"\n\n\xe9\xe8\xe0\xf9 caf\xe9\nhttp://h/b\n",  # mostly 8-bit: not a list
+            "not valid UTF-8 (byte 0xe9 at column 1); "
+            "swarmget reads UTF-8 text, plain or gzip-compressed",
+        ),
+        (
+            b"http://h/a\x01\xe9\nhttp://h/b\n",  # a control byte: not text either
+            "not valid UTF-8 (byte 0xe9 at column 12); "
             "swarmget reads UTF-8 text, plain or gzip-compressed",
         ),
         (

@@ -36,7 +36,9 @@ whether the input *as a whole* can be read:
   is not a JSON object.  That raises :class:`~swarmget.errors.UsageError`
   naming the input and, where there is one, the line, and the run stops
   (exit status 2).  The first line is the verdict on the whole input: a file
-  whose first line is binary is not a list with one bad row.
+  whose first line is binary is not a list with one bad row.  (A text line
+  with a few bytes that are not UTF-8, a Latin-1 letter, is text: one bad
+  row, on the first line as on any other.)
 * One row is malformed: bad quoting, a broken JSON line, an invalid column,
   a missing ``url``, a line that is not UTF-8 in the middle of a list.  That
   row is yielded with ``problem`` set (see :mod:`~swarmget.sources.formats`)
@@ -326,6 +328,8 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     """The first non-blank line must be text: if it is not, the input is not."""
     if is_text(line) and "\x00" not in line and not _archive(line):
         return
+    if _eight_bit_text(line):
+        return  # a text line with a Latin-1 letter: that row fails alone, as later ones do
     try:
         raw = line.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:  # a lone surrogate that was not a byte: a text stdin=
@@ -339,6 +343,24 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     else:
         problem = "not text (an archive's first bytes)"
     raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
+
+
+def _eight_bit_text(line: str) -> bool:
+    """Is ``line`` text with a few bytes that are not UTF-8 (a Latin-1 letter),
+    rather than binary: printable from its first byte on, at most one such byte
+    in eight, no NUL or other control but tab, no magic of a known binary
+    format?  A URL list with one such letter on its first line was refused
+    whole, though the same line further down fails alone (``bad_row``)."""
+    escaped = sum(1 for char in line if "\udc80" <= char <= "\udcff")
+    # Binary formats' magic starts with a high byte (PNG's \x89, UTF-16's BOM).
+    if not escaped or escaped * 8 > len(line) or not " " <= line[:1] < "\x7f":
+        return False
+    if _archive(line):
+        return False
+    raw = line.encode("utf-8", "surrogateescape")
+    if any(raw.startswith(magic) for magic, _ in _NOT_TEXT_HINTS):
+        return False
+    return all(char == "\t" or (char >= " " and char != "\x7f") for char in line.rstrip("\r\n"))
 
 
 def _archive(line: str) -> bool:
