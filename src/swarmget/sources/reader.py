@@ -78,7 +78,7 @@ import stat
 import sys
 import zlib
 from collections.abc import Generator, Iterable, Iterator, Sequence
-from typing import IO, Any, BinaryIO, TextIO, TypeGuard, cast
+from typing import IO, Any, BinaryIO, Final, TextIO, TypeGuard, cast
 
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
@@ -345,13 +345,19 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
 
 
+# The code points surrogateescape reads the bytes 0x80-0xff that are not UTF-8
+# as (chr(): mypyc takes no surrogate in a string literal).
+_ESCAPED_FIRST: Final = chr(0xDC80)
+_ESCAPED_LAST: Final = chr(0xDCFF)
+
+
 def _eight_bit_text(line: str) -> bool:
     """Is ``line`` text with a few bytes that are not UTF-8 (a Latin-1 letter),
     rather than binary: printable from its first byte on, at most one such byte
     in eight, no NUL or other control but tab, no magic of a known binary
     format?  A URL list with one such letter on its first line was refused
     whole, though the same line further down fails alone (``bad_row``)."""
-    escaped = sum(1 for char in line if "\udc80" <= char <= "\udcff")
+    escaped = sum(1 for char in line if _ESCAPED_FIRST <= char <= _ESCAPED_LAST)
     # Binary formats' magic starts with a high byte (PNG's \x89, UTF-16's BOM).
     if not escaped or escaped * 8 > len(line) or not " " <= line[:1] < "\x7f":
         return False
