@@ -984,3 +984,17 @@ def test_a_damaged_journal_removed_as_its_message_says_keeps_every_file(
     again = swarmget.download(urls, out_dir)
     assert (again.ok, again.failed) == (5, 0)  # kept as the manifest's: not fetched again
     assert {p.name: p.stat().st_ino for p in out_dir.glob("*.bin")} == inodes
+
+
+def test_the_manifest_keeps_an_earlier_lists_files_not_its_failures(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Rows only an earlier run had come after this run's, with "index": null,
+    # because their files are still there; its failures stayed listed too,
+    # though they are neither this input's rows nor any file.
+    first = [server.file_url("kept.bin", size=100), server.file_url("gone.bin", status=404)]
+    assert swarmget.download(first, out_dir, retries=0).failed == 1
+    second = [server.file_url("new.bin", size=100)]
+    assert swarmget.download(second, out_dir).ok == 1
+    listed = [(r["index"], r["path"], r["status"]) for r in journal(out_dir)]
+    assert listed == [(0, "new.bin", "ok"), (None, "kept.bin", "ok")]

@@ -510,8 +510,9 @@ class Journal:
 
     def records(self, run: int | None = None) -> Iterator[str]:
         """Every finished row's manifest line (without its newline): this run's rows
-        in input order, then rows only earlier runs had, with ``"index": null`` (their
-        positions were in another input: two records must not claim one row).
+        in input order, then the files of rows only earlier runs had, with ``"index":
+        null`` (their positions were in another input: two records must not claim
+        one row; their failures are not this input's, nor any file's).
         ``run``: the run whose rows these are (default: this one)."""
         current = self.run if run is None else run
         with self._guard("read"):
@@ -525,7 +526,9 @@ class Journal:
                 f"THEN '{{\"index\":' || {position} || ',' || substr(record, 2) END, "
                 f"CASE WHEN {kept} THEN {position} END, validator, "
                 f"CASE WHEN {kept} THEN record END "
-                f"FROM rows WHERE status != {PLANNED} AND record IS NOT NULL ORDER BY run DESC, idx"
+                f"FROM rows WHERE status != {PLANNED} AND record IS NOT NULL "
+                # An earlier run's row that is not this input's: only if its file is there.
+                f"AND (run = {current:d} OR status = {OK}) ORDER BY run DESC, idx"
             )
             for line, index, validator, record in cursor:
                 if line is None:
