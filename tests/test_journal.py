@@ -25,7 +25,7 @@ from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.files import FileSink, OutputError, part_path
 from swarmget.sinks.journal import Journal, _logged_plans, encode, plan_log_line, storable
-from swarmget.sinks.plan import FilePlanner, row_key
+from swarmget.sinks.plan import FilePlanner, PlanBatch, row_key
 from swarmget.sources.rows import Row
 from swarmget.testing.outputs import small_tmpfs
 from swarmget.testing.process import child_env
@@ -171,6 +171,24 @@ def test_a_damaged_plan_log_gives_up_only_its_damaged_lines(tmp_path: Path) -> N
     assert batch.results == [] and [a.path for a in batch.assignments] == ["a.jpg"]
 
 
+def fill_up(mount: Path) -> Path:
+    """A file taking every block ``mount`` has left."""
+    filler = mount / "filler"
+    with contextlib.suppress(OSError), open(filler, "wb") as f:
+        while True:
+            f.write(b"\0" * 4096)
+    return filler
+
+
+def plan_again(out: Path, urls: list[str]) -> PlanBatch:
+    """What a new run over ``urls`` plans in ``out`` (then stopped)."""
+    again = FilePlanner(str(out), Options())
+    try:
+        return again.plan(rows(*urls))
+    finally:
+        again.finish(interrupted=True)
+
+
 def test_a_plan_log_survives_a_final_commit_the_full_disk_refused(tmp_path: Path) -> None:
     """The run ends on a full disk: the last commit fails and SQLite rolls it
     back.  The plan log must stay, or the next run takes our files for foreign."""
@@ -185,20 +203,13 @@ def test_a_plan_log_survives_a_final_commit_the_full_disk_refused(tmp_path: Path
         batch = planner.plan(rows(*urls))
         for a in batch.assignments:  # published, as the engine would have
             (out / a.path).write_bytes(b"body")
-        filler = mount / "filler"
-        with contextlib.suppress(OSError), open(filler, "wb") as f:
-            while True:
-                f.write(b"\0" * 4096)  # every block the tmpfs has left
+        filler = fill_up(mount)
         with pytest.raises(OutputError):
             planner.record([ok(a, 4) for a in batch.assignments])
             planner.finish(interrupted=False)
         assert (out / ".swarmget" / "plans.log").stat().st_size > 0
         filler.unlink()
-        again = FilePlanner(str(out), Options())
-        try:
-            redo = again.plan(rows(*urls))
-        finally:
-            again.finish(interrupted=True)
+        redo = plan_again(out, urls)
         # Every file is known as ours (redone), none is called foreign.
         assert [r.error for r in redo.results] == []
         assert [a.path for a in redo.assignments] == [a.path for a in batch.assignments]
@@ -216,20 +227,13 @@ def test_the_reserve_lets_the_last_commit_through_a_full_disk(tmp_path: Path) ->
         batch = planner.plan(rows(*urls))
         for a in batch.assignments:
             (out / a.path).write_bytes(b"body")
-        filler = mount / "filler"
-        with contextlib.suppress(OSError), open(filler, "wb") as f:
-            while True:
-                f.write(b"\0" * 4096)
+        filler = fill_up(mount)
         planner.record([ok(a, 4) for a in batch.assignments])
         planner.commit()  # meets the full disk: redone on the reserve's room
         planner.finish(interrupted=False)
         assert not (out / ".swarmget" / "reserve").exists()
         filler.unlink()
-        again = FilePlanner(str(out), Options())
-        try:
-            redo = again.plan(rows(*urls))
-        finally:
-            again.finish(interrupted=True)
+        redo = plan_again(out, urls)
         assert (redo.assignments, redo.results, redo.skipped) == ([], [], 60)  # done before
 
 
@@ -239,9 +243,7 @@ def test_a_journal_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
         out = mount / "out"
         out.mkdir()
         FilePlanner(str(out), Options()).finish(interrupted=False)
-        with contextlib.suppress(OSError), open(mount / "filler", "wb") as f:
-            while True:
-                f.write(b"\0" * 4096)
+        fill_up(mount)
         with pytest.raises(OutputError) as info:
             FilePlanner(str(out), Options())
         assert info.value.message.endswith(("(no space left on the disk)", "disk is full"))

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -339,19 +339,28 @@ def test_a_low_descriptor_limit_lowers_the_concurrency_and_says_so_once(
     assert len(os.listdir(tmp_path / "out")) == 401
 
 
+def cli_over(
+    urls: list[str], tmp_path: Path, out: Path, *flags: str
+) -> Callable[[], subprocess.CompletedProcess[str]]:
+    """``swarmget LIST -o OUT --json FLAGS`` over ``urls``, to run (again and again)."""
+    listing = tmp_path / "urls.txt"
+    listing.write_text("".join(url + "\n" for url in urls))
+    argv = [sys.executable, "-m", "swarmget", str(listing), "-o", str(out), "--json", *flags]
+    return lambda: subprocess.run(
+        argv, capture_output=True, text=True, env=child_env(), timeout=120
+    )
+
+
 def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
     server: TestServer, tmp_path: Path
 ) -> None:
     with small_tmpfs(tmp_path / "small", "2m") as mount:
         out = mount / "out"
         filler = mount / "filler"
-        urls = tmp_path / "urls.txt"
-        urls.write_text("".join(server.file_url(f"f{i}.bin", size=50_000) + "\n"
-                                for i in range(20)))  # fmt: skip
-        argv = [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "--json",
-                "--concurrency", "4"]  # fmt: skip
+        urls = [server.file_url(f"f{i}.bin", size=50_000) for i in range(20)]
+        cli = cli_over(urls, tmp_path, out, "--concurrency", "4")
         filler.write_bytes(b"\0" * (3 << 19))  # 1.5 of the 2 MiB
-        full = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        full = cli()
         assert full.returncode == 1, full.stderr
         assert "Traceback" not in full.stderr, full.stderr
         assert "the run stopped" in full.stderr, full.stderr
@@ -364,7 +373,7 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
         assert summary["ok"] < 20
         assert not parts(out)
         filler.unlink()
-        again = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        again = cli()
         assert again.returncode == 0, again.stderr
         for i in range(20):
             assert (out / f"f{i}.bin").read_bytes() == expected_body(f"f{i}.bin", 50_000)
@@ -381,17 +390,16 @@ def test_the_rows_done_before_a_full_disk_are_not_fetched_again(
         out = mount / "out"
         filler = mount / "filler"
         filler.write_bytes(b"\0" * (12 << 20))
-        urls = tmp_path / "urls.txt"
-        urls.write_text("".join(server.file_url(f"s{i}.bin", size=1000) + "\n"
-                                for i in range(3000)))  # fmt: skip
-        argv = [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "--json"]
-        full = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        cli = cli_over(
+            [server.file_url(f"s{i}.bin", size=1000) for i in range(3000)], tmp_path, out
+        )
+        full = cli()
         assert full.returncode == 1 and "No space left" in full.stderr, full.stderr
         done = {p.name: p.stat().st_ino for p in out.iterdir() if p.name.endswith(".bin")}
         assert 100 < len(done) < 3000
         assert not (out / ".swarmget" / "reserve").exists()  # its room is the disk's again
         filler.unlink()
-        again = subprocess.run(argv, capture_output=True, text=True, env=child_env(), timeout=120)
+        again = cli()
         assert again.returncode == 0, again.stderr
         summary = json.loads(again.stdout)
         assert (summary["skipped"], summary["ok"]) == (len(done), 3000 - len(done))
