@@ -305,7 +305,7 @@ def test_a_429_past_the_deadline_names_the_servers_retry_after_not_our_cap(
     report = swarmget.download([url], out_dir, workers=1, deadline=2)
     (failure,) = report.failures
     assert failure.error == "http_429"
-    assert failure.message == "HTTP 429; Retry-After 1e+09 s is past --deadline"
+    assert failure.message == "HTTP 429; Retry-After 1000000000 s is past --deadline"
 
 
 @pytest.mark.parametrize("retry_after", [20, 10**9])
@@ -321,8 +321,7 @@ def test_a_503_whose_retry_after_is_past_the_deadline_says_why_it_is_not_retried
     (failure,) = report.failures
     assert (failure.error, failure.attempts) == ("http_503", 1)
     assert (
-        failure.message
-        == f"HTTP 503; not retried: Retry-After {retry_after:g} s is past --deadline"
+        failure.message == f"HTTP 503; not retried: Retry-After {retry_after} s is past --deadline"
     )
 
 
@@ -411,6 +410,34 @@ def test_a_read_only_or_full_mount_inside_the_output_fails_only_its_rows(
         messages = sorted(f.message or "" for f in report.failures)
         assert "Read-only" in messages[0] or "Read-only" in messages[1], messages
         assert any("No space left" in m for m in messages), messages
+
+
+def test_a_read_only_bind_mount_inside_the_output_fails_only_its_rows(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A bind mount has the output dir's device: its EROFS stopped the run.
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to bind-mount")
+    source, target = out_dir.parent / f"{out_dir.name}-src", out_dir / "rob"
+    source.mkdir()
+    target.mkdir(parents=True)
+    if os.system(f"mount --bind {source} {target} && mount -o remount,bind,ro {target}"):
+        pytest.skip("bind mounts not allowed here")
+    try:
+        rows = [
+            Row(0, server.file_url("a", size=5), path="a.bin"),
+            Row(1, server.file_url("b", size=5), path="rob/new/b.bin"),
+            Row(2, server.file_url("c", size=5), path="c.bin"),
+        ]
+        report = swarmget.download(rows, out_dir, retries=0, concurrency=1)
+    finally:
+        os.system(f"umount -l {target}")
+        source.rmdir()
+    (failure,) = report.failures
+    assert (report.ok, failure.index) == (2, 1)
+    assert failure.message is not None and "Read-only" in failure.message
 
 
 def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(

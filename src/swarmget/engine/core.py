@@ -155,7 +155,12 @@ def _asked_wait(retry_after: float | None, wait: float) -> str:
     """The wait before a retry, for a message: the server's own Retry-After
     (not the cap we would have waited at most), or our backoff."""
     if retry_after is not None:
-        return f"Retry-After {retry_after:g} s"
+        # Whole seconds from 100 on: an HTTP-date years ahead is not "2.3e+09 s".
+        return (
+            f"Retry-After {retry_after:.0f} s"
+            if retry_after >= 100
+            else f"Retry-After {retry_after:g} s"
+        )
     return f"the backoff of {wait:.3g} s"
 
 

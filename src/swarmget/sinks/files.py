@@ -401,7 +401,7 @@ class OutputDir:
                 if not os.path.isdir(directory):  # a file where a directory must go
                     raise io_error("create directory", directory, exc) from None
             except OSError as exc:
-                elsewhere = self._elsewhere(existing)
+                elsewhere = self._elsewhere(existing, exc)
                 raise io_error("create directory", directory, exc, elsewhere) from None
             except ValueError:  # a NUL: the planner refuses these, but never crash on one
                 raise TransferError(
@@ -414,9 +414,14 @@ class OutputDir:
         except OSError as exc:
             raise io_error("create directory", parent, exc) from None
 
-    def _elsewhere(self, directory: str) -> bool:
-        """Is ``directory`` (one that exists) on another file system than the root?"""
+    def _elsewhere(self, directory: str, exc: OSError) -> bool:
+        """Does ``exc``, met in ``directory`` (one that exists), leave the rest of
+        the output dir alone?  Read-only: unless the output dir's own mount is
+        (a read-only bind mount inside it has its device); full: unless its
+        file system is the output dir's."""
         try:
+            if exc.errno == errno.EROFS:
+                return not os.statvfs(self.root).f_flag & os.ST_RDONLY
             return os.stat(directory).st_dev != self._device
         except OSError:
             return False
