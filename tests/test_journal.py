@@ -237,6 +237,32 @@ def test_the_reserve_lets_the_last_commit_through_a_full_disk(tmp_path: Path) ->
         assert (redo.assignments, redo.results, redo.skipped) == ([], [], 60)  # done before
 
 
+def test_the_reserve_is_the_manifests_room_once_the_last_commit_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It was freed only after the manifest was written: a disk with room for
+    # the manifest but not for both failed the run ("cannot write the manifest").
+    import swarmget
+    from swarmget.sinks import plan as plan_module
+
+    if swarmget.compiled():
+        pytest.skip("plan.py is compiled: its call of write_manifest cannot be wrapped")
+    first = FilePlanner(str(tmp_path), Options())
+    first.record([ok(a, 4) for a in first.plan(rows("http://h/a.jpg")).assignments])
+    first.finish(interrupted=False)  # its manifest was written as rows finished
+    planner = FilePlanner(str(tmp_path), Options())  # over a journal: rewritten at the end
+    reserve = tmp_path / ".swarmget" / "reserve"
+    assert reserve.exists()
+    seen: list[bool] = []
+    real = plan_module.write_manifest
+    monkeypatch.setattr(
+        plan_module, "write_manifest", lambda *a: (seen.append(reserve.exists()), real(*a))
+    )
+    planner.record([ok(a, 4) for a in planner.plan(rows("http://h/b.jpg")).assignments])
+    planner.finish(interrupted=False)
+    assert seen == [False]
+
+
 def test_a_journal_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
     # SQLite called it "disk I/O error", and the user was left to guess.
     with small_tmpfs(tmp_path / "small", "1m") as mount:

@@ -998,3 +998,20 @@ def test_the_manifest_keeps_an_earlier_lists_files_not_its_failures(
     assert swarmget.download(second, out_dir).ok == 1
     listed = [(r["index"], r["path"], r["status"]) for r in journal(out_dir)]
     assert listed == [(0, "new.bin", "ok"), (None, "kept.bin", "ok")]
+
+
+def test_a_run_that_stops_before_its_input_ends_keeps_the_earlier_failures_listed(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Rows not read yet may be the same input's: their failures stay on record.
+    first = [server.file_url("kept.bin", size=100), server.file_url("gone.bin", status=404)]
+    assert swarmget.download(first, out_dir, retries=0).failed == 1
+
+    def stops() -> Iterator[str]:
+        yield first[0]
+        raise RuntimeError("the input broke")
+
+    with pytest.raises(RuntimeError):
+        swarmget.download(stops(), out_dir, retries=0)
+    listed = [(r["index"], r["path"], r["status"]) for r in journal(out_dir)]
+    assert listed == [(0, "kept.bin", "ok"), (None, None, "failed")]

@@ -75,7 +75,7 @@ class Planner(Protocol):
         ...
 
     def commit(self) -> None: ...
-    def finish(self, interrupted: bool) -> None: ...
+    def finish(self, interrupted: bool, whole: bool = False) -> None: ...
 
 
 class Delivery(Protocol):
@@ -282,7 +282,10 @@ class Supervisor:
         # temporary file beside it): it waits until the manifest is written.
         self._interrupts.finishing = True
         try:
-            self._planner.finish(interrupted)
+            # Every row of the input read and ended: only then is a row the
+            # journal has from an earlier list known not to be one of this one.
+            ended = self._fatal is None and self._input_error is None
+            self._planner.finish(interrupted, not interrupted and ended and self._input_done)
         except OutputError as exc:
             self._fatal = self._fatal or exc
         finally:

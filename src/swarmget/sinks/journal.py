@@ -506,15 +506,22 @@ class Journal:
             self._commit()
             self._db.execute("BEGIN")
 
+    def free_reserve(self) -> None:
+        """The run's last commit is done: the reserve's room goes to the manifest."""
+        self._reserve.free()
+
     # -- the manifest ------------------------------------------------------------------
 
-    def records(self, run: int | None = None) -> Iterator[str]:
+    def records(self, run: int | None = None, earlier_failures: bool = False) -> Iterator[str]:
         """Every finished row's manifest line (without its newline): this run's rows
         in input order, then the files of rows only earlier runs had, with ``"index":
         null`` (their positions were in another input: two records must not claim
         one row; their failures are not this input's, nor any file's).
-        ``run``: the run whose rows these are (default: this one)."""
+        ``run``: the run whose rows these are (default: this one).
+        ``earlier_failures``: list those too (the run stopped before it read
+        its whole input: they may be rows of it not reached)."""
         current = self.run if run is None else run
+        earlier = "1" if earlier_failures else f"status = {OK}"
         with self._guard("read"):
             # SQLite puts most lines together itself (one string per row, no
             # Python work); only a row with a kept part needs its validator added.
@@ -528,7 +535,7 @@ class Journal:
                 f"CASE WHEN {kept} THEN record END "
                 f"FROM rows WHERE status != {PLANNED} AND record IS NOT NULL "
                 # An earlier run's row that is not this input's: only if its file is there.
-                f"AND (run = {current:d} OR status = {OK}) ORDER BY run DESC, idx"
+                f"AND (run = {current:d} OR {earlier}) ORDER BY run DESC, idx"
             )
             for line, index, validator, record in cursor:
                 if line is None:

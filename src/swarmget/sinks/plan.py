@@ -929,12 +929,14 @@ class FilePlanner:
         else:
             journal.commit()
 
-    def finish(self, interrupted: bool) -> None:
+    def finish(self, interrupted: bool, whole: bool = False) -> None:
         """The run is over: keep the claims of rows that did not finish, write the
         manifest, let go of the output dir.
 
         The manifest is written however the run ended (``interrupted`` or not),
-        so what finished is always on record.
+        so what finished is always on record.  ``whole``: the run read its
+        whole input and every row ended (an earlier list's failures are then
+        known not to be rows of this one).
         """
         journal = self.journal
         try:
@@ -942,10 +944,11 @@ class FilePlanner:
             journal.park(list(self._in_flight.values()))
             self._in_flight.clear()
             journal.commit()
+            journal.free_reserve()  # its room is the manifest's now
             manifest = manifest_path(self.root)
             streamed = self._lines is not None and self._lines.finish()  # written as rows finished
             if not streamed and (journal.changed or not os.path.exists(manifest)):
-                write_manifest(manifest, journal.records())
+                write_manifest(manifest, journal.records(earlier_failures=not whole))
         finally:
             if self._lines is not None:
                 self._lines.give_up()  # a no-op once finished

@@ -21,12 +21,14 @@ import os
 from typing import Final
 
 RESERVE_NAME: Final = "reserve"
-# The journal's WAL file keeps the room its rolled-back frames had, so the
-# redo needs only what the last of them would have added; and a share of what
-# is free, at most (the room goes back to the disk at the end of the run).
-# On tmpfs, allocating and freeing it costs ~0.4 ms per MiB.
+# What a commit writes beyond the room the WAL file already has (its frames
+# are overwritten from the start after each checkpoint, every 4 MiB): up to
+# the dirty pages of the page cache.  At most a share of what is free (the
+# room goes back to the disk when the run ends; on a small disk the WAL file
+# is small too, and the whole transaction needs room).  On tmpfs, allocating
+# and freeing costs ~0.4 ms per MiB.
 RESERVE_BYTES: Final = 4 << 20
-_SHARE_OF_FREE: Final = 8
+_SHARE_OF_FREE: Final = 4
 _SMALLEST: Final = 64 << 10
 _FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 

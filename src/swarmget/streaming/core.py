@@ -122,7 +122,7 @@ class StreamPlanner:
     def commit(self) -> None:
         pass
 
-    def finish(self, interrupted: bool) -> None:
+    def finish(self, interrupted: bool, whole: bool = False) -> None:
         pass
 
 
