@@ -29,7 +29,7 @@ import math
 import numbers
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from swarmget.errors import UsageError
@@ -137,7 +137,39 @@ class Options:
         # None is "the default" (``workers=None``, as stream() takes it), for an
         # option whose default is something else.
         given = {k: v for k, v in kwargs.items() if v is not None or defaults[k] is None}
+        for name, value in given.items():
+            given[name] = _checked_type(name, value)
         return cls(**given)
+
+
+# Yes/no options take a bool: ``overwrite="false"`` is a true value, and it
+# replaced a user's file (the compiled build refused it with a TypeError that
+# named no option).
+_YES_NO_FIELDS = frozenset({"overwrite", "dedupe", "allow_downgrade", "insecure", "trust_env"})
+_TEXT_FIELDS = frozenset({"user_agent", "hash", "proxy", "no_proxy"})
+
+
+def _checked_type(name: str, value: object) -> object:
+    """``value`` for option ``name`` if it is of the option's kind (a path may be
+    any path-like), else a UsageError naming the option."""
+    if name in _YES_NO_FIELDS:
+        if not isinstance(value, bool):
+            raise UsageError(f"{name} must be True or False, not {value!r}")
+    elif name in _TEXT_FIELDS:
+        if value is not None and not isinstance(value, str):
+            raise UsageError(f"{name} must be a string, not {value!r}")
+    elif name == "cacert" and value is not None:
+        if not isinstance(value, (str, os.PathLike)):
+            raise UsageError(f"cacert must be a path, not {value!r}")
+        return os.fsdecode(os.fspath(value))
+    elif name == "dns_servers" and not isinstance(value, str):
+        servers = (
+            tuple(value) if isinstance(value, Iterable) and not isinstance(value, bytes) else None
+        )
+        if servers is None or not all(isinstance(server, str) for server in servers):
+            raise UsageError(f"dns_servers must be addresses as strings, not {value!r}")
+        return servers
+    return value
 
 
 # Counts and sizes: whole numbers (a numpy integer, or a float such as 1e6 that is one).
