@@ -488,3 +488,78 @@ def test_descriptors_the_caller_holds_count_against_the_concurrency(
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["300", "0"]
     assert "open already; using --concurrency" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("overwrite", "false"),
+        ("insecure", "no"),
+        ("trust_env", "false"),
+        ("dedupe", 1),
+        ("allow_downgrade", "no"),
+        ("proxy", 5),
+        ("no_proxy", ["a"]),
+        ("dns_servers", 5),
+        ("dns_servers", [b"127.0.0.1"]),
+        ("cacert", 5),
+    ],
+)
+def test_an_option_of_the_wrong_kind_is_a_usage_error_naming_it(
+    option: str, value: object, server: TestServer, out_dir: Path
+) -> None:
+    # overwrite="false" is a true value: the user's own file was replaced (the
+    # compiled build raised a TypeError naming no option).
+    mine = out_dir / "precious.txt"
+    mine.write_text("the user's")
+    with pytest.raises(swarmget.UsageError, match=f"^{option} must be"):
+        swarmget.download([server.file_url("precious.txt", size=10)], out_dir, **{option: value})
+    assert mine.read_text() == "the user's"
+
+
+def test_a_progress_listener_that_fails_to_start_lets_the_output_dir_go(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Its start() ran outside the run's clean-up: the output dir stayed locked
+    # ("another swarmget run is using ...") for the rest of the process.
+    class Broken:
+        def start(self) -> None:
+            raise RuntimeError("listener bug")
+
+        def update(self, snapshot: object) -> None:
+            pass
+
+        def finish(self, report: object) -> None:
+            pass
+
+    urls = [server.file_url(f"p{i}.bin", size=100) for i in range(5)]
+    with pytest.raises(RuntimeError, match="listener bug"):
+        swarmget.download(urls, out_dir, progress=Broken())
+    assert swarmget.download(urls, out_dir).ok == 5
+    with pytest.raises(swarmget.UsageError, match="progress must be"):
+        swarmget.download(urls, out_dir, progress="yes")
+
+
+def test_stream_takes_a_progress_listener_as_download_does(
+    server: TestServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was read as a yes/no flag: the built-in display was shown instead.
+    calls: list[str] = []
+
+    class Listener:
+        def start(self) -> None:
+            calls.append("start")
+
+        def update(self, snapshot: object) -> None:
+            calls.append("update")
+
+        def finish(self, report: object) -> None:
+            calls.append("finish")
+
+    urls = [server.file_url(f"s{i}.bin", size=100) for i in range(5)]
+    with swarmget.stream(urls, progress=Listener(), workers=1) as items:
+        assert len(list(items)) == 5
+    assert calls[0] == "start" and calls[-1] == "finish"
+    assert capsys.readouterr().err == ""
+    with pytest.raises(swarmget.UsageError, match="ordered must be True or False"):
+        swarmget.stream(urls, ordered="no")

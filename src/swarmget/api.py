@@ -22,7 +22,7 @@ from swarmget.parallel.fork import ForkBackend
 from swarmget.parallel.inline import InlineBackend
 from swarmget.parallel.supervisor import BATCH, Supervisor
 from swarmget.parallel.workers import worker_count, worker_shares
-from swarmget.report import ProgressListener, Report
+from swarmget.report import ProgressListener, Report, check_progress
 from swarmget.sinks.files import FileSink
 from swarmget.sinks.plan import FilePlanner
 from swarmget.sources.background import BackgroundRows, private_stdin
@@ -227,6 +227,7 @@ def download(
     snapshots instead.
     """
     opts = fit_concurrency(Options.from_kwargs(options))
+    check_progress(progress)
     if progress is True:
         from swarmget.progress import make_progress
 

@@ -271,3 +271,18 @@ class ProgressListener(Protocol):
         ...
 
     def finish(self, report: Report) -> None: ...
+
+
+def check_progress(value: object) -> None:
+    """``progress=`` must be True, False, None or a :class:`ProgressListener`: a
+    string or a number was taken for a listener, and its missing ``start``
+    failed the run after the output dir was locked."""
+    if value is None or isinstance(value, bool):
+        return
+    if all(callable(getattr(value, name, None)) for name in ("start", "update", "finish")):
+        return
+    from swarmget.errors import UsageError
+
+    raise UsageError(
+        f"progress must be True, False or a listener with start, update and finish, not {value!r}"
+    )

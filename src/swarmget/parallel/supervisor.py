@@ -201,7 +201,11 @@ class Supervisor:
             self._abandon()
             raise self._input_error
         if self._progress is not None:
-            self._progress.start()
+            try:
+                self._progress.start()
+            except BaseException:  # the caller's listener: the output dir is let go
+                self._abandon()
+                raise
         interrupted = False
         with self._interrupts:
             try:

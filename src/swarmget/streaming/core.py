@@ -47,7 +47,7 @@ from swarmget.parallel.fork import ForkBackend
 from swarmget.parallel.inline import InlineBackend
 from swarmget.parallel.supervisor import BATCH, Supervisor
 from swarmget.parallel.workers import worker_count, worker_shares
-from swarmget.report import FileResult, ProgressListener, Report
+from swarmget.report import FileResult, ProgressListener, Report, check_progress
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.memory import Arena, Budget, MemorySink
 from swarmget.sinks.plan import PlanBatch
@@ -160,7 +160,8 @@ class Stream(Iterator[Item]):
     URLs, read before ``urls``, which may then be None), and its rule for
     indices (``item.index``: a Row's own, or numbered on from the highest so
     far; a Row at or below an index swarmget numbered is a UsageError);
-    ``progress=True`` shows the live display.  Use it in a ``with`` block (or
+    ``progress=True`` shows the live display (or give a listener, as to
+    :func:`swarmget.download`).  Use it in a ``with`` block (or
     call ``close()``) so an early exit stops the downloads at once::
 
         with swarmget.stream(urls, map=decode) as items:
@@ -180,7 +181,7 @@ class Stream(Iterator[Item]):
         spill_dir: str | os.PathLike[str] | None = None,
         on_error: str = "yield",
         workers: int | None = None,
-        progress: bool = False,
+        progress: bool | ProgressListener = False,
         **options: Any,
     ) -> None:
         from swarmget.api import input_rows
@@ -196,6 +197,9 @@ class Stream(Iterator[Item]):
         if map is not None and not callable(map):
             # Caught here, not as a map_error on every item.
             raise UsageError(f"map must be a function of one item, not {map!r}")
+        if not isinstance(ordered, bool):  # "no" is a true value
+            raise UsageError(f"ordered must be True or False, not {ordered!r}")
+        check_progress(progress)
         if workers is not None:
             options["workers"] = workers
         self._options = Options.from_kwargs(options)
@@ -276,10 +280,12 @@ class Stream(Iterator[Item]):
 
     def _supervisor(self, backend: Backend) -> Supervisor:
         progress: ProgressListener | None = None
-        if self._progress:
+        if self._progress is True:
             from swarmget.progress import make_progress
 
             self._display = progress = make_progress(sys.stderr)
+        elif self._progress:
+            progress = self._progress  # the caller's own listener, as download() takes one
         assert self._delivery is not None
         backlog = 2 * max(1, self._options.concurrency // max(1, backend.workers)) + BATCH
         return Supervisor(
