@@ -192,6 +192,25 @@ def test_an_astream_wait_that_times_out_loses_no_item(server: TestServer) -> Non
     assert got == list(range(10))
 
 
+def test_two_tasks_sharing_one_astream_get_each_item_once(server: TestServer) -> None:
+    # The second task awaited the first one's pending wait: both got its item.
+    urls = [server.file_url(f"t{i}.bin", size=10, latency=0.01) for i in range(60)]
+
+    async def consume(items: swarmget.AsyncStream, got: list[int]) -> None:
+        async for item in items:
+            got.append(item.index)
+
+    async def share() -> tuple[list[int], list[int]]:
+        first: list[int] = []
+        second: list[int] = []
+        async with swarmget.astream(urls, concurrency=4) as items:
+            await asyncio.gather(consume(items, first), consume(items, second))
+        return first, second
+
+    first, second = asyncio.run(share())
+    assert sorted(first + second) == list(range(60))
+
+
 class _Abort(BaseException):
     pass
 

@@ -51,6 +51,9 @@ class AsyncStream(AsyncIterator[Item]):
         # stops the await, not the thread: what it takes is the next item, kept
         # here for the next __anext__ (it was lost).
         self._waiting: asyncio.Future[Item | None] | None = None
+        # One __anext__ at a time: two tasks iterating one stream awaited the
+        # same thread's future, and both got its item.
+        self._turn = asyncio.Lock()
 
     async def __aenter__(self) -> AsyncStream:
         # Started here, on the loop's thread, as stream() starts on the caller's:
@@ -73,6 +76,10 @@ class AsyncStream(AsyncIterator[Item]):
         return self
 
     async def __anext__(self) -> Item:
+        async with self._turn:
+            return await self._next()
+
+    async def _next(self) -> Item:
         waiting = self._waiting
         if waiting is None:
             item = self._stream.ready()
