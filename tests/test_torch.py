@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import swarmget
 from swarmget.testing import TestServer, expected_body
 from swarmget.testing.process import child_env
 
@@ -129,7 +130,21 @@ def test_loader_workers_may_be_spawned(server: TestServer) -> None:
 
 def test_shuffle_needs_a_list() -> None:
     with pytest.raises(Exception, match="shuffle=True needs a sequence"):
-        URLDataset(iter(["http://h/a"]), shuffle=True)
+        URLDataset({"http://h/a"}, shuffle=True)
+
+
+def test_bad_input_or_options_fail_when_the_dataset_is_made() -> None:
+    # A str was iterated as URLs of one character each (all failed, silently);
+    # an iterator gave its rows to the first epoch and none to the next; a
+    # typo surfaced only inside the loader workers, at the first iteration.
+    with pytest.raises(TypeError, match="not a single str"):
+        URLDataset("http://h/one")
+    with pytest.raises(swarmget.UsageError, match="not an iterator or a generator"):
+        URLDataset(url for url in ["http://h/a"])
+    with pytest.raises(swarmget.UsageError, match="unknown option"):
+        URLDataset(["http://h/a"], concurency=4)
+    with pytest.raises(swarmget.UsageError, match="--timeout must be a number"):
+        URLDataset(["http://h/a"], timeout="x")
 
 
 RANK_CHILD = """

@@ -54,6 +54,20 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 WARN_FAILURES = 5  # failures reported through warnings, per process
 
 
+# stream()'s own arguments; the rest are download options (Options).
+_STREAM_ARGUMENTS = frozenset(
+    {"sources", "ordered", "prefetch", "max_buffer_bytes", "spill_dir", "on_error", "workers",
+     "progress"}
+)  # fmt: skip
+
+
+def _check_stream_options(options: dict[str, Any]) -> None:
+    """A typo or a bad value fails here, not later inside every loader worker."""
+    from swarmget.options import Options
+
+    Options.from_kwargs({k: v for k, v in options.items() if k not in _STREAM_ARGUMENTS})
+
+
 class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
     """Yields ``map(item)`` for every URL, or ``{"index", "url", "data"}`` without map."""
 
@@ -67,8 +81,22 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         **stream_options: Any,
     ) -> None:
         super().__init__()
+        given: object = urls
+        if isinstance(given, str | bytes | bytearray):  # its characters were the URLs
+            raise TypeError(
+                "swarmget: `urls` must be an iterable of URLs, not a single "
+                f"{type(given).__name__}: pass [url] for one URL"
+            )
+        if iter(urls) is urls:
+            # Each epoch, and each loader worker, reads the URLs anew: an
+            # iterator gave its rows to the first epoch and nothing after.
+            raise UsageError(
+                "URLDataset reads its URLs again each epoch: give a collection "
+                "(a list, a tuple), not an iterator or a generator"
+            )
         if shuffle and not isinstance(urls, Sequence):
             raise UsageError("shuffle=True needs a sequence of URLs (a list), not an iterator")
+        _check_stream_options(stream_options)
         if "workers" in stream_options and stream_options["workers"] not in (None, 1):
             raise UsageError(
                 "URLDataset streams with one event loop per loader worker: "
