@@ -211,6 +211,28 @@ def test_two_tasks_sharing_one_astream_get_each_item_once(server: TestServer) ->
     assert sorted(first + second) == list(range(60))
 
 
+def test_a_generator_that_waits_for_the_items_gets_them(server: TestServer) -> None:
+    # The run took 256 rows with blocking next() calls before it began: a
+    # generator fed by what the caller does with the items (a crawler's queue)
+    # waited forever, and the workers' reports went unread meanwhile.
+    import queue
+
+    fed: queue.Queue[str | None] = queue.Queue()
+
+    def crawl() -> Iterator[str]:
+        yield server.file_url("seed.bin", size=10)
+        while (url := fed.get(timeout=5)) is not None:
+            yield url
+
+    started = time.monotonic()
+    seen = []
+    with swarmget.stream(crawl(), workers=1) as items:
+        for item in items:
+            seen.append((item.index, item.ok, round(time.monotonic() - started)))
+            fed.put(server.file_url("next.bin", size=10) if item.index == 0 else None)
+    assert seen == [(0, True, 0), (1, True, 0)]
+
+
 class _Abort(BaseException):
     pass
 

@@ -9,7 +9,7 @@ import gc
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence, Sized
+from collections.abc import Collection, Iterable, Iterator, Sequence, Sized
 from typing import Any, TextIO
 
 from swarmget.errors import UsageError, warn
@@ -62,7 +62,14 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
             # not wait for a batch of lines to start (sources/background.py).
             rows = BackgroundRows(rows, owned=stdin)
     if urls is not None:
+        in_memory = isinstance(urls, Collection)  # a list, a tuple, an array: read at once
         rows = _then(rows, urls)
+        if not in_memory:
+            # An iterator or a generator may be slow (a crawler, a queue): read
+            # in the run's thread, the first downloads waited for 256 of its
+            # rows, and one that waited for our items never got them -- nor
+            # were the workers' reports read meanwhile (sources/background.py).
+            rows = BackgroundRows(rows)
     return rows
 
 
