@@ -151,10 +151,11 @@ def judge(
     discard = head.chunked or (
         head.content_length is not None and head.content_length <= MAX_DISCARD
     )
-    optional = status in OPTIONAL_REDIRECTS
-    if status in REDIRECT_STATUSES or (optional and (head.get(b"location") or b"").strip()):
-        location = head.get(b"location")
-        if location is None or not location.strip():
+    location = head.get(b"location") if 300 <= status < 400 else None
+    if location is not None and not location.strip():
+        location = None  # an empty Location names nowhere
+    if status in REDIRECT_STATUSES or (location is not None and status in OPTIONAL_REDIRECTS):
+        if location is None:
             error = TransferError(
                 ErrorCode.BAD_REDIRECT, f"HTTP {status} redirect without a Location"
             )
