@@ -460,9 +460,9 @@ def test_running_out_of_descriptors_is_retried_not_an_io_failure() -> None:
     error = io_error("create", "/x.part", OSError(errno.EMFILE, "Too many open files"))
     assert isinstance(error, OutOfDescriptors) and not error.fatal
     state = RetryState().started().failed(error)
-    assert RetryPolicy(retries=3).decide(state, error) is not None
+    assert RetryPolicy(retries=3).wait(state, error) is not None
     full = io_error("write", "/x.part", OSError(errno.ENOSPC, "No space left on device"))
-    assert full.fatal and RetryPolicy(retries=3).decide(state, full) is None
+    assert full.fatal and RetryPolicy(retries=3).wait(state, full) is None
 
 
 _CROWDED_CHILD = """

@@ -13,14 +13,15 @@ Two values, as in urllib3's ``Retry``:
   nothing edits a counter in place, so "how many attempts" is never out of
   step with "what happened".
 
-:meth:`RetryPolicy.decide` turns a state and a failure into a delay (retry
+:meth:`RetryPolicy.wait` turns a state and a failure into a delay (retry
 after that long) or None (give up).  Three rules bound the time a bad host can
 cost a run:
 
 * a transfer cut for slowness (``--min-speed`` or silence longer than
   ``--timeout``: a :class:`Stalled` error) is retried at most once;
 * a server's ``Retry-After`` is honoured up to ``retry_after_cap``, but a wait
-  that would end after the row's ``--deadline`` fails the row now;
+  that would end after the row's ``--deadline`` fails the row now (the
+  engine weighs that, and says it in the row's message);
 * the per-host circuit breaker (engine/scheduler.py) gives up the remaining
   rows of a host after ``--host-failures`` consecutive failures.
 
@@ -133,28 +134,13 @@ class RetryPolicy:
             return self.delay(attempts, retry_after)
         return self.ceiling(attempts)
 
-    def decide(
-        self,
-        state: RetryState,
-        error: TransferError,
-        retry_after: float | None = None,
-        time_left: float = float("inf"),
-    ) -> float | None:
-        """Seconds to wait before the next attempt, or None to give up.
-
-        ``state`` already holds ``error`` (see :meth:`RetryState.failed`);
-        ``time_left`` is what remains of the row's ``--deadline``.
-        """
-        wait = self.wait(state, error, retry_after)
-        if wait is None or wait >= time_left:
-            return None  # e.g. a Retry-After past the deadline: fail now, with its code
-        return wait
-
     def wait(
         self, state: RetryState, error: TransferError, retry_after: float | None = None
     ) -> float | None:
-        """Seconds to wait before the next attempt, were the deadline no object;
-        None when ``error`` is not to be retried at all."""
+        """Seconds to wait before the next attempt, None when ``error`` is not to
+        be retried at all.  ``state`` already holds ``error`` (see
+        :meth:`RetryState.failed`).  The row's --deadline is the engine's to
+        weigh: a wait past it fails the row, saying so (engine/core.py)."""
         if isinstance(error, OutOfDescriptors) and state.attempts <= self.retries:
             return self.delay(state.attempts)  # a moment's shortage, whatever its code
         if not self.should_retry(error.code, state.attempts):
