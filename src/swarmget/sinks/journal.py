@@ -150,6 +150,7 @@ class Journal:
         except sqlite3.Error as exc:
             message = f"cannot open the journal in {state}: {exc}"
             raise OutputError(_with_full_disk_hint(message, exc, state), True) from None
+        self._state = state
         self.path = os.path.join(state, JOURNAL_NAME)
         # This transaction's writes, (sql, parameters, many), until it commits.
         self._uncommitted: list[tuple[str, Any, bool]] = []
@@ -569,10 +570,7 @@ class Journal:
         docstring); ``many``: ``parameters`` is a list of rows (executemany)."""
         self._uncommitted.append((sql, parameters, many))
         try:
-            if many:
-                self._db.executemany(sql, parameters)
-            else:
-                self._db.execute(sql, parameters)
+            self._execute(sql, parameters, many)
         except sqlite3.OperationalError as exc:
             if not _disk_full(exc):
                 raise
@@ -601,10 +599,13 @@ class Journal:
         self._reserve.free()
         self._db.execute("BEGIN")
         for sql, parameters, many in self._uncommitted:
-            if many:
-                self._db.executemany(sql, parameters)
-            else:
-                self._db.execute(sql, parameters)
+            self._execute(sql, parameters, many)
+
+    def _execute(self, sql: str, parameters: Any, many: bool) -> None:
+        if many:
+            self._db.executemany(sql, parameters)
+        else:
+            self._db.execute(sql, parameters)
 
     def _fold_plan_log(self) -> None:
         """An earlier run was killed: its claims that never reached the table go in now.
@@ -662,10 +663,10 @@ class Journal:
             message = f"cannot {action} the journal {self.path}: {exc}"
             if _damaged(exc):
                 message += f" ({_DAMAGED_HINT})"
-            raise OutputError(_with_full_disk_hint(message, exc, self.path), True) from None
+            raise OutputError(_with_full_disk_hint(message, exc, self._state), True) from None
         except sqlite3.Error as exc:
             message = f"cannot {action} the journal {self.path}: {exc}"
-            raise OutputError(_with_full_disk_hint(message, exc, self.path), True) from None
+            raise OutputError(_with_full_disk_hint(message, exc, self._state), True) from None
 
 
 _INT64 = 1 << 63  # SQLite's integers
@@ -678,13 +679,13 @@ _DAMAGED_HINT = (
 )
 
 
-def _with_full_disk_hint(message: str, exc: sqlite3.Error, path: str) -> str:
-    """``message``, saying the disk is full if it is and SQLite did not say so
-    (it may call that a "disk I/O error")."""
+def _with_full_disk_hint(message: str, exc: sqlite3.Error, state: str) -> str:
+    """``message``, saying the disk of ``state`` (the .swarmget folder) is full if
+    it is and SQLite did not say so (it may call that a "disk I/O error")."""
     if _disk_full(exc):
         return message
     try:
-        disk = os.statvfs(os.path.dirname(path) if os.path.isfile(path) else path)
+        disk = os.statvfs(state)
     except OSError:
         return message
     full = disk.f_bavail * disk.f_frsize < (64 << 10)

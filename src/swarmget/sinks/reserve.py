@@ -38,7 +38,7 @@ class Reserve:
 
     def __init__(self, state: str) -> None:
         self.path = os.path.join(state, RESERVE_NAME)
-        self.size = 1
+        self.size = 0
         self.free()  # one a killed run left: its room counts as free below
         with contextlib.suppress(OSError):
             disk = os.statvfs(state)
