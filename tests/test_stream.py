@@ -1033,3 +1033,13 @@ def test_sources_are_read_as_download_reads_them(server: TestServer, tmp_path: P
     assert got == [*expected, (3, expected_body("after.bin", 60))]
     with swarmget.stream(sources=[str(listing)]) as items:
         assert sorted(item.index for item in items) == [0, 1, 2]
+
+
+def test_stream_arguments_are_the_streams_own_keywords() -> None:
+    # URLDataset tells download options from stream arguments by this set.
+    import inspect
+
+    from swarmget.streaming.core import STREAM_ARGUMENTS, Stream
+
+    own = set(inspect.signature(Stream.__init__).parameters) - {"self", "urls", "map", "options"}
+    assert own == STREAM_ARGUMENTS

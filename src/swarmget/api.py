@@ -43,12 +43,7 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     matched by): see :func:`_then` for how indices are given and why a Row
     whose index may be another row's raises :class:`UsageError`.
     """
-    given: object = urls  # not narrowed: a bytes must reach the check, compiled or not
-    if isinstance(given, str | bytes | bytearray):
-        raise TypeError(
-            "swarmget: `urls` must be an iterable of URLs, not a single "
-            f"{type(given).__name__}: pass [url] for one URL, or sources=[path] for a list file"
-        )
+    refuse_single_url(urls)
     rows: Iterator[Row] = iter(())
     if sources:
         if isinstance(sources, str | bytes):
@@ -71,6 +66,15 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
             # were the workers' reports read meanwhile (sources/background.py).
             rows = BackgroundRows(rows)
     return rows
+
+
+def refuse_single_url(urls: object) -> None:
+    """A str is an iterable too: its characters were taken for URLs."""
+    if isinstance(urls, str | bytes | bytearray):
+        raise TypeError(
+            "swarmget: `urls` must be an iterable of URLs, not a single "
+            f"{type(urls).__name__}: pass [url] for one URL, or sources=[path] for a list file"
+        )
 
 
 def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:

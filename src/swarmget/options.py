@@ -149,12 +149,16 @@ _YES_NO_FIELDS = frozenset({"overwrite", "dedupe", "allow_downgrade", "insecure"
 _TEXT_FIELDS = frozenset({"user_agent", "hash", "proxy", "no_proxy"})
 
 
+def check_yes_no(name: str, value: object) -> None:
+    if not isinstance(value, bool):  # "no" is a true value
+        raise UsageError(f"{name} must be True or False, not {value!r}")
+
+
 def _checked_type(name: str, value: object) -> object:
     """``value`` for option ``name`` if it is of the option's kind (a path may be
     any path-like), else a UsageError naming the option."""
     if name in _YES_NO_FIELDS:
-        if not isinstance(value, bool):
-            raise UsageError(f"{name} must be True or False, not {value!r}")
+        check_yes_no(name, value)
     elif name in _TEXT_FIELDS:
         if value is not None and not isinstance(value, str):
             raise UsageError(f"{name} must be a string, not {value!r}")

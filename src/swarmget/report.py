@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Protocol
 
+from swarmget.errors import UsageError
+
 _FIELDS = (
     "url", "path", "status", "http_status", "bytes", "error", "attempts", "elapsed_ms",
     "message", "digests", "final_url", "index", "key", "payload", "reused",
@@ -281,8 +283,6 @@ def check_progress(value: object) -> None:
         return
     if all(callable(getattr(value, name, None)) for name in ("start", "update", "finish")):
         return
-    from swarmget.errors import UsageError
-
     raise UsageError(
         f"progress must be True, False or a listener with start, update and finish, not {value!r}"
     )

@@ -42,9 +42,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
+from swarmget.api import refuse_single_url
 from swarmget.errors import UsageError
 from swarmget.sources.rows import Row
 from swarmget.streaming import Item, stream
+from swarmget.streaming.core import STREAM_ARGUMENTS
 
 try:
     from torch.utils.data import IterableDataset, get_worker_info
@@ -54,18 +56,11 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 WARN_FAILURES = 5  # failures reported through warnings, per process
 
 
-# stream()'s own arguments; the rest are download options (Options).
-_STREAM_ARGUMENTS = frozenset(
-    {"sources", "ordered", "prefetch", "max_buffer_bytes", "spill_dir", "on_error", "workers",
-     "progress"}
-)  # fmt: skip
-
-
 def _check_stream_options(options: dict[str, Any]) -> None:
     """A typo or a bad value fails here, not later inside every loader worker."""
     from swarmget.options import Options
 
-    Options.from_kwargs({k: v for k, v in options.items() if k not in _STREAM_ARGUMENTS})
+    Options.from_kwargs({k: v for k, v in options.items() if k not in STREAM_ARGUMENTS})
 
 
 class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
@@ -81,12 +76,7 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         **stream_options: Any,
     ) -> None:
         super().__init__()
-        given: object = urls
-        if isinstance(given, str | bytes | bytearray):  # its characters were the URLs
-            raise TypeError(
-                "swarmget: `urls` must be an iterable of URLs, not a single "
-                f"{type(given).__name__}: pass [url] for one URL"
-            )
+        refuse_single_url(urls)
         if iter(urls) is urls:
             # Each epoch, and each loader worker, reads the URLs anew: an
             # iterator gave its rows to the first epoch and nothing after.

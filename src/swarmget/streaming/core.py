@@ -41,7 +41,7 @@ from typing import Any, Final
 
 from swarmget.engine.urls import UrlSplitter, redact, redact_failure
 from swarmget.errors import ErrorCode, TransferError, UsageError
-from swarmget.options import Options
+from swarmget.options import Options, check_yes_no
 from swarmget.parallel.backend import Backend
 from swarmget.parallel.fork import ForkBackend
 from swarmget.parallel.inline import InlineBackend
@@ -138,6 +138,13 @@ def _make_item(index: int, url: str, payload: object, arena: Arena | None) -> It
     return body_item(index, url, payload, arena)
 
 
+# Stream's own arguments (beside urls and map); the rest are download options.
+STREAM_ARGUMENTS: Final = frozenset(
+    {"sources", "ordered", "prefetch", "max_buffer_bytes", "spill_dir", "on_error", "workers",
+     "progress"}
+)  # fmt: skip
+
+
 class Stream(Iterator[Item]):
     """Every URL's bytes, as :class:`Item`\\ s, while the next ones download
     (``swarmget.stream(...)``): a context manager and an iterator of items.
@@ -197,8 +204,7 @@ class Stream(Iterator[Item]):
         if map is not None and not callable(map):
             # Caught here, not as a map_error on every item.
             raise UsageError(f"map must be a function of one item, not {map!r}")
-        if not isinstance(ordered, bool):  # "no" is a true value
-            raise UsageError(f"ordered must be True or False, not {ordered!r}")
+        check_yes_no("ordered", ordered)
         check_progress(progress)
         if workers is not None:
             options["workers"] = workers
