@@ -386,10 +386,12 @@ def test_the_rows_done_before_a_full_disk_are_not_fetched_again(
     # SQLite rolls a transaction back when its commit meets a full disk: every
     # row done since the last commit (a short run's all) was lost from the
     # journal, and the rerun fetched and replaced every file already there.
-    with small_tmpfs(tmp_path / "small", "16m") as mount:
+    # 20 of 24 MiB filled: the first run gets ~1,000 files in; the rerun needs
+    # room for all 3,000 (4 KiB a page each), the journal and its reserve.
+    with small_tmpfs(tmp_path / "small", "24m") as mount:
         out = mount / "out"
         filler = mount / "filler"
-        filler.write_bytes(b"\0" * (12 << 20))
+        filler.write_bytes(b"\0" * (20 << 20))
         cli = cli_over(
             [server.file_url(f"s{i}.bin", size=1000) for i in range(3000)], tmp_path, out
         )
