@@ -116,9 +116,14 @@ def test_sigkill_at_random_moments_then_resume(server: ProcessServer, tmp_path: 
 
 # SIGTERM (a scheduler preempting the job) used to end the driver at once,
 # without a word and without writing the manifest; it now stops as Ctrl-C does.
+# So does SIGHUP (the terminal closed), which left the journal's reserve behind.
 @pytest.mark.parametrize(
     ("signum", "status", "said"),
-    [(signal.SIGINT, 130, b"interrupted"), (signal.SIGTERM, 143, b"stopped by SIGTERM")],
+    [
+        (signal.SIGINT, 130, b"interrupted"),
+        (signal.SIGTERM, 143, b"stopped by SIGTERM"),
+        (signal.SIGHUP, 129, b"stopped by SIGHUP"),
+    ],
 )
 def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
     server: ProcessServer, tmp_path: Path, signum: int, status: int, said: bytes
@@ -145,6 +150,8 @@ def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
         json.loads(line) for line in (out / ".swarmget/manifest.jsonl").read_text().splitlines()
     ]
     assert [r["status"] for r in records] == ["partial"]
+    assert not (out / ".swarmget/reserve").exists()
+    assert not [p for p in (out / ".swarmget").iterdir() if p.name.endswith(".new")]
     # Every field a manifest line has (it had url, path and status only), and
     # no path: the file is not there yet.
     assert {"http_status", "bytes", "error", "attempts", "elapsed_ms"} <= set(records[0])
@@ -155,15 +162,18 @@ def test_ctrl_c_stops_promptly_keeps_parts_and_resumes(
     assert (out / name).read_bytes() == expected_body(name, size)
 
 
-def test_sigterm_to_the_whole_process_group_stops_as_sigterm(
-    server: ProcessServer, tmp_path: Path
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_stop_signal_to_the_whole_process_group_stops_as_that_signal(
+    server: ProcessServer, tmp_path: Path, signum: signal.Signals, status: int
 ) -> None:
     # `timeout` and batch schedulers signal the process group: the workers told
     # the driver they had been stopped before its own handler had run, and the
-    # run ended as Ctrl-C does (130, "interrupted").
+    # run ended as Ctrl-C does (130, "interrupted").  A closed terminal sends
+    # SIGHUP to the group: the workers died of it, their rows lost.
     urls = tmp_path / "urls.txt"
     lines = [server.file_url(f"g{i}.bin", size=5000, latency=0.2) for i in range(40)]
-    lines.append(server.file_url("group.bin", size=4 << 20, fault="stall", times=1))
+    # (A name of its own: the server stalls each URL once.)
+    lines.append(server.file_url(f"group-{signum}.bin", size=4 << 20, fault="stall", times=1))
     urls.write_text("\n".join(lines) + "\n")
     out = tmp_path / "out"
     proc = swarmget(urls, out, "--workers", "2", group=True)
@@ -172,10 +182,12 @@ def test_sigterm_to_the_whole_process_group_stops_as_sigterm(
     while time.monotonic() < deadline and not part.exists():
         time.sleep(0.01)
     time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGTERM)
+    os.killpg(proc.pid, signum)
     _, stderr = proc.communicate(timeout=10)
-    assert proc.returncode == 143, stderr.decode()
-    assert b"stopped by SIGTERM" in stderr
+    assert proc.returncode == status, stderr.decode()
+    assert f"stopped by {signum.name}".encode() in stderr
+    assert b"Traceback" not in stderr and b"worker" not in stderr
+    assert part.exists()  # kept for the rerun
 
 
 def test_a_worker_stopped_alone_hands_its_rows_on_and_the_run_goes_on(

@@ -4,7 +4,7 @@ The contract scripts rely on is the exit status and the shape of the error
 line, so both are kept strict:
 
 * 0 every row succeeded, 1 some row failed, 2 usage error, 130 interrupted
-  (Ctrl-C), 143 stopped by SIGTERM.
+  (Ctrl-C), 143 stopped by SIGTERM, 129 by SIGHUP.
 * A usage error is ONE line on stderr, ``swarmget: error: ...``, never a
   traceback and never argparse's multi-line usage dump: in a log of a thousand
   jobs, the line that says what went wrong is the only one anybody reads.
@@ -201,6 +201,7 @@ exit status:
   2    usage error: bad option or value, unreadable input, missing -o
   130  interrupted (Ctrl-C); rows that finished are already in the manifest
   143  stopped by SIGTERM (a scheduler, `kill`): the same as Ctrl-C
+  129  stopped by SIGHUP (the terminal closed): the same as Ctrl-C
 
 error codes (in the summary, in --json and in the manifest):
 {codes}
@@ -546,12 +547,12 @@ def _download_command(argv: list[str]) -> int:
     options = options_from_args(args)
     check_sources(args.sources)
     check_output(args.output)
-    # SIGTERM (a scheduler preempting the job, `kill`) stops the run as Ctrl-C
-    # does: the manifest is written and the parts are kept for the rerun.
-    # (Only the main thread may set a handler; and a SIGTERM the parent made us
-    # ignore stays ignored.)
+    # SIGTERM (a scheduler preempting the job, `kill`) and SIGHUP (the terminal
+    # closed) stop the run as Ctrl-C does: the manifest is written and the
+    # parts are kept for the rerun.  (Only the main thread may set a handler;
+    # and a signal the parent made us ignore, as nohup does, stays ignored.)
     try:
-        with interrupts.SigtermLikeInterrupt():
+        with interrupts.StopSignalsLikeInterrupt():
             report = download_with_display(
                 None,
                 args.output,
@@ -636,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         return fail(str(exc))
     except KeyboardInterrupt:
-        # Ctrl-C outside the run itself (while parsing), or the demo's (SIGTERM too).
+        # Ctrl-C outside the run itself (while parsing), or the demo's (SIGTERM, SIGHUP too).
         signum = interrupts.stopped_by
         how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
         say(f"swarmget: {how}\n", sys.stderr)

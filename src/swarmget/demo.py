@@ -196,7 +196,7 @@ def main(argv: list[str]) -> int:
     remove = args.output is None and not args.keep
     stdout_ok = True  # every line so far reached stdout
     try:
-        with interrupts.SigtermLikeInterrupt(), serve_in_subprocess() as server:
+        with interrupts.StopSignalsLikeInterrupt(), serve_in_subprocess() as server:
             if talk:
                 # A stdout that cannot take it (a full disk, `| head`) does not
                 # stop the demo; the summary at the end says so.

@@ -1,4 +1,4 @@
-"""Ctrl-C (and the CLI's SIGTERM) in the driver, delivered where the engine can stop cleanly.
+"""Ctrl-C (and the CLI's SIGTERM, SIGHUP) in the driver, delivered where the engine stops cleanly.
 
 Python raises ``KeyboardInterrupt`` at whatever bytecode the main thread is
 running when SIGINT arrives.  In the driver's own code that is fine (rows and
@@ -9,7 +9,7 @@ left a part that no one would remove (about 1 Ctrl-C in 2, pure build).
 
 :class:`TurnInterrupts` puts a handler of its own in front of the stopping
 handlers it knows (Python's own for SIGINT; :func:`terminate_like_interrupt`,
-which the CLI installs for SIGTERM) for the length of a run.  While an engine
+which the CLI installs for SIGTERM and SIGHUP) for the length of a run.  While an engine
 turn is running it only notes the signal and wakes the backend; the supervisor
 calls :meth:`TurnInterrupts.check` after the turn, which runs the handler it
 stood in front of (raising ``KeyboardInterrupt``).  Outside a turn it runs that
@@ -38,29 +38,37 @@ def terminate_like_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-class SigtermLikeInterrupt:
-    """For a command's run (``with SigtermLikeInterrupt():``): SIGTERM stops it as
-    Ctrl-C does, and :data:`stopped_by` says which it was.  Only the main thread
-    may set a handler, and a SIGTERM the parent made us ignore stays ignored."""
+# The signals a command's run stops on as on Ctrl-C: SIGTERM (a scheduler
+# preempting the job, `kill`) and SIGHUP (the terminal closed, an ssh session
+# dropped): either way the manifest is written and the parts are kept.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class StopSignalsLikeInterrupt:
+    """For a command's run (``with StopSignalsLikeInterrupt():``): SIGTERM and
+    SIGHUP stop it as Ctrl-C does, and :data:`stopped_by` says which it was.
+    Only the main thread may set a handler, and a signal the parent made us
+    ignore (``nohup``) stays ignored."""
 
     def __init__(self) -> None:
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> SigtermLikeInterrupt:
+    def __enter__(self) -> StopSignalsLikeInterrupt:
         global stopped_by
         stopped_by = None
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.getsignal(signal.SIGTERM)
-            if self._previous == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, terminate_like_interrupt)
+            for signum in STOP_SIGNALS:
+                if signal.getsignal(signum) == signal.SIG_DFL:
+                    self._previous[signum] = signal.signal(signum, terminate_like_interrupt)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._previous == signal.SIG_DFL:
-            signal.signal(signal.SIGTERM, self._previous)
+        previous, self._previous = self._previous, {}
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_SIGNALS = (signal.SIGINT, *STOP_SIGNALS)
 _DEFERRABLE = (signal.default_int_handler, terminate_like_interrupt)
 
 

@@ -147,9 +147,11 @@ def worker_main(
     for other in inherited:
         other.close()
     _forget_callers_signals()
-    # Ctrl-C reaches the whole process group; the driver decides, and tells us
-    # with SIGTERM, so a worker never dies halfway through its own cleanup.
+    # Ctrl-C, and SIGHUP when the terminal closes, reach the whole process
+    # group; the driver decides, and tells us with SIGTERM (or dies, and Linux
+    # sends it), so a worker never dies halfway through its own cleanup.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGUSR1, _stop_dropping_parts)
     events = PipeEvents(conn, worker)
