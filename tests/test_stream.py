@@ -1043,3 +1043,54 @@ def test_stream_arguments_are_the_streams_own_keywords() -> None:
 
     own = set(inspect.signature(Stream.__init__).parameters) - {"self", "urls", "map", "options"}
     assert own == STREAM_ARGUMENTS
+
+
+KILLED_CHILD = """
+import sys, swarmget
+urls = [{url!r}] * 8
+stream = swarmget.stream(urls, workers=1, spill_dir={spill!r}, max_buffer_bytes=1)
+for item in stream:
+    assert item.path is not None  # spilled: no memory budget
+    print("ready", flush=True)
+    sys.stdin.read()  # until killed
+"""
+
+
+def test_a_stream_killed_outright_has_its_spill_folder_swept_by_the_next(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # SIGKILL (the OOM killer) runs no close and no exit hook: the spilled
+    # bodies stayed in /tmp for good.  The next stream removes the folder of a
+    # stream that died, and no other: a live stream's, or a folder not ours.
+    spill = tmp_path / "spill"
+    url = server.file_url("killed.bin", size=50_000)
+    script = KILLED_CHILD.format(url=url, spill=str(spill))
+
+    def start() -> subprocess.Popen[str]:
+        child = subprocess.Popen(
+            [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            text=True, env=child_env(),
+        )  # fmt: skip
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        return child
+
+    dead, alive = start(), start()
+    folders = sorted(spill.iterdir())
+    assert len(folders) == 2 and all(any(f.iterdir()) for f in folders)
+    dead.kill()
+    dead.communicate()
+    foreign = spill / "swarmget-stream-foreign"  # no owner file: never ours to judge
+    foreign.mkdir()
+    for folder in [*folders, foreign]:
+        old = time.time() - 3600  # not one in the making
+        os.utime(folder, (old, old))
+    try:
+        with swarmget.stream([url], spill_dir=spill, workers=1) as items:
+            assert [item.ok for item in items] == [True]
+            left = set(spill.iterdir())
+        assert foreign in left and len(left & set(folders)) == 1
+        (kept,) = left & set(folders)
+        assert any(kept.iterdir())  # the live stream's bodies are untouched
+    finally:
+        alive.kill()
+        alive.communicate()

@@ -30,9 +30,7 @@ import contextlib
 import functools
 import numbers
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -54,6 +52,7 @@ from swarmget.sinks.plan import PlanBatch
 from swarmget.sources.rows import Row
 from swarmget.streaming.delivery import ON_ERROR, Delivery
 from swarmget.streaming.items import Item, body_item
+from swarmget.streaming.spill import SpillDir
 
 # Seconds close() waits for the run's thread.  With one process, ``map`` runs on
 # that thread and a call already running cannot be cut short: close() returns
@@ -226,6 +225,7 @@ class Stream(Iterator[Item]):
         self._thread: threading.Thread | None = None
         self._delivery: Delivery | None = None
         self._display: Any = None
+        self._spill: SpillDir | None = None
         self.spill_dir: str | None = None
 
     # -- starting -----------------------------------------------------------------------
@@ -241,7 +241,8 @@ class Stream(Iterator[Item]):
         # As download() does: sockets beyond the limit of open files would fail
         # items with "Too many open files" (said once, concurrency lowered).
         self._options = fit_concurrency(self._options)
-        self.spill_dir = _make_spill_dir(self._spill_parent)
+        self._spill = SpillDir(self._spill_parent)
+        self.spill_dir = self._spill.path
         try:
             backend, budget, arenas = self._backend()
             self._delivery = Delivery(
@@ -250,7 +251,7 @@ class Stream(Iterator[Item]):
             )  # fmt: skip
             supervisor = self._supervisor(backend)
         except BaseException:
-            shutil.rmtree(self.spill_dir, ignore_errors=True)
+            self._spill.remove()
             raise
         # The thread is given what it drives, never the Stream itself: a caller
         # who breaks out of a bare `for` and drops the stream must let it be
@@ -362,8 +363,8 @@ class Stream(Iterator[Item]):
         if os.getpid() != self._pid:
             return  # a forked copy: the stream is its parent's
         self._end_run()
-        if self.spill_dir is not None:
-            shutil.rmtree(self.spill_dir, ignore_errors=True)
+        if self._spill is not None:
+            self._spill.remove()
 
     def _end_run(self) -> None:
         """Stop the run and wait for its thread (the workers end with it)."""
@@ -414,17 +415,6 @@ def _arenas(limit: int, workers: int) -> list[Arena]:
             f"max_buffer_bytes={limit}: cannot map {share} bytes of shared memory "
             f"for each of {workers} workers ({exc.strerror}); give a smaller budget"
         ) from None
-
-
-def _make_spill_dir(parent: str | None) -> str:
-    """A folder of our own for spilled bodies (under ``parent`` when given, made
-    if missing and then left, as the caller's)."""
-    try:
-        if parent is not None:
-            os.makedirs(parent, exist_ok=True)
-        return tempfile.mkdtemp(prefix="swarmget-stream-", dir=parent)
-    except OSError as exc:  # a file there, no permission
-        raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
 
 
 @atexit.register

@@ -1,0 +1,98 @@
+"""The stream's spill folder: made for one stream, removed when it closes, and
+swept by a later stream if its owner died without closing it.
+
+Bodies beyond the stream's memory budget go to files in a folder of the
+stream's own (``swarmget-stream-*`` in the temporary directory, or under the
+caller's ``spill_dir``).  ``close()`` and the exit hook remove it, but a
+process killed outright (the OOM killer, SIGKILL) runs neither, and its spilled
+bodies, gigabytes perhaps, would stay in ``/tmp`` for good.
+
+So the owner holds an exclusive ``flock`` on a file in the folder
+(:data:`OWNER`) for the stream's life.  The kernel drops the lock when the last
+descriptor to it closes, which a killed process's exit does.  Each new stream
+sweeps the folders beside its own: one with an owner file that nobody holds
+is abandoned, and removed.  Process IDs would not do: they are reused, and
+another PID namespace sharing the temporary directory (containers) sees other
+numbers.  Folders without an owner file (another version's, anyone's) are
+never touched, and nor is one younger than :data:`SWEEP_AFTER` (its maker may
+not have taken the lock yet).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+import time
+from typing import Final
+
+from swarmget.errors import UsageError
+
+PREFIX: Final = "swarmget-stream-"
+OWNER: Final = ".owner"  # the file whose lock says the folder's stream is alive
+SWEEP_AFTER: Final = 60.0  # seconds: a folder younger than this may be in the making
+
+
+class SpillDir:
+    """``SpillDir(parent)``: a new spill folder under ``parent`` (the temporary
+    directory when None; made if missing and then left, as the caller's), its
+    owner lock taken.  ``path`` is the folder; ``remove()`` deletes it."""
+
+    def __init__(self, parent: str | None) -> None:
+        try:
+            if parent is not None:
+                os.makedirs(parent, exist_ok=True)
+            self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
+        except OSError as exc:  # a file there, no permission
+            raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
+        self._owner = _take_owner_lock(self.path)
+        sweep_abandoned(os.path.dirname(self.path))
+
+    def remove(self) -> None:
+        """Delete the folder and what is in it (safe to repeat)."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        if self._owner is not None:
+            os.close(self._owner)
+            self._owner = None
+
+
+def _take_owner_lock(path: str) -> int | None:
+    """The descriptor holding the folder's owner lock (None where the file
+    system has no locks: the folder is then never swept, as before)."""
+    fd = os.open(os.path.join(path, OWNER), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(path, OWNER))
+        return None
+    return fd
+
+
+def sweep_abandoned(parent: str) -> None:
+    """Remove the spill folders under ``parent`` whose stream has died (best
+    effort: a folder that cannot be read or locked is left)."""
+    now = time.time()
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if entry.name.startswith(PREFIX):
+                with contextlib.suppress(OSError):
+                    _remove_if_abandoned(entry, now)
+
+
+def _remove_if_abandoned(entry: os.DirEntry[str], now: float) -> None:
+    info = entry.stat(follow_symlinks=False)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        return
+    if now - info.st_mtime < SWEEP_AFTER:
+        return
+    fd = os.open(os.path.join(entry.path, OWNER), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError: its owner lives
+        shutil.rmtree(entry.path, ignore_errors=True)
+    finally:
+        os.close(fd)
