@@ -8,11 +8,10 @@ import functools
 import gc
 import os
 import sys
-import warnings
 from collections.abc import Collection, Iterable, Iterator, Sequence, Sized
 from typing import Any, TextIO
 
-from swarmget.errors import UsageError, warn
+from swarmget.errors import UsageError, warn, warn_at_caller
 from swarmget.loop.core import raise_nofile_limit
 from swarmget.manifest import manifest_path
 from swarmget.net.tls import INSECURE_WARNING
@@ -248,7 +247,7 @@ def download(
     rows = input_rows(urls, sources)
     report = run_download(rows, dest, opts, progress, known_rows=_known_rows(urls, sources))
     if report.total + report.skipped == 0:
-        warnings.warn("swarmget.download: the input has no rows", stacklevel=2)
+        warn_at_caller("swarmget.download: the input has no rows")
     return report
 
 

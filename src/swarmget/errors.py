@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import warnings
 from typing import Any, Final, TextIO
 
 
@@ -26,6 +27,30 @@ def warn(text: str, out: TextIO | None = None) -> None:
     with contextlib.suppress(OSError, ValueError):  # ValueError: a closed file object
         out.write(text)
         out.flush()
+
+
+def warn_at_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` naming the caller's line: the first frame outside this
+    package.  A ``stacklevel`` cannot: the public names are wrappers (lazy
+    imports, ``swarmget/__init__.py``), and in the compiled build our own
+    functions have no Python frames, so the count of frames to skip differs by
+    build and by entry point."""
+    frame = sys._getframe(0)  # the nearest Python frame (ours may be C)
+    while frame.f_back is not None and _ours(frame.f_globals.get("__name__")):
+        frame = frame.f_back
+    module_globals = frame.f_globals
+    warnings.warn_explicit(
+        message,
+        category,
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        module=module_globals.get("__name__"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+    )
+
+
+def _ours(module: object) -> bool:
+    return isinstance(module, str) and (module == "swarmget" or module.startswith("swarmget."))
 
 
 class ErrorCode:
