@@ -355,10 +355,32 @@ def test_bad_row_is_yielded_in_order_and_reading_goes_on(tmp_path: Path) -> None
         ("http://h/url", Format.TEXT),
         ("http://h/a,url,b", Format.TEXT),
         ("http://h/a?x\turl", Format.TEXT),
+        # Headers without a url column are still headers (refused for the
+        # column they lack): read as plain lists, their rows went out as URLs.
+        ("image_url,caption", Format.CSV),
+        ("Image URL\tCaption\tsha256", Format.TSV),
+        ("key,img-src.1", Format.CSV),
+        ("# urls, collected", Format.TEXT),
+        ("a,", Format.TEXT),
     ],
 )
 def test_sniff(line: str, fmt: Format) -> None:
     assert sniff(line) is fmt
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("image_url,caption\nhttp://h/a.jpg,a cat\n", "has no 'url' column"),
+        ("http://h/a.jpg\ta cat\nhttp://h/b.jpg\ta dog\n", "line 1: a tab after the URL"),
+        ("\n\nhttp://h/a.jpg\thttp://h/m/a.jpg\n", "line 3: a tab after the URL"),
+    ],
+)
+def test_a_table_read_as_a_plain_list_is_refused_before_any_row(text: str, said: str) -> None:
+    # CC12M's headerless url<TAB>caption, or a header without a url column, on
+    # stdin or in a .txt: every row went out as a URL with its columns glued on.
+    with pytest.raises(UsageError, match=said):
+        rows("-", stdin=text)
 
 
 def test_format_from_name() -> None:

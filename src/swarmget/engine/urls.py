@@ -32,6 +32,11 @@ _SAFE_TARGET = "/?#[]@!$&'()*+,;=:%-._~"
 # URL parser refuses in one (lib/urlapi.c, hostname_check).
 _BAD_HOST = re.compile(r"[\x00-\x20\x7f/:#?!@{}\[\]\\$'\"^`*<>=;,+&()%|]")
 _ZONE = re.compile(r"[A-Za-z0-9._~-]+")  # an IPv6 zone id (fe80::1%eth0)
+# Controls inside a URL (its ends are trimmed): urlsplit silently drops tabs and
+# line breaks (``/a.jpg<TAB>a cat`` became ``/a.jpga cat``), and the other
+# controls were escaped and sent.  curl refuses all of them, as http.client does.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_NAMES: Final = {"\t": "a tab", "\n": "a line break", "\r": "a carriage return"}
 
 
 class Location:
@@ -101,6 +106,9 @@ def split_url(url: str) -> Location:
             shown = url.encode("utf-8", "backslashreplace").decode("ascii", "replace")
             raise TransferError(ErrorCode.BAD_URL, f"URL is not valid text: {shown!r}") from None
     stripped = strip_url(url)
+    control = _CONTROL.search(stripped)
+    if control is not None:
+        raise TransferError(ErrorCode.BAD_URL, _control_message(control.group(), url))
     try:
         parts = urlsplit(stripped)
         port = parts.port
@@ -112,9 +120,7 @@ def split_url(url: str) -> Location:
     host = parts.hostname
     if not host:
         raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {redact(url)!r}")
-    if "]" in parts.netloc and parts.netloc.rpartition("]")[2][:1] not in ("", ":"):
-        # ``http://[::1]x/``: urlsplit drops what follows the bracket.
-        raise TransferError(ErrorCode.BAD_URL, f"junk after the IPv6 address: {redact(url)!r}")
+    _check_brackets(parts.netloc.rpartition("@")[2], host, url)
     host = wire_host(host, url)
     default = _DEFAULT_PORTS[scheme]
     if port is None:
@@ -145,6 +151,31 @@ def split_url(url: str) -> Location:
         token = base64.b64encode(user + b":" + password).decode("ascii")
         authorization = f"Basic {token}"
     return Location((scheme, host, port), target, host_header, authorization)
+
+
+def _control_message(control: str, url: str) -> str:
+    name = _CONTROL_NAMES.get(control, f"control character U+{ord(control):04X}")
+    hint = " (a TSV list without a header line?)" if control == "\t" else ""
+    return f"{name} inside the URL {redact(url)!r}{hint}"
+
+
+def _check_brackets(authority: str, host: str, url: str) -> None:
+    """Brackets in the authority hold an IPv6 address and nothing else: urlsplit
+    reads ``[::1]]:80`` as ``[::1]:80`` and ``[v1.x]`` as the name ``v1.x``
+    (curl refuses both)."""
+    if "[" not in authority and "]" not in authority:
+        return
+    inside, _, after = authority.partition("]")
+    if (
+        not inside.startswith("[")
+        or inside.count("[") != 1
+        or "[" in after
+        or "]" in after
+        or after[:1] not in ("", ":")
+    ):
+        raise TransferError(ErrorCode.BAD_URL, f"junk around the IPv6 address: {redact(url)!r}")
+    if ":" not in host:
+        raise TransferError(ErrorCode.BAD_URL, f"not an IPv6 address in brackets: {redact(url)!r}")
 
 
 def remove_dot_segments(path: str) -> str:

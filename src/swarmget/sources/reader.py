@@ -74,6 +74,7 @@ import gzip
 import io
 import itertools
 import os
+import re
 import stat
 import sys
 import zlib
@@ -176,7 +177,18 @@ def sniff(first_line: str) -> Format:
         return Format.CSV
     if text.lower() == "url":
         return Format.CSV
+    # A header without a url column (``image_url,caption``): read as a plain
+    # list, each row went out as a URL with its other columns glued on.  As a
+    # table, it is refused for the column it lacks, as a .csv file is.
+    for delimiter, table in (("\t", Format.TSV), (",", Format.CSV)):
+        cells = _cells(text, delimiter)
+        if len(cells) >= 2 and all(_HEADER_CELL.fullmatch(cell) for cell in cells):
+            return table
     return Format.TEXT
+
+
+# A column name as people write them: a word, maybe with spaces, dots or dashes.
+_HEADER_CELL: Final = re.compile(r"[a-z_][a-z0-9_ .-]*")
 
 
 def _cells(line: str, delimiter: str) -> list[str]:
@@ -305,6 +317,8 @@ def _parse(
         fmt = sniff(head[-1]) if head else Format.TEXT
     lines = itertools.chain(head, rest)
     if fmt is Format.TEXT:
+        if head:
+            _check_not_tabbed(head[-1], len(head), name)
         return parse_text(lines, name, counter, byte_errors)
     if fmt is Format.JSONL:
         return parse_jsonl(lines, name, counter)
@@ -343,6 +357,19 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     else:
         problem = "not text (an archive's first bytes)"
     raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
+
+
+def _check_not_tabbed(line: str, lineno: int, name: str) -> None:
+    """A plain list whose first line is a URL, a tab and more is a TSV without
+    its header line (CC12M's ``url<TAB>caption``): each row would fail as a URL
+    with a tab in it, so the input is refused at once, saying what it needs."""
+    text = line.strip()
+    if "\t" in text and "://" in text.partition("\t")[0]:
+        raise UsageError(
+            f"input {name!r}, line {lineno}: a tab after the URL: a TSV list needs a "
+            "header line naming its columns (url, and path, sha256, ... or any other), "
+            "and a plain list one URL a line"
+        )
 
 
 # The code points surrogateescape reads the bytes 0x80-0xff that are not UTF-8
