@@ -128,6 +128,28 @@ def test_after_a_kill_a_planned_file_is_ours_not_foreign(tmp_path: Path) -> None
     assert [a.path for a in batch.assignments] == ["a.jpg", "b.jpg"]
 
 
+def test_a_line_torn_at_the_end_of_the_plan_log_takes_no_later_claim_with_it(
+    tmp_path: Path,
+) -> None:
+    # A full disk (or a kill) left a line without its newline; the next run
+    # appended its first claims to it, which made one unreadable line of both,
+    # and a third run took that run's files for foreign ("exists") for good.
+    state = tmp_path / ".swarmget"
+    state.mkdir()
+    (state / "plans.log").write_bytes(b'[[1, 0, "http://h/x.jpg", "x.jpg"')  # torn
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_CHILD, str(tmp_path)], env=child_env(), check=False
+    )
+    assert done.returncode == 9
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(rows("http://h/a.jpg", "http://h/b.jpg"))
+    finally:
+        planner.finish(interrupted=True)
+    assert batch.results == []  # a.jpg is ours to redo
+    assert [a.path for a in batch.assignments] == ["a.jpg", "b.jpg"]
+
+
 def test_outcomes_go_in_as_the_run_drains_not_all_after_the_last_download(
     tmp_path: Path,
 ) -> None:
@@ -273,6 +295,32 @@ def test_a_journal_on_a_full_disk_says_the_disk_is_full(tmp_path: Path) -> None:
         with pytest.raises(OutputError) as info:
             FilePlanner(str(out), Options())
         assert info.value.message.endswith(("(no space left on the disk)", "disk is full"))
+
+
+def test_a_journal_opened_on_a_nearly_full_disk_opens_or_says_the_disk_is_full(
+    tmp_path: Path,
+) -> None:
+    # Opening writes outside a transaction; one that met the full disk was
+    # redone in a transaction left open, and the run failed with "cannot start
+    # a transaction within a transaction" (about 400 KiB free, the reserve taken).
+    opened = 0
+    for left in range(300, 540, 20):
+        with small_tmpfs(tmp_path / f"small{left}", "2m") as mount:
+            out = mount / "out"
+            out.mkdir()
+            room = os.statvfs(mount)
+            (mount / "filler").write_bytes(b"\0" * (room.f_bavail * room.f_frsize - left * 1024))
+            try:
+                planner = FilePlanner(str(out), Options())
+            except OutputError as exc:
+                assert exc.message.endswith(("disk is full", "(no space left on the disk)")), left
+                continue
+            opened += 1
+            try:
+                assert len(planner.plan(rows("http://h/a.jpg")).assignments) == 1
+            finally:
+                planner.finish(interrupted=True)
+    assert opened
 
 
 def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:

@@ -188,7 +188,9 @@ class Journal:
             db.execute("BEGIN")
         self.changed = False  # any row planned or recorded in this run
         try:
-            self._plan_log = _open_append(self._plan_log_path)
+            # Afresh: what it held is in the table now, and a line torn by a
+            # full disk or a kill must not run into this run's first line.
+            self._plan_log = _open_append(self._plan_log_path, truncate=True)
         except OSError as exc:
             raise OutputError(f"cannot open the plan log: {exc.strerror}", True) from None
         self._logged = 0
@@ -376,9 +378,14 @@ class Journal:
         if not plans:
             return
         self.changed = True
-        line = plan_log_line(plans)
+        data = memoryview((plan_log_line(plans) + "\n").encode("utf-8", "surrogatepass"))
         try:
-            os.write(self._plan_log, (line + "\n").encode("utf-8", "surrogatepass"))
+            # All of it, or the run stops: a nearly full disk writes part of a
+            # line and says so only by the count (the rest raises ENOSPC next).
+            # A torn line is dropped whole when the log is read; the line after
+            # it starts afresh, since a fold rewrites the log.
+            while data:
+                data = data[os.write(self._plan_log, data) :]
         except OSError as exc:
             raise OutputError(f"cannot write the plan log: {exc.strerror}", True) from None
         self._logged += len(plans)
@@ -568,6 +575,18 @@ class Journal:
     def _write(self, sql: str, parameters: Any, many: bool = False) -> None:
         """One write of the open transaction, kept until it commits (see the module
         docstring); ``many``: ``parameters`` is a list of rows (executemany)."""
+        if not self._db.in_transaction:
+            # A statement that commits by itself (opening the journal): once
+            # more on the reserve's room, and nothing kept, nothing left open
+            # (a redo's BEGIN stayed open, and the next BEGIN failed).
+            try:
+                self._execute(sql, parameters, many)
+            except sqlite3.OperationalError as exc:
+                if not _disk_full(exc):
+                    raise
+                self._reserve.free()
+                self._execute(sql, parameters, many)
+            return
         self._uncommitted.append((sql, parameters, many))
         try:
             self._execute(sql, parameters, many)
@@ -804,8 +823,9 @@ def storable(text: str) -> str:
     return text
 
 
-def _open_append(path: str) -> int:
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+def _open_append(path: str, truncate: bool = False) -> int:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+    return os.open(path, flags | os.O_TRUNC if truncate else flags, 0o644)
 
 
 def _lock(path: str) -> int:
