@@ -233,6 +233,37 @@ def test_a_generator_that_waits_for_the_items_gets_them(server: TestServer) -> N
     assert seen == [(0, True, 0), (1, True, 0)]
 
 
+def test_a_stream_closed_early_stops_reading_the_callers_generator(server: TestServer) -> None:
+    # Its input thread went on taking rows (4,096 of them, from a generator fed
+    # by a queue: lost to the caller) and stayed blocked for good, the
+    # generator never finalised.
+    url = server.file_url("endless.bin", size=10)
+    pulled = 0
+    finalised = threading.Event()
+
+    def endless() -> Iterator[str]:
+        nonlocal pulled
+        try:
+            while True:
+                pulled += 1
+                yield url
+        finally:
+            finalised.set()
+
+    for workers in (1, 2):
+        pulled = 0
+        finalised.clear()
+        with swarmget.stream(endless(), prefetch=4, workers=workers) as items:
+            for n, item in enumerate(items):
+                assert item.ok
+                if n == 4:
+                    break
+        assert finalised.wait(5)
+        assert pulled < 600, pulled  # a batch read ahead, and the run's own intake
+        time.sleep(0.1)
+        assert not [t for t in threading.enumerate() if t.name == "swarmget-input"]
+
+
 class _Abort(BaseException):
     pass
 

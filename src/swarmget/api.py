@@ -24,7 +24,7 @@ from swarmget.parallel.workers import worker_count, worker_shares
 from swarmget.report import ProgressListener, Report, check_progress
 from swarmget.sinks.files import FileSink
 from swarmget.sinks.plan import FilePlanner
-from swarmget.sources.background import BackgroundRows, private_stdin
+from swarmget.sources.background import ITERATOR_ROWS, BackgroundRows, private_stdin
 from swarmget.sources.fields import FieldError, build_row
 from swarmget.sources.rows import Row, strip_url
 
@@ -63,7 +63,7 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
             # in the run's thread, the first downloads waited for 256 of its
             # rows, and one that waited for our items never got them -- nor
             # were the workers' reports read meanwhile (sources/background.py).
-            rows = BackgroundRows(rows)
+            rows = BackgroundRows(rows, ahead=ITERATOR_ROWS)
     return rows
 
 

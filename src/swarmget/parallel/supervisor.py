@@ -187,6 +187,9 @@ class Supervisor:
             # prints it, as after a run-stopping error).
             exc.report = self.report  # type: ignore[attr-defined]
             raise
+        finally:
+            if isinstance(self._rows, BackgroundRows):
+                self._rows.close()  # its thread stops taking the caller's rows
 
     def _run(self) -> Report:
         self._started = time.monotonic()

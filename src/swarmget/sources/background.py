@@ -21,6 +21,7 @@ which no child touches.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -34,7 +35,12 @@ from typing import BinaryIO, Final
 from swarmget.errors import UsageError
 from swarmget.sources.rows import Row
 
-QUEUE_ROWS: Final = 4096  # rows read ahead of the run, at most
+# Rows read ahead of the run, at most: from stdin, many (the lines are read
+# anyway, and a big queue amortises the thread's wake-ups); from the caller's
+# iterator, a batch (rows read ahead and never used are taken from the caller:
+# a generator fed by a queue of its own loses them when the run stops early).
+QUEUE_ROWS: Final = 4096
+ITERATOR_ROWS: Final = 256
 
 
 class _End:
@@ -49,12 +55,23 @@ class _End:
 class BackgroundRows(Iterator[Row]):
     """``rows``, read on a thread of their own (see the module docstring)."""
 
-    def __init__(self, rows: Iterator[Row], owned: BinaryIO | None = None) -> None:
+    def __init__(
+        self, rows: Iterator[Row], owned: BinaryIO | None = None, ahead: int = QUEUE_ROWS
+    ) -> None:
         self._rows = rows
         self._owned = owned  # closed when the rows are read
-        self._queue: queue.Queue[Row | _End] = queue.Queue(QUEUE_ROWS)
+        self._queue: queue.Queue[Row | _End] = queue.Queue(ahead)
         self._thread: threading.Thread | None = None
         self._over: _End | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """The run is over: the thread takes no more rows (after the one it may
+        be waiting for), lets go of the iterator, and ends.  Safe to repeat."""
+        self._closed = True
+        with contextlib.suppress(queue.Empty):
+            while True:  # room for a put the thread may be blocked in
+                self._queue.get_nowait()
 
     def take(self, count: int, *, wait: bool) -> list[Row]:
         """Up to ``count`` rows that have arrived.  ``wait``: block for the first
@@ -98,13 +115,26 @@ class BackgroundRows(Iterator[Row]):
         end = _End()
         try:
             for row in self._rows:
+                if self._closed:
+                    break
                 self._queue.put(row)
+                if self._closed:
+                    break
         except Exception as exc:  # bad input: raised where the rows are taken
             end = _End(exc)
         finally:
+            if self._closed:
+                # Closed here, in the thread that runs it (a generator cannot be
+                # closed from another while it runs): the caller's generator is
+                # let go, and its own `finally` runs.
+                close = getattr(self._rows, "close", None)
+                if close is not None:
+                    with contextlib.suppress(Exception):
+                        close()
             if self._owned is not None:
                 self._owned.close()
-            self._queue.put(end)
+            if not self._closed:
+                self._queue.put(end)
 
 
 def private_stdin() -> BinaryIO | None:
