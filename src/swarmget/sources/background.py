@@ -114,12 +114,11 @@ class BackgroundRows(Iterator[Row]):
     def _pump(self) -> None:
         end = _End()
         try:
-            for row in self._rows:
-                if self._closed:
+            while not self._closed:  # checked again after each put: close() may come then
+                row = next(self._rows, None)
+                if row is None or self._closed:
                     break
                 self._queue.put(row)
-                if self._closed:
-                    break
         except Exception as exc:  # bad input: raised where the rows are taken
             end = _End(exc)
         finally:
