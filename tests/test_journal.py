@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -323,6 +324,29 @@ def test_a_journal_opened_on_a_nearly_full_disk_opens_or_says_the_disk_is_full(
     assert opened
 
 
+def test_a_journal_of_the_schema_before_gains_the_total_column(tmp_path: Path) -> None:
+    planner = FilePlanner(str(tmp_path), Options())
+    planner.record([ok(a) for a in planner.plan(rows("http://h/a.jpg")).assignments])
+    planner.finish(interrupted=False)
+    (tmp_path / "a.jpg").write_bytes(b"0123456789")  # published, as the engine would have
+    journal = tmp_path / ".swarmget" / "journal.sqlite3"
+    with contextlib.closing(sqlite3.connect(journal)) as db:  # the table as schema 2 made it
+        db.executescript(
+            "CREATE TABLE old (key INTEGER PRIMARY KEY, run INTEGER NOT NULL, "
+            "idx INTEGER NOT NULL, path TEXT, mine INTEGER NOT NULL, status INTEGER NOT NULL, "
+            "bytes INTEGER NOT NULL DEFAULT 0, validator TEXT, record TEXT);"
+            "INSERT INTO old SELECT key, run, idx, path, mine, status, bytes, validator, record "
+            "FROM rows; DROP TABLE rows; ALTER TABLE old RENAME TO rows;"
+            "CREATE INDEX rows_path ON rows (path);"
+        )
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(rows("http://h/a.jpg", "http://h/b.jpg"))
+    finally:
+        planner.finish(interrupted=True)
+    assert (batch.skipped, [a.path for a in batch.assignments]) == (1, ["b.jpg"])
+
+
 def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:
     planner = FilePlanner(str(tmp_path), Options())
     planner.finish(interrupted=False)
@@ -458,6 +482,25 @@ def test_verdicts_on_ranged_answers() -> None:
         Options(max_size=150),
     )
     assert (too_big.kind, too_big.error and too_big.error.code) == (FAIL, ErrorCode.TOO_LARGE)
+
+
+def test_a_416_says_the_part_is_whole_only_of_the_same_version_and_within_the_limits() -> None:
+    def kept(total: int | None = None) -> Transfer:
+        url = "http://h.test/big.bin"
+        row = Assignment(0, 1, url, "big.bin", resume_from=100, validator='"v1"', total=total)
+        return Transfer(Job(row, split_url(url)), 100)
+
+    whole = _head(416, content_range="bytes */100")
+    assert judge(kept(), whole, Options()).kind == ACCEPT
+    assert judge(kept(100), whole, Options()).kind == ACCEPT
+    # Another version's 416 (a server that ignores If-Range): not our part's.
+    other = _head(416, content_range="bytes */100", etag='"v2"')
+    assert judge(kept(), other, Options()).kind == RESTART
+    # An earlier run was told the file has 300 bytes: 100 is not all of it.
+    assert judge(kept(300), whole, Options()).kind == RESTART
+    # Whole, and over --max-size: refused as a 206 or a 200 would be.
+    limited = judge(kept(), whole, Options(max_size=50))
+    assert (limited.kind, limited.error and limited.error.code) == (FAIL, ErrorCode.TOO_LARGE)
 
 
 @given(

@@ -240,6 +240,71 @@ def test_a_retry_told_another_length_than_the_cut_reply_starts_again_from_zero(
     assert b"range: bytes=1572864-" in calls[1].lower() and b"range:" not in calls[2].lower()
 
 
+@pytest.mark.parametrize(
+    "second",
+    [
+        b'HTTP/1.1 416 Range Not Satisfiable\r\nETag: "v1"\r\n'
+        b"Content-Range: bytes */1572864\r\nContent-Length: 0\r\n\r\n",
+        # Another version's 416, to our If-Range "v1".
+        b'HTTP/1.1 416 Range Not Satisfiable\r\nETag: "v2"\r\n'
+        b"Content-Range: bytes */1572864\r\nContent-Length: 0\r\n\r\n",
+        _partial(2_097_251, b"2097252"),
+        _partial(2_097_051, b"2097052"),
+    ],
+    ids=["416", "416-other-etag", "206-longer", "206-shorter"],
+)
+def test_a_rerun_told_another_length_than_the_cut_reply_starts_again_from_zero(
+    server: TestServer, out_dir: Path, second: bytes
+) -> None:
+    # As above, across runs: the length the cut reply announced was not kept
+    # with the part, and a rerun published v1's first 1.5 MiB as the whole file
+    # (a 416), or spliced on the rest of a file of another length (a 206).
+    calls: list[bytes] = []
+
+    async def contradicting(head: bytes, conn: ScriptedConnection) -> None:
+        calls.append(head)
+        if len(calls) == 1:
+            _cut_short(conn)
+        elif b"range:" in head.lower():
+            conn.send(second)
+        else:
+            conn.send(_HEAD + _WHOLE)
+
+    with server.routed("/recut.bin", contradicting) as url:
+        assert run([url], out_dir).error_counts() == {"truncated": 1}  # the part is kept
+        report = run([url], out_dir, retries=2)
+    assert (report.ok, report.error_counts()) == (1, {}), [f.message for f in report.failures]
+    assert (out_dir / "recut.bin").read_bytes() == _WHOLE
+    assert b"range: bytes=1572864-" in calls[1].lower() and b"range:" not in calls[2].lower()
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 206 X\r\nContent-Length: 3\r\nContent-Range: bytes 0-4/5\r\n\r\nhel",
+        # Close-delimited, past its Content-Range.
+        b"HTTP/1.1 206 X\r\nContent-Range: bytes 0-4/5\r\nConnection: close\r\n\r\nhelloEXTRA",
+    ],
+)
+def test_a_206_to_a_plain_get_whose_lengths_disagree_fails_once_not_for_ever(
+    server: TestServer, out_dir: Path, reply: bytes
+) -> None:
+    # "Again from zero, without a Range" asked a request that had no Range the
+    # same question: 12,734 identical GETs in 3 s, until --deadline.
+    calls: list[bytes] = []
+
+    async def same_answer(head: bytes, conn: ScriptedConnection) -> None:
+        calls.append(head)
+        conn.send(reply)
+        conn.close()
+
+    with server.routed("/twisted.bin", same_answer) as url:
+        report = run([url], out_dir, retries=1, deadline=20)
+    assert report.error_counts() == {"protocol": 1}, [f.message for f in report.failures]
+    assert len(calls) <= 2  # one attempt, and at most its one retry
+    assert parts(out_dir) == []
+
+
 @pytest.mark.parametrize("total", [b"2097152", b"*"])
 def test_a_retry_answered_with_the_rest_of_the_same_length_is_spliced(
     server: TestServer, out_dir: Path, total: bytes

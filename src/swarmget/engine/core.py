@@ -630,7 +630,8 @@ class Engine(ConnectionOwner):
             assert location is not None
             self._follow(transfer, location, verdict.status)
         elif kind == RESTARTED:
-            self._restart(transfer)
+            assert verdict.error is not None
+            self._restart(transfer, verdict.error, verdict.status)
         else:
             assert isinstance(conn, HTTPConnection)
             self._transfer_failed(pool, transfer, verdict, conn.state == CONNECTING, conn.started)
@@ -675,12 +676,20 @@ class Engine(ConnectionOwner):
             self._keep_or_drop_part(transfer)
             self._failed(transfer, error, 206)
             return
-        self._restart(transfer)
+        error = TransferError(
+            ErrorCode.PROTOCOL, f"the partial response ran past byte {end}, where it said it ends"
+        )
+        self._restart(transfer, error, 206)
 
-    def _restart(self, transfer: Transfer) -> None:
+    def _restart(self, transfer: Transfer, error: TransferError, status: int) -> None:
         """Again from byte zero, without a Range; not the server's failure, so not
-        counted as an attempt."""
+        counted as an attempt.  A request that had no Range fails with ``error``:
+        asked again, the same question got the same answer thousands of times a
+        second until --deadline (a 206 to a plain GET whose lengths disagree)."""
         self._drop_writer(transfer, keep=False)
+        if not transfer.ranged:
+            self._failed(transfer, error, status)
+            return
         transfer.start = 0
         transfer.retry = transfer.retry.forgiven(RESTART)
         self.loop.call_soon(self._submit, transfer, True)
@@ -891,7 +900,7 @@ class Engine(ConnectionOwner):
         if validator is None and job.validator is None:
             return
         job.validator = validator
-        self.events.partial(job.row, validator)
+        self.events.partial(job.row, validator, head.content_length if validator else None)
 
     @staticmethod
     def _large(head: ResponseHead) -> bool:

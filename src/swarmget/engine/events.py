@@ -24,7 +24,8 @@ class EngineEvents(Protocol):
     def finished(self, result: FileResult) -> None:
         """A row is done (ok or failed); ``result.key`` identifies it."""
 
-    def partial(self, row: Assignment, validator: str | None) -> None:
+    def partial(self, row: Assignment, validator: str | None, total: int | None) -> None:
         """A whole body of ``row`` began: its part can be continued later if it
-        came with this validator (ETag or Last-Modified); None: it cannot be, and
-        a validator recorded before is void."""
+        came with this validator (ETag or Last-Modified) and the file still has
+        ``total`` bytes (None: not known); validator None: it cannot be, and a
+        validator recorded before is void."""

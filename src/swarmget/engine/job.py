@@ -55,7 +55,7 @@ class Job:
         # The entity's length as this run's last accepted response announced it
         # (None: not known).  A later 206 or 416 that tells another length is of
         # another version of the file: its bytes are not spliced onto ours.
-        self.total: int | None = None
+        self.total: int | None = row.total  # an earlier run's, when it kept a part
 
     def move_to(self, url: str, location: Location) -> None:
         """Follow a redirect to ``url``."""

@@ -139,6 +139,9 @@ def judge(
             # byte and its rename): nothing is left to fetch.  The validator
             # in If-Range matched, or the server would have sent it all anew.
             start = transfer.start
+            refused = _too_large(start, options) or _not_the_size(transfer, start)
+            if refused is not None:
+                return Verdict(FAIL, status, error=refused)
             return Verdict(ACCEPT, status, start=start, end=start, complete=True, total=start)
         # Our part is longer than the file now (it changed on a server that
         # ignores If-Range, or shrank): asking for the rest again would fail
@@ -182,6 +185,10 @@ def _already_whole(transfer: Transfer, head: ResponseHead) -> bool:
         # This run was told another length (a body cut short, then this 416 to
         # its retry): the part is not the whole file, whatever the 416 says.
         return False
+    if _shows_another_version(transfer.job.validator, head):
+        # A server that answers If-Range with a 416 of another version (it
+        # should send that version whole): our part is not of it.
+        return False
     value = head.get(b"content-range")
     if value is None:
         return False
@@ -190,6 +197,13 @@ def _already_whole(transfer: Transfer, head: ResponseHead) -> bool:
         return False
     total = value[8:].strip()
     return total.isdigit() and int(total) == transfer.start
+
+
+def _shows_another_version(validator: str, head: ResponseHead) -> bool:
+    """Does ``head`` carry a validator of the kind ours is, and another value?
+    (A reply without one, as a 416 may be, shows nothing.)"""
+    now = head.get(b"etag" if validator.startswith('"') else b"last-modified")
+    return now is not None and now.strip().decode("latin-1") != validator
 
 
 def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> Verdict:

@@ -39,6 +39,10 @@ from swarmget.errors import SwarmgetError
 from swarmget.report import FileResult, Waiting
 from swarmget.sinks.base import Assignment, AssignmentTuple
 
+# A body that began (Engine events' partial): the row's key, the validator its
+# part may be continued with (None: none), and the file's length then.
+Partial = tuple[int, str | None, int | None]
+
 # -- driver -> worker ---------------------------------------------------------------
 
 
@@ -66,7 +70,7 @@ class Release:
 class Progress:
     worker: int
     results: list[FileResult]  # rows finished since the last message (they pickle as tuples)
-    partials: list[tuple[int, str | None]]  # (key, validator) of bodies that began
+    partials: list[Partial]  # bodies that began (see Partial)
     active: int  # transfers receiving now
     in_flight: int  # body bytes they have received so far
     parked: int = 0  # rows waiting for a host that pushed back (Engine.parked)

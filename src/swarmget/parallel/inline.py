@@ -17,6 +17,7 @@ from swarmget.options import Options
 from swarmget.parallel.backend import (
     Event,
     Finished,
+    Partial,
     Progress,
     Stopped,
 )
@@ -31,13 +32,13 @@ class Collected:
 
     def __init__(self) -> None:
         self.results: list[FileResult] = []
-        self.partials: list[tuple[int, str | None]] = []
+        self.partials: list[Partial] = []
 
     def finished(self, result: FileResult) -> None:
         self.results.append(result)
 
-    def partial(self, row: Assignment, validator: str | None) -> None:
-        self.partials.append((row.key, validator))
+    def partial(self, row: Assignment, validator: str | None, total: int | None) -> None:
+        self.partials.append((row.key, validator, total))
 
     def flush(self) -> None:
         pass  # what was collected leaves with the backend's next poll

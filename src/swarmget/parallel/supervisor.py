@@ -69,7 +69,7 @@ class Planner(Protocol):
 
     def plan(self, rows: list[Row]) -> PlanBatch: ...
     def record(self, results: list[FileResult]) -> list[FileResult]: ...
-    def partial(self, key: int, validator: str | None) -> None: ...
+    def partial(self, key: int, validator: str | None, total: int | None) -> None: ...
     def redeal(self, rows: list[Assignment]) -> None:
         """``rows`` go out again, their worker dead: undo what it may have left."""
         ...
@@ -395,8 +395,8 @@ class Supervisor:
             worker.parked = event.parked
             worker.waiting = event.waiting
             # Parts first: a large file can begin and end between two messages.
-            for key, validator in event.partials:
-                self._planner.partial(key, validator)
+            for key, validator, total in event.partials:
+                self._planner.partial(key, validator, total)
             results = event.results
             for result in results:
                 worker.outstanding.pop(result.key, None)

@@ -37,6 +37,7 @@ from swarmget.parallel.backend import (
     Done,
     Finished,
     NoMoreRows,
+    Partial,
     Progress,
     Release,
     Rows,
@@ -60,7 +61,7 @@ class PipeEvents:
         self._conn = conn
         self._worker = worker
         self._results: list[FileResult] = []
-        self._partials: list[tuple[int, str | None]] = []
+        self._partials: list[Partial] = []
         self.engine: Engine | None = None
 
     def finished(self, result: FileResult) -> None:
@@ -78,8 +79,8 @@ class PipeEvents:
         if engine is not None and pending * 4 >= engine.backlog() + pending:
             self.flush()
 
-    def partial(self, row: Assignment, validator: str | None) -> None:
-        self._partials.append((row.key, validator))
+    def partial(self, row: Assignment, validator: str | None, total: int | None) -> None:
+        self._partials.append((row.key, validator, total))
 
     def flush(self) -> None:
         engine = self.engine

@@ -30,7 +30,7 @@ from swarmget.errors import ErrorCode, TransferError
 # How an Assignment crosses a process pipe (a tuple pickles several times faster
 # than an object): the fields of Assignment, in order.
 AssignmentTuple = tuple[
-    int, int, str, str | None, str | None, str | None, int | None, int, str | None
+    int, int, str, str | None, str | None, str | None, int | None, int, str | None, int | None
 ]
 
 
@@ -42,7 +42,9 @@ class Hasher(Protocol):
 class Assignment:
     """One planned row: what to fetch, what the result must match, where it goes."""
 
-    __slots__ = ("index", "key", "md5", "path", "resume_from", "sha256", "size", "url", "validator")
+    __slots__ = (
+        "index", "key", "md5", "path", "resume_from", "sha256", "size", "total", "url", "validator",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class Assignment:
         size: int | None = None,
         resume_from: int = 0,
         validator: str | None = None,
+        total: int | None = None,
     ) -> None:
         self.index = index  # position in the input
         self.key = key  # the row's identity across runs (see sinks/plan.py)
@@ -65,17 +68,20 @@ class Assignment:
         self.size = size
         self.resume_from = resume_from  # bytes of a kept part to continue with Range
         self.validator = validator  # the ETag / Last-Modified the kept part came with
+        # The file's length when the kept part began (None: not known): a rerun
+        # whose server now tells another length (a 416, a 206) is not spliced on.
+        self.total = total
 
     def as_tuple(self) -> AssignmentTuple:
         return (
             self.index, self.key, self.url, self.path, self.sha256, self.md5, self.size,
-            self.resume_from, self.validator,
+            self.resume_from, self.validator, self.total,
         )  # fmt: skip
 
     @staticmethod
     def from_tuple(fields: AssignmentTuple) -> Assignment:
-        index, key, url, path, sha256, md5, size, resume_from, validator = fields
-        return Assignment(index, key, url, path, sha256, md5, size, resume_from, validator)
+        index, key, url, path, sha256, md5, size, resume_from, validator, total = fields
+        return Assignment(index, key, url, path, sha256, md5, size, resume_from, validator, total)
 
     def expected_digests(self) -> dict[str, str]:
         digests = {}

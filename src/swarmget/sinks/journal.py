@@ -61,7 +61,7 @@ PlanEntry = tuple[int, int, str, str | None, bool]
 # A row's outcome as the journal writes it: (key, index, path, mine, status, bytes, record).
 Recorded = tuple[int, int, str | None, int, int, int, str]  # mine: 1 or 0
 LOCK_NAME: Final = "lock"
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3  # 3: rows.total
 PAGE_SIZE: Final = 16384  # bytes, for a journal made now (see _open)
 
 # status column
@@ -83,7 +83,8 @@ CREATE TABLE IF NOT EXISTS rows (
     status INTEGER NOT NULL,
     bytes INTEGER NOT NULL DEFAULT 0,
     validator TEXT,             -- ETag / Last-Modified of a kept part
-    record TEXT                 -- its manifest record: a JSON object, without "index"
+    record TEXT,                -- its manifest record: a JSON object, without "index"
+    total INTEGER               -- the file's length when its kept part began (if told)
 );
 CREATE INDEX IF NOT EXISTS rows_path ON rows (path);
 -- --dedupe: the row that downloads each distinct URL, and the rows waiting for it.
@@ -133,6 +134,14 @@ class Previous:
     status: int
     bytes: int
     validator: str | None
+    total: int | None  # the file's length when the kept part began (None: not known)
+
+
+def _add_total_column(db: sqlite3.Connection) -> None:
+    """A journal of schema 2 gains ``rows.total`` (SQLite adds a column without
+    rewriting the table; older versions of swarmget ignore it)."""
+    if "total" not in [column[1] for column in db.execute("PRAGMA table_info(rows)")]:
+        db.execute("ALTER TABLE rows ADD COLUMN total INTEGER")
 
 
 class Journal:
@@ -179,6 +188,7 @@ class Journal:
             db.execute("PRAGMA synchronous=OFF")
             db.execute("PRAGMA cache_size=-16384")  # 16 MiB, whatever the list's length
             db.executescript(_SCHEMA)
+            _add_total_column(db)
             self.run = self._next_run()
         self._plan_log_path = os.path.join(state, PLAN_LOG_NAME)
         self._fold_plan_log()
@@ -203,27 +213,30 @@ class Journal:
         for chunk in _chunks(keys, 500):
             marks = ",".join("?" * len(chunk))
             query = (
-                "SELECT key, run, path, mine, status, bytes, validator FROM rows "
+                "SELECT key, run, path, mine, status, bytes, validator, total FROM rows "
                 f"WHERE key IN ({marks})"
             )
             with self._guard("read"):
-                for key, run, path, mine, status, size, validator in self._db.execute(query, chunk):
-                    found[key] = Previous(run, path, bool(mine), status, size, validator)
+                for key, run, path, mine, status, size, validator, total in self._db.execute(
+                    query, chunk
+                ):
+                    found[key] = Previous(run, path, bool(mine), status, size, validator, total)
         return found
 
     def holder(self, path: str) -> tuple[int, Previous, str | None] | None:
         """The row that claimed ``path`` (its key, what is known of it, and the URL
         its record names), or None."""
         query = (
-            "SELECT key, run, path, mine, status, bytes, validator, record FROM rows WHERE path=?"
+            "SELECT key, run, path, mine, status, bytes, validator, total, record FROM rows "
+            "WHERE path=?"
         )
         with self._guard("read"):
             found = self._db.execute(query, (path,)).fetchone()
         if found is None:
             return None
-        key, run, claimed, mine, status, size, validator, record = found
+        key, run, claimed, mine, status, size, validator, total, record = found
         url = json.loads(record).get("url") if record else None
-        return key, Previous(run, claimed, bool(mine), status, size, validator), url
+        return key, Previous(run, claimed, bool(mine), status, size, validator, total), url
 
     def recover(self, records: Iterable[tuple[str, str, str]]) -> int:
         """``(path, url, record)`` of the rows a manifest lists as done, kept for
@@ -472,15 +485,17 @@ class Journal:
                 "path=coalesce(excluded.path, path), "
                 "mine=CASE WHEN excluded.path IS NULL THEN mine ELSE excluded.mine END, "
                 "status=excluded.status, bytes=excluded.bytes, record=excluded.record, "
-                f"validator=CASE WHEN excluded.status={OK} THEN NULL ELSE validator END",
+                f"validator=CASE WHEN excluded.status={OK} THEN NULL ELSE validator END, "
+                f"total=CASE WHEN excluded.status={OK} THEN NULL ELSE total END",
                 rows,
                 True,
             )
         return rows
 
-    def partial(self, plan: PlanEntry, validator: str | None) -> None:
+    def partial(self, plan: PlanEntry, validator: str | None, total: int | None) -> None:
         """A body of the row began: its part may be continued with ``validator``
-        (None: not at all; one recorded before is void)."""
+        (None: not at all; one recorded before is void) while the file has
+        ``total`` bytes (None: not known)."""
         self.changed = True
         key, index, url, path, mine = plan
         # Every field of a manifest line, as for any row (readers index them);
@@ -499,14 +514,14 @@ class Journal:
         )
         with self._guard("write"):
             self._write(
-                "INSERT INTO rows (key, run, idx, path, mine, status, validator, record) "
-                f"VALUES (?, {self.run}, ?, ?, ?, {PARTIAL}, ?, ?) "
+                "INSERT INTO rows (key, run, idx, path, mine, status, validator, record, total) "
+                f"VALUES (?, {self.run}, ?, ?, ?, {PARTIAL}, ?, ?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET run=excluded.run, idx=excluded.idx, "
                 "path=excluded.path, mine=excluded.mine, "
                 f"status=CASE WHEN status={OK} THEN status ELSE {PARTIAL} END, "
-                "validator=excluded.validator, "
+                "validator=excluded.validator, total=excluded.total, "
                 f"record=CASE WHEN status={OK} THEN record ELSE excluded.record END",
-                (key, index, path, mine, validator, record),
+                (key, index, path, mine, validator, record, total),
             )
 
     def commit(self) -> None:

@@ -403,8 +403,8 @@ class MapSlices:
             self._scheduled = True
             self._loop.call_soon(self._run)
 
-    def partial(self, row: Assignment, validator: str | None) -> None:
-        self._events.partial(row, validator)
+    def partial(self, row: Assignment, validator: str | None, total: int | None) -> None:
+        self._events.partial(row, validator, total)
 
     def _run(self) -> None:
         self._scheduled = False

@@ -253,7 +253,7 @@ class FilePlanner:
             self._names_store.use_filter(Bloom())
         self._foreign: dict[int, str] = {}  # `exists` rows not yet written: their claimed path
         # Rows that go on with an earlier row's part (_take_explicit): its validator.
-        self._carried: dict[int, str] = {}
+        self._carried: dict[int, tuple[str, int | None]] = {}  # (validator, total)
         self._batch: dict[int, Previous] = {}  # see plan()
         self._pending: list[FileResult] = []  # outcomes not yet written (see _record_now)
         # A journal that started empty holds only this run's outcomes: the manifest
@@ -352,16 +352,18 @@ class FilePlanner:
         plans.append((key, row.index, url, path, True))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
-        resume_from, validator = 0, None
+        resume_from, validator, total = 0, None, None
         carried = self._carried.pop(key, None) if self._carried else None
         if ours and not overwrite and previous is not None and previous.validator:
-            carried = previous.validator
+            carried = (previous.validator, previous.total)
         if carried is not None:
             resume_from = _part_size(part_path(self.root, key))
-            validator = carried if resume_from else None
+            if resume_from:
+                validator, total = carried
         assignment = Assignment(
-            row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator
-        )
+            row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
+            total,
+        )  # fmt: skip
         batch.assignments.append(assignment)
 
     def _path_or_result(
@@ -598,7 +600,7 @@ class FilePlanner:
         size = record.get("bytes")
         if not isinstance(size, int):
             return None
-        done = Previous(self.journal.run, path, True, OK, size, None)
+        done = Previous(self.journal.run, path, True, OK, size, None, None)
         digests = digests_of(record)
         # Its file still whole, and vouched for by what this row comes with.
         if not self._done(done) or not self._checks_hold(row, done, digests):
@@ -671,7 +673,7 @@ class FilePlanner:
             # the name it had): its part goes on, as the row's own would.
             with contextlib.suppress(OSError):
                 os.replace(part, part_path(self.root, key))
-                self._carried[key] = holder.validator
+                self._carried[key] = (holder.validator, holder.total)
         with contextlib.suppress(OSError):
             os.unlink(part)  # a part it kept is of no use now
         store.freed(name)
@@ -898,10 +900,10 @@ class FilePlanner:
             for entry in recorded:
                 lines.add(entry[1], entry[6])
 
-    def partial(self, key: int, validator: str | None) -> None:
+    def partial(self, key: int, validator: str | None, total: int | None) -> None:
         plan = self._in_flight.get(key)
         if plan is not None:
-            self.journal.partial(plan, validator)
+            self.journal.partial(plan, validator, total)
             if self._lines is not None:
                 # The row's line may gain a validator: only the export knows.
                 self._lines.give_up()

@@ -112,7 +112,7 @@ class StreamPlanner:
     def record(self, results: list[FileResult]) -> list[FileResult]:
         return []
 
-    def partial(self, key: int, validator: str | None) -> None:
+    def partial(self, key: int, validator: str | None, total: int | None) -> None:
         pass
 
     def redeal(self, rows: list[Assignment]) -> None:
