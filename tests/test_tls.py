@@ -10,6 +10,7 @@ which trustme cannot make (its leaves always have an issuing CA).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import io
 import json
@@ -965,6 +966,49 @@ def test_an_idle_connection_outlives_a_key_update_and_a_new_ticket(
     assert [r.status for r in events.results] == ["ok", "ok"]
     assert (out_dir / "b").read_bytes() == BODY
     assert accepted == 1  # the second file came over the same connection
+
+
+def test_a_server_that_renegotiates_mid_response_is_read_as_curl_reads_it(
+    certs: Certs, out_dir: Path
+) -> None:
+    # TLS 1.2 servers may renegotiate in the middle of a reply (per-directory
+    # client certificates, IIS): we refused it, the server failed the
+    # handshake, and the row failed with "tls" where curl and wget read it.
+    context = server_context(certs.ca.issue_cert("127.0.0.1"))
+    context.maximum_version = ssl.TLSVersion.TLSv1_2
+    renegotiated = threading.Event()
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        lib, ssl_ptr = _server_ssl_pointer(tls)
+        lib.SSL_renegotiate.argtypes = [ctypes.c_void_p]
+        lib.SSL_renegotiate_pending.argtypes = [ctypes.c_void_p]
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(BODY) + BODY[:100])
+        assert lib.SSL_renegotiate(ssl_ptr) == 1
+        tls.do_handshake()  # the HelloRequest; the rest comes with the client's reads
+        tls.settimeout(0.1)
+        for _ in range(50):  # reads drive our side of the handshake; no data comes
+            if not lib.SSL_renegotiate_pending(ssl_ptr):
+                break
+            try:
+                tls.recv(1)
+            except TimeoutError:
+                continue
+            except OSError:  # refused: the handshake failed
+                break
+        if lib.SSL_renegotiate_pending(ssl_ptr):
+            tls.close()  # refused: the reply ends here, cut short
+            return
+        renegotiated.set()
+        tls.sendall(BODY[100:])
+        serve_keep_alive(tls)
+
+    with TLSServer(context, handler) as server:
+        report = swarmget.download(
+            [server.url("r")], out_dir, cacert=str(certs.ca_pem), retries=0, timeout=5
+        )
+    assert report.ok == 1, [(f.error, f.message) for f in report.failures]
+    assert renegotiated.is_set() and (out_dir / "r").read_bytes() == BODY
 
 
 def test_kernel_tls_is_asked_for_where_python_offers_it() -> None:

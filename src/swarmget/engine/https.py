@@ -169,8 +169,12 @@ class HTTPSConnection(HTTPConnection):
     def _on_io(self, mask: int) -> None:
         state = self.state
         if state == ACTIVE:
-            if mask & EVENT_WRITE and self._pending_out is not None:
-                self._flush_tls()
+            if mask & EVENT_WRITE:
+                if self._pending_out is not None:
+                    self._flush_tls()
+                elif self._watching & EVENT_WRITE:
+                    self._watch(EVENT_READ)  # a read that had to write: read again
+                    mask |= EVENT_READ
             if mask & EVENT_READ and self.state == ACTIVE:
                 self._readable()
         elif state == HANDSHAKING:
@@ -202,6 +206,11 @@ class HTTPSConnection(HTTPConnection):
                     n = read(size - filled, buffer[filled:] if filled else buffer)
                 except ssl.SSLWantReadError:
                     break  # nothing more for now: epoll says when there is
+                except ssl.SSLWantWriteError:
+                    # A renegotiation's handshake message waits for room in the
+                    # socket: go on when it is writable.
+                    self._watch(EVENT_READ | EVENT_WRITE)
+                    break
                 except OSError as exc:  # SSLEOFError: a TCP close without close_notify
                     error = exc
                     break

@@ -106,9 +106,10 @@ def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.
     context.set_alpn_protocols(ALPN_PROTOCOLS)
     # A ragged EOF must stay an error: it is how we tell a cut body from a whole one.
     context.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)
-    # We never present a client certificate, so a renegotiation could only fail
-    # later; refusing it up front also means a read never has to wait to write.
-    context.options |= ssl.OP_NO_RENEGOTIATION
+    # A server's renegotiation (TLS 1.2: per-directory client certificates, IIS)
+    # is taken, as curl and wget take it: refused, the server failed the
+    # handshake and the reply with it.  OpenSSL allows only the secure kind
+    # (RFC 5746).  A read may then have to write (engine/https.py).
     # Kernel TLS where Python can ask for it (3.12+): OpenSSL falls back by itself.
     context.options |= getattr(ssl, "OP_ENABLE_KTLS", 0)
     return context
