@@ -900,6 +900,31 @@ def test_a_latin_1_letter_on_the_first_line_fails_that_row_not_the_input(
     ]
 
 
+@pytest.mark.parametrize(
+    "first",
+    [b"\xc9tiquette,url", b"url\tn\xe9", b"caf\xe9 \xe0 la carte,url"],
+)
+def test_a_latin_1_header_is_a_table_not_binary(tmp_path: Path, first: bytes) -> None:
+    # Refused whole (exit 2) when the accented letter came first, or in a
+    # short header: "not valid UTF-8", as if the file were binary.
+    delimiter = b"\t" if b"\t" in first else b","
+    path = tmp_path / ("u.tsv" if delimiter == b"\t" else "u.csv")
+    second = b"http://h/a" + delimiter + b"x" if first.startswith(b"url") else b"x,http://h/a"
+    path.write_bytes(first + b"\n" + second + b"\n")
+    assert [row.url for row in rows(path)] == ["http://h/a"]
+
+
+@pytest.mark.parametrize(
+    "first",
+    [b"\x89PNG\r\n", b"\xff\xd8\xff\xe0 JFIF", b"\xd0\xcf\x11\xe0 doc"],
+)
+def test_binary_first_lines_are_still_refused(tmp_path: Path, first: bytes) -> None:
+    path = tmp_path / "u.txt"
+    path.write_bytes(first + b"\nhttp://h/a\n")
+    with pytest.raises(UsageError, match="line 1: not valid UTF-8"):
+        rows(path)
+
+
 def test_text_given_as_text_is_checked_too() -> None:
     # Text that the reader did not decode (stdin= a text stream) may hold lone
     # surrogates too: every line is checked.

@@ -376,24 +376,37 @@ def _check_not_tabbed(line: str, lineno: int, name: str) -> None:
 # as (chr(): mypyc takes no surrogate in a string literal).
 _ESCAPED_FIRST: Final = chr(0xDC80)
 _ESCAPED_LAST: Final = chr(0xDCFF)
+_ESCAPED_LATIN1_LETTERS: Final = chr(0xDCC0)  # the byte 0xc0, where Latin-1's letters start
 
 
 def _eight_bit_text(line: str) -> bool:
-    """Is ``line`` text with a few bytes that are not UTF-8 (a Latin-1 letter),
-    rather than binary: printable from its first byte on, at most one such byte
-    in eight, no NUL or other control but tab, no magic of a known binary
-    format?  A URL list with one such letter on its first line was refused
-    whole, though the same line further down fails alone (``bad_row``)."""
+    """Is ``line`` text with a few bytes that are not UTF-8 (Latin-1 letters),
+    rather than binary: at most one such byte in four, never two side by side,
+    no NUL or other control but tab, no magic of a known binary format, and a
+    first byte that is printable ASCII or a Latin-1 letter (``\xc9tiquette``)?
+    A URL list with such a letter on its first line was refused whole, though
+    the same line further down fails alone (``bad_row``)."""
     escaped = sum(1 for char in line if _ESCAPED_FIRST <= char <= _ESCAPED_LAST)
-    # Binary formats' magic starts with a high byte (PNG's \x89, UTF-16's BOM).
-    if not escaped or escaped * 8 > len(line) or not " " <= line[:1] < "\x7f":
+    if not escaped or escaped * 4 > len(line) or not _text_start(line[:1]):
         return False
+    if any(_is_escaped(a) and _is_escaped(b) for a, b in itertools.pairwise(line)):
+        return False  # JPEG's \xff\xd8\xff, UTF-16's BOM: no text has two in a row
     if _archive(line):
         return False
     raw = line.encode("utf-8", "surrogateescape")
     if any(raw.startswith(magic) for magic, _ in _NOT_TEXT_HINTS):
         return False
     return all(char == "\t" or (char >= " " and char != "\x7f") for char in line.rstrip("\r\n"))
+
+
+def _is_escaped(char: str) -> bool:
+    return _ESCAPED_FIRST <= char <= _ESCAPED_LAST
+
+
+def _text_start(char: str) -> bool:
+    """Printable ASCII, or a byte that is a Latin-1 letter (0xc0-0xff); binary
+    formats' magic starts with other high bytes (PNG's \x89)."""
+    return " " <= char < "\x7f" or _ESCAPED_LATIN1_LETTERS <= char <= _ESCAPED_LAST
 
 
 def _archive(line: str) -> bool:
