@@ -218,6 +218,11 @@ class Stream(Iterator[Item]):
         self._progress = progress
         self._started = False
         self._closed = False
+        # Two threads each taking the first item both started the run (the
+        # second found _started set and no Delivery yet: an AssertionError).
+        # Held while starting and closing; re-entrant for a close() from a
+        # finaliser that runs on this thread meanwhile.
+        self._lifecycle = threading.RLock()
         # The process the stream belongs to: a child forked from the caller's
         # program inherits the object (and the exit hook), not the workers or
         # the spill files, and must not end or remove them.
@@ -231,11 +236,19 @@ class Stream(Iterator[Item]):
     # -- starting -----------------------------------------------------------------------
 
     def _start(self) -> None:
+        if not self._started:  # set last: once True, a Delivery and a thread exist
+            with self._lifecycle:
+                self._start_once()
+
+    def _start_once(self) -> None:
         if self._started:
-            return
+            return  # another thread started it while this one waited
         if self._closed:
             raise UsageError("this stream is closed")
+        self._launch()
         self._started = True
+
+    def _launch(self) -> None:
         from swarmget.api import fit_concurrency
 
         # As download() does: sockets beyond the limit of open files would fail
@@ -251,6 +264,7 @@ class Stream(Iterator[Item]):
             )  # fmt: skip
             supervisor = self._supervisor(backend)
         except BaseException:
+            self._delivery = None
             self._spill.remove()
             raise
         # The thread is given what it drives, never the Stream itself: a caller
@@ -315,6 +329,8 @@ class Stream(Iterator[Item]):
         self._start()
         delivery = self._delivery
         assert delivery is not None
+        if self._closed:
+            raise StopIteration  # close() removed the spill files: no item may follow
         try:
             item = delivery.take()
         except BaseException:
@@ -324,15 +340,22 @@ class Stream(Iterator[Item]):
             self._end_run()  # spilled files stay until the items (or the stream) go
             raise StopIteration
         assert isinstance(item, Item)
+        if self.closed:
+            # close() came from another thread while this item was being taken.
+            item.close()
+            raise StopIteration
         # on_error="raise": this item's error, and the stream goes on if the
         # caller catches it (it used to close, and the loop ended silently).
         return delivery.raise_failed(item)
 
     def ready(self) -> Item | object | None:
-        """The next item if one is ready now, without waiting (NOT_YET otherwise)."""
+        """The next item if one is ready now, without waiting (NOT_YET otherwise);
+        None once the stream has ended or was closed."""
         self._start()
         delivery = self._delivery
         assert delivery is not None
+        if self._closed:
+            return None
         item = delivery.take(block=False)
         if item is None:
             self._end_run()
@@ -342,7 +365,15 @@ class Stream(Iterator[Item]):
 
     # -- ending -------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: the stream yields nothing more."""
+        return self._closed
+
     def __enter__(self) -> Stream:
+        if self._closed:
+            # Entered again after close(): the block would see no items, silently.
+            raise UsageError("this stream is closed")
         self._start()
         return self
 
@@ -356,9 +387,10 @@ class Stream(Iterator[Item]):
 
     def close(self) -> None:
         """Stop downloading, end the workers, remove the spill files.  Safe to repeat."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lifecycle:  # not while another thread is starting the run
+            if self._closed:
+                return
+            self._closed = True
         _open_streams.discard(self)
         if os.getpid() != self._pid:
             return  # a forked copy: the stream is its parent's

@@ -188,6 +188,10 @@ class Delivery:
         :func:`raise_failed`), and the stream goes on if the caller does."""
         with self._cond:
             while True:
+                if self._closing:
+                    # Before the queue: items still in it after a close() are
+                    # not the caller's any more (their spill files are gone).
+                    return None
                 item = self._pop()
                 if item is not None:
                     self._consumed += 1
@@ -204,7 +208,7 @@ class Delivery:
                 if self._error is not None:
                     error, self._error = self._error, None
                     raise error
-                if self._done or self._closing:
+                if self._done:
                     return None
                 if not block:
                     return NOT_YET
