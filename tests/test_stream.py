@@ -192,6 +192,26 @@ def test_an_astream_wait_that_times_out_loses_no_item(server: TestServer) -> Non
     assert got == list(range(10))
 
 
+def test_an_astream_wait_that_timed_out_is_delivered_in_the_next_event_loop(
+    server: TestServer,
+) -> None:
+    # The pending wait was a future of the first loop: awaiting it in a second
+    # asyncio.run raised "attached to a different loop", and its item was lost.
+    urls = [server.file_url(f"loop{i}.bin", size=10, latency=0.3) for i in range(6)]
+    items = swarmget.astream(urls, ordered=True, workers=1)
+
+    async def give_up_waiting() -> None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(items.__anext__(), 0.05)
+
+    async def take_the_rest() -> list[int]:
+        async with items:
+            return [item.index async for item in items]
+
+    asyncio.run(give_up_waiting())
+    assert asyncio.run(take_the_rest()) == list(range(6))
+
+
 def test_two_tasks_sharing_one_astream_get_each_item_once(server: TestServer) -> None:
     # The second task awaited the first one's pending wait: both got its item.
     urls = [server.file_url(f"t{i}.bin", size=10, latency=0.01) for i in range(60)]
