@@ -968,6 +968,37 @@ def test_an_item_closed_or_mapped_has_no_body_to_read(server: TestServer, tmp_pa
         assert [item.read() for item in items] == [b""]
 
 
+def _what_map_sees(item: Item) -> tuple[int, str, bool, int | None, bool]:
+    return item.index, item.url, item.ok, item.http_status, bool(item)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_item_map_gets_says_what_the_callers_item_says(
+    server: TestServer, workers: int
+) -> None:
+    # map's item had http_status None (the caller's said 200), and an item
+    # with an empty body was falsy.
+    urls = [server.file_url(f"seen{i}.bin", size=100 * (i % 2)) for i in range(6)]
+    with swarmget.stream(urls, map=_what_map_sees, workers=workers) as items:
+        got = [(item.value, (item.index, item.url, item.ok, item.http_status)) for item in items]
+    assert len(got) == 6
+    for seen, caller in got:
+        assert seen == (*caller, True)
+        assert caller[3] == 200
+
+
+def test_every_item_is_true_whatever_its_length(server: TestServer) -> None:
+    # __len__ without __bool__: `if item:` skipped an ok item with an empty
+    # body, or with map's value (no body here).
+    urls = [server.file_url("nothing.bin", size=0)]
+    with swarmget.stream(urls, workers=1) as items:
+        (empty,) = items
+    with swarmget.stream(urls, map=len, workers=1) as items:
+        (mapped,) = items
+    assert empty.ok and len(empty) == 0 and bool(empty) is True
+    assert mapped.ok and mapped.value == 0 and bool(mapped) is True
+
+
 def test_bad_workers_and_spill_dirs_are_usage_errors_and_nothing_is_left(
     server: TestServer, tmp_path: Path
 ) -> None:

@@ -550,7 +550,7 @@ class MemorySink(Sink):
         fn, make_item = self.map_fn, self.make_item
         assert fn is not None and make_item is not None
         payload = result.payload
-        item = make_item(result.index, result.url, payload, self.arena)
+        item = make_item(result.index, result.url, payload, self.arena, result.http_status)
         try:
             self.mapping = True  # inside the try: a stop signal here still cleans up
             if self.stop_requested:

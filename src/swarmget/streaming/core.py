@@ -133,8 +133,10 @@ def worker_sink(
     return MemorySink(spill_dir, worker=worker, arena=arena, map_fn=map_fn, make_item=_make_item)
 
 
-def _make_item(index: int, url: str, payload: object, arena: Arena | None) -> Item:
-    return body_item(index, url, payload, arena)
+def _make_item(
+    index: int, url: str, payload: object, arena: Arena | None, http_status: int | None
+) -> Item:
+    return body_item(index, url, payload, arena, http_status)
 
 
 # Stream's own arguments (beside urls and map); the rest are download options.
