@@ -10,6 +10,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -106,6 +107,24 @@ def test_on_error_raise_raises_at_that_item(server: TestServer) -> None:
             seen.append(item.index)
     assert info.value.code == "http_404"
     assert seen == [0, 1, 2]
+
+
+def test_on_error_raise_says_which_item_failed(server: TestServer) -> None:
+    # In completion order, "http_404: HTTP 404" alone did not say which URL.
+    urls = [server.file_url(f"which{i}.bin", size=10) for i in range(5)]
+    missing = server.file_url("which404.bin", status=404)
+    urls[2] = missing.replace("http://", "http://user:secret@")
+    stream = swarmget.stream(urls, on_error="raise", retries=0, workers=1)
+    with pytest.raises(swarmget.TransferError) as info, stream as items:
+        list(items)
+    error = info.value
+    shown = missing.replace("http://", "http://user:***@")
+    assert (error.code, error.url, error.index) == ("http_404", shown, 2)  # type: ignore[attr-defined]
+    assert str(error) == f"http_404: {error.message} (item 2: {shown})"
+    assert "secret" not in str(error)
+    copy = pickle.loads(pickle.dumps(error))
+    assert (type(copy), copy.args, str(copy)) == (type(error), error.args, str(error))
+    assert (copy.url, copy.index) == (shown, 2)
 
 
 def test_on_error_raise_lets_the_loop_go_on_past_a_caught_error(server: TestServer) -> None:
