@@ -364,10 +364,19 @@ def test_map_runs_in_the_worker_processes(server: TestServer) -> None:
     assert all(item.data is None and item.path is None for item in got)
 
 
-def test_an_exception_in_map_fails_that_item_with_map_error(server: TestServer) -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_exception_in_map_fails_that_item_with_map_error(
+    server: TestServer, workers: int
+) -> None:
+    # With workers=1 a KeyboardInterrupt raised by map itself ended the whole
+    # stream; it runs on the stream's thread, where no Ctrl-C ever arrives.
     urls = [server.file_url(f"x{i}.bin", size=300) for i in range(10)]
-    with swarmget.stream(urls, map=_fails_on_odd, workers=2, ordered=True) as items:
-        got = list(items)
+    try:
+        with swarmget.stream(urls, map=_fails_on_odd, workers=workers, ordered=True) as items:
+            got = list(items)
+    except KeyboardInterrupt as exc:  # a failure here, not the end of the test session
+        pytest.fail(f"map's own KeyboardInterrupt ended the stream: {exc}")
+    assert len(got) == 10
     for item in got:
         if item.index % 2:
             assert (item.ok, item.error) == (False, "map_error")
@@ -823,6 +832,40 @@ def test_ctrl_c_stops_the_stream_promptly_without_orphans(
     time.sleep(0.2)
     assert not [pid for pid in workers if _alive(pid)]
     assert list(spill.iterdir()) == []
+
+
+CTRL_C_ONE_PROCESS_CHILD = """
+import time, swarmget
+def decode(item):
+    time.sleep(0.005)
+    return len(item.read())
+urls = [{url!r}.replace("N", str(i)) for i in range(5000)]
+with swarmget.stream(urls, workers=1, map=decode) as items:
+    for i, item in enumerate(items):
+        if i == 5:
+            print("ready", flush=True)
+        time.sleep(0.01)
+"""
+
+
+def test_ctrl_c_stops_a_one_process_stream_whose_map_fails_its_own_interrupts(
+    server: TestServer,
+) -> None:
+    # map's own KeyboardInterrupt fails its item with workers=1: the caller's
+    # Ctrl-C, in the caller's thread, must still end the stream.
+    url = server.file_url("c1N.bin", size=1000, latency=0.01)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_ONE_PROCESS_CHILD.format(url=url)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    os.killpg(child.pid, signal.SIGINT)
+    started = time.monotonic()
+    _, stderr = child.communicate(timeout=15)
+    assert time.monotonic() - started < 5
+    assert child.returncode != 0 and "KeyboardInterrupt" in stderr
 
 
 def _children_of(pid: int) -> list[int]:

@@ -297,7 +297,14 @@ class Stream(Iterator[Item]):
         spill_dir, fn = self.spill_dir, self._map
 
         def make_sink(worker: int) -> MemorySink:
-            return MemorySink(spill_dir, budget=budget, map_fn=fn, make_item=_make_item)
+            sink = MemorySink(spill_dir, budget=budget, map_fn=fn, make_item=_make_item)
+            # map runs on the stream's thread (_drive), never the main thread,
+            # where Python raises a Ctrl-C: a KeyboardInterrupt here is map's
+            # own, and fails its item, as in a worker process (it ended the
+            # whole stream).  The caller's Ctrl-C comes in the caller's thread,
+            # and closes the stream there.
+            sink.stops_by_request = True
+            return sink
 
         return InlineBackend(make_sink, options), budget, None
 
