@@ -505,7 +505,7 @@ class MemorySink(Sink):
         self._spilled = 0
         self.mapping = False  # the caller's function is running (worker.py's stop signal)
         self.stop_requested = False  # worker.py's stop signal came
-        self.stops_by_request = False  # set by worker.py in a worker process
+        self.stops_by_request = False  # set in a worker process, or on a stream's thread
 
     def open(
         self, job: Assignment, start: int, length: int | None, hashers: dict[str, Hasher] | None
@@ -550,7 +550,7 @@ class MemorySink(Sink):
         fn, make_item = self.map_fn, self.make_item
         assert fn is not None and make_item is not None
         payload = result.payload
-        item = make_item(result.index, result.url, payload, self.arena)
+        item = make_item(result.index, result.url, payload, self.arena, result.http_status)
         try:
             self.mapping = True  # inside the try: a stop signal here still cleans up
             if self.stop_requested:
@@ -563,7 +563,8 @@ class MemorySink(Sink):
         except KeyboardInterrupt as exc:
             # Ctrl-C, or the driver stopping this worker (parallel/worker.py).
             # In a worker process only a stop signal is one: SIGINT is ignored
-            # there, so one map raised itself fails its item, as SystemExit does.
+            # there, so one map raised itself fails its item, as SystemExit does
+            # (and on a stream's own thread, where no Ctrl-C arrives: core.py).
             if self.stop_requested or not self.stops_by_request:
                 raise
             map_failed(result, describe(exc))

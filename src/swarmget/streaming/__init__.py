@@ -6,6 +6,7 @@ See :mod:`swarmget.streaming.core` for how it works.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import queue
 import threading
@@ -49,11 +50,14 @@ class AsyncStream(AsyncIterator[Item]):
         self._waiter = _Waiter()
         # The thread waiting for the next item.  A caller's timeout or cancel
         # stops the await, not the thread: what it takes is the next item, kept
-        # here for the next __anext__ (it was lost).
-        self._waiting: asyncio.Future[Item | None] | None = None
+        # here for the next __anext__ (it was lost).  A future of no event loop:
+        # the next __anext__ may run in another one (a second asyncio.run), and
+        # a future of the first loop could not be awaited there.
+        self._waiting: concurrent.futures.Future[Item | None] | None = None
         # One __anext__ at a time: two tasks iterating one stream awaited the
-        # same thread's future, and both got its item.
-        self._turn = asyncio.Lock()
+        # same thread's future, and both got its item.  One lock per event loop
+        # (an asyncio.Lock belongs to the loop it first waited in).
+        self._turn: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
 
     async def __aenter__(self) -> AsyncStream:
         # Started here, on the loop's thread, as stream() starts on the caller's:
@@ -76,8 +80,14 @@ class AsyncStream(AsyncIterator[Item]):
         return self
 
     async def __anext__(self) -> Item:
-        async with self._turn:
+        async with self._lock():
             return await self._next()
+
+    def _lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._turn is None or self._turn[0] is not loop:
+            self._turn = (loop, asyncio.Lock())
+        return self._turn[1]
 
     async def _next(self) -> Item:
         waiting = self._waiting
@@ -90,23 +100,20 @@ class AsyncStream(AsyncIterator[Item]):
                 return item
             # StopIteration cannot cross a Future: the thread says None instead.
             waiting = self._waiter.submit(next, self._stream, None)
-            waiting.add_done_callback(_retrieved)
             self._waiting = waiting
         try:
-            # shield: cancelling this await (a timeout) leaves the thread's future be.
-            item = await asyncio.shield(waiting)
+            taken = await _in_this_loop(waiting)
         except asyncio.CancelledError:
-            if waiting.cancelled():  # the future itself (the loop shutting down)
-                self._waiting = None
+            # A timeout, or this loop ending: the thread's outcome stays in
+            # self._waiting for the next __anext__, in this loop or another.
             raise
         except BaseException:
             self._waiting = None  # the run's error, or a failed item's (on_error="raise")
             raise
         self._waiting = None
-        if item is None:
+        if taken is None:
             raise StopAsyncIteration
-        assert isinstance(item, Item)
-        return item
+        return taken
 
     async def aclose(self) -> None:
         # On a thread of its own: a wait for the next item may be under way
@@ -143,31 +150,34 @@ def astream(urls: Iterable[str | Row] | None = None, **kwargs: Any) -> AsyncStre
 
 class _Waiter:
     """A daemon thread that runs an async stream's waits, one after another, each
-    outcome a future of the loop that asked.  (A daemon: a wait nobody collects
-    never holds up the exit.)"""
+    outcome a future of no event loop (awaited in whichever loop asks next, see
+    :func:`_in_this_loop`).  (A daemon: a wait nobody collects never holds up
+    the exit.)"""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    def submit(self, call: Callable[..., T], *args: object) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[T] = loop.create_future()
+    def submit(self, call: Callable[..., T], *args: object) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        # Running from now on: it cannot be cancelled, so the outcome always
+        # lands in it (a cancelled future would refuse it: an item lost).
+        future.set_running_or_notify_cancel()
         if self._thread is None:  # started once, at the first wait
             self._thread = threading.Thread(target=self._run, name="swarmget-astream", daemon=True)
             self._thread.start()
-        self._jobs.put((loop, future, call, args))
+        self._jobs.put((future, call, args))
         return future
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            loop, future, call, args = job
+            future, call, args = job
             try:
                 result = call(*args)
             except BaseException as exc:
-                _settle(loop, future, None, exc)
+                future.set_exception(exc)
             else:
-                _settle(loop, future, result, None)
+                future.set_result(result)
 
     def stop(self) -> None:
         self._jobs.put(None)  # after the wait under way, if any
@@ -177,9 +187,23 @@ class _Waiter:
             await _ended(self._thread)
 
 
-_Job = tuple[
-    asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[object, ...]
-]
+_Job = tuple["concurrent.futures.Future[Any]", Callable[..., Any], tuple[object, ...]]
+
+
+def _in_this_loop(outcome: concurrent.futures.Future[T]) -> asyncio.Future[T]:
+    """``outcome`` as a future of the running loop.  Not asyncio.wrap_future:
+    a cancelled wrapper cancels what it wraps, and the outcome must survive
+    the loop that first waited for it."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    future.add_done_callback(_retrieved)
+
+    def copy(done: concurrent.futures.Future[T]) -> None:
+        error = done.exception()
+        _settle(loop, future, None if error is not None else done.result(), error)
+
+    outcome.add_done_callback(copy)  # at once, here, if the outcome is in
+    return future
 
 
 def _on_a_thread(call: Callable[[], object]) -> tuple[asyncio.Future[None], threading.Thread]:
@@ -227,7 +251,7 @@ def _settle(
         loop.call_soon_threadsafe(apply)
 
 
-def _retrieved(future: asyncio.Future[Item | None]) -> None:
+def _retrieved(future: asyncio.Future[Any]) -> None:
     """Mark an outcome nobody awaited (the caller stopped) as seen: no warning at exit."""
     if not future.cancelled():
         future.exception()

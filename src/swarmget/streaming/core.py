@@ -133,8 +133,10 @@ def worker_sink(
     return MemorySink(spill_dir, worker=worker, arena=arena, map_fn=map_fn, make_item=_make_item)
 
 
-def _make_item(index: int, url: str, payload: object, arena: Arena | None) -> Item:
-    return body_item(index, url, payload, arena)
+def _make_item(
+    index: int, url: str, payload: object, arena: Arena | None, http_status: int | None
+) -> Item:
+    return body_item(index, url, payload, arena, http_status)
 
 
 # Stream's own arguments (beside urls and map); the rest are download options.
@@ -218,6 +220,11 @@ class Stream(Iterator[Item]):
         self._progress = progress
         self._started = False
         self._closed = False
+        # Two threads each taking the first item both started the run (the
+        # second found _started set and no Delivery yet: an AssertionError).
+        # Held while starting and closing; re-entrant for a close() from a
+        # finaliser that runs on this thread meanwhile.
+        self._lifecycle = threading.RLock()
         # The process the stream belongs to: a child forked from the caller's
         # program inherits the object (and the exit hook), not the workers or
         # the spill files, and must not end or remove them.
@@ -231,11 +238,19 @@ class Stream(Iterator[Item]):
     # -- starting -----------------------------------------------------------------------
 
     def _start(self) -> None:
+        if not self._started:  # set last: once True, a Delivery and a thread exist
+            with self._lifecycle:
+                self._start_once()
+
+    def _start_once(self) -> None:
         if self._started:
-            return
+            return  # another thread started it while this one waited
         if self._closed:
             raise UsageError("this stream is closed")
+        self._launch()
         self._started = True
+
+    def _launch(self) -> None:
         from swarmget.api import fit_concurrency
 
         # As download() does: sockets beyond the limit of open files would fail
@@ -251,6 +266,7 @@ class Stream(Iterator[Item]):
             )  # fmt: skip
             supervisor = self._supervisor(backend)
         except BaseException:
+            self._delivery = None
             self._spill.remove()
             raise
         # The thread is given what it drives, never the Stream itself: a caller
@@ -281,7 +297,14 @@ class Stream(Iterator[Item]):
         spill_dir, fn = self.spill_dir, self._map
 
         def make_sink(worker: int) -> MemorySink:
-            return MemorySink(spill_dir, budget=budget, map_fn=fn, make_item=_make_item)
+            sink = MemorySink(spill_dir, budget=budget, map_fn=fn, make_item=_make_item)
+            # map runs on the stream's thread (_drive), never the main thread,
+            # where Python raises a Ctrl-C: a KeyboardInterrupt here is map's
+            # own, and fails its item, as in a worker process (it ended the
+            # whole stream).  The caller's Ctrl-C comes in the caller's thread,
+            # and closes the stream there.
+            sink.stops_by_request = True
+            return sink
 
         return InlineBackend(make_sink, options), budget, None
 
@@ -315,6 +338,8 @@ class Stream(Iterator[Item]):
         self._start()
         delivery = self._delivery
         assert delivery is not None
+        if self._closed:
+            raise StopIteration  # close() removed the spill files: no item may follow
         try:
             item = delivery.take()
         except BaseException:
@@ -324,15 +349,22 @@ class Stream(Iterator[Item]):
             self._end_run()  # spilled files stay until the items (or the stream) go
             raise StopIteration
         assert isinstance(item, Item)
+        if self.closed:
+            # close() came from another thread while this item was being taken.
+            item.close()
+            raise StopIteration
         # on_error="raise": this item's error, and the stream goes on if the
         # caller catches it (it used to close, and the loop ended silently).
         return delivery.raise_failed(item)
 
     def ready(self) -> Item | object | None:
-        """The next item if one is ready now, without waiting (NOT_YET otherwise)."""
+        """The next item if one is ready now, without waiting (NOT_YET otherwise);
+        None once the stream has ended or was closed."""
         self._start()
         delivery = self._delivery
         assert delivery is not None
+        if self._closed:
+            return None
         item = delivery.take(block=False)
         if item is None:
             self._end_run()
@@ -342,7 +374,15 @@ class Stream(Iterator[Item]):
 
     # -- ending -------------------------------------------------------------------------
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called: the stream yields nothing more."""
+        return self._closed
+
     def __enter__(self) -> Stream:
+        if self._closed:
+            # Entered again after close(): the block would see no items, silently.
+            raise UsageError("this stream is closed")
         self._start()
         return self
 
@@ -356,9 +396,10 @@ class Stream(Iterator[Item]):
 
     def close(self) -> None:
         """Stop downloading, end the workers, remove the spill files.  Safe to repeat."""
-        if self._closed:
-            return
-        self._closed = True
+        with self._lifecycle:  # not while another thread is starting the run
+            if self._closed:
+                return
+            self._closed = True
         _open_streams.discard(self)
         if os.getpid() != self._pid:
             return  # a forked copy: the stream is its parent's

@@ -30,6 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import Final
 
+from swarmget.engine.urls import redact
 from swarmget.errors import TransferError
 from swarmget.parallel.backend import Backend
 from swarmget.report import FileResult, Report
@@ -39,6 +40,26 @@ from swarmget.streaming.items import Item
 ON_ERROR: Final = ("yield", "skip", "raise")
 FAST_POLL: Final = 0.005  # seconds, while bodies wait for room
 NOT_YET: Final = object()  # take(block=False): nothing ready yet
+
+
+class ItemError(TransferError):
+    """A failed item, raised by a stream with ``on_error="raise"``: its ``code``
+    and ``message``, and which item it is (``index``, and ``url`` without its
+    password).  In completion order, ``http_404: HTTP 404`` alone did not say
+    which URL failed."""
+
+    def __init__(self, code: str, message: str, url: str = "", index: int = -1) -> None:
+        super().__init__(code, message)
+        self.url = url
+        self.index = index
+
+    def __str__(self) -> str:
+        if not self.url:
+            return super().__str__()
+        return f"{self.code}: {self.message} (item {self.index}: {self.url})"
+
+    def __reduce__(self) -> tuple[type[ItemError], tuple[str, str, str, int]]:
+        return (ItemError, (self.code, self.message, self.url, self.index))
 
 
 class Delivery:
@@ -188,6 +209,10 @@ class Delivery:
         :func:`raise_failed`), and the stream goes on if the caller does."""
         with self._cond:
             while True:
+                if self._closing:
+                    # Before the queue: items still in it after a close() are
+                    # not the caller's any more (their spill files are gone).
+                    return None
                 item = self._pop()
                 if item is not None:
                     self._consumed += 1
@@ -204,7 +229,7 @@ class Delivery:
                 if self._error is not None:
                     error, self._error = self._error, None
                     raise error
-                if self._done or self._closing:
+                if self._done:
                     return None
                 if not block:
                     return NOT_YET
@@ -213,7 +238,7 @@ class Delivery:
     def raise_failed(self, item: Item) -> Item:
         """``item``, or with ``on_error="raise"`` and a failed item, its error."""
         if not item.ok and self._on_error == "raise":
-            raise TransferError(item.error or "error", item.message or "")
+            raise ItemError(item.error or "error", item.message or "", redact(item.url), item.index)
         return item
 
     def _pop(self) -> Item | None:

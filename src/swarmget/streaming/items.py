@@ -17,7 +17,8 @@ class Item:
 
     ``data`` is the body as ``bytes`` (None when it was spilled to ``path``, or
     failed); ``value`` is what ``map`` returned (then neither the body nor its
-    file comes along).  A spilled item's file is removed when the item is
+    file comes along).  An item is always true, whatever its length: test
+    ``item.ok`` for success.  A spilled item's file is removed when the item is
     dropped or :meth:`close`\\ d, or when the stream closes.
     """
 
@@ -88,6 +89,11 @@ class Item:
             self._remove = None
             self.path = None
 
+    def __bool__(self) -> bool:
+        # Without it, __len__ decided: an ok item with an empty body, or with
+        # map's value (no body here), was falsy and `if item:` skipped it.
+        return True
+
     def __len__(self) -> int:
         if self.data is not None:
             return len(self.data)
@@ -110,8 +116,11 @@ def _unlink(path: str, owner: int) -> None:
         os.unlink(path)
 
 
-def body_item(index: int, url: str, payload: object, arena: Arena | None) -> Item:
-    """The item ``map`` gets, in the worker: the body from wherever the sink put it."""
+def body_item(
+    index: int, url: str, payload: object, arena: Arena | None, http_status: int | None
+) -> Item:
+    """The item ``map`` gets, in the worker: the body from wherever the sink put it,
+    and what the caller's item says of it (its http_status was None here)."""
     data: bytes | None = None
     path: Path | None = None
     if isinstance(payload, tuple) and payload:
@@ -123,7 +132,7 @@ def body_item(index: int, url: str, payload: object, arena: Arena | None) -> Ite
             data = bytes(arena.view[offset : offset + length])
         elif kind == SPILL:
             path = Path(payload[1])
-    item = Item(index, url, True, data=data, path=path)
+    item = Item(index, url, True, http_status=http_status, data=data, path=path)
     if item._remove is not None:
         item._remove.detach()  # the sink removes the file itself, after map
         item._remove = None
