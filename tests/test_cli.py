@@ -1055,3 +1055,83 @@ def test_input_that_breaks_midway_still_gives_the_json_of_what_was_done(
     summary = json.loads(out)
     assert summary["ok"] == 300
     assert len(swarmget.read_manifest(tmp_path / "out")) == 300
+
+
+# -- sources anywhere on the command line, and "--" -------------------------------------------
+
+
+def test_sources_may_follow_options_as_with_curl(tmp_path: Path) -> None:
+    # "a.txt -o out b.txt" refused b.txt: "unrecognized arguments".
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        first = tmp_path / "a.txt"
+        first.write_text(srv.file_url("mix1.bin", size=10) + "\n")
+        second = tmp_path / "b.txt"
+        second.write_text(srv.file_url("mix2.bin", size=20) + "\n")
+        out = tmp_path / "out"
+        argv = ["-q", str(first), "-o", str(out), str(second)]
+        assert cli.main(argv) == 0
+        assert (out / "mix1.bin").stat().st_size == 10
+        assert (out / "mix2.bin").stat().st_size == 20
+        # URLs between options, as "-o o --retries 5 URL1 --timeout 3 URL2".
+        out2 = tmp_path / "out2"
+        argv = ["-q", "-o", str(out2), "--retries", "5", srv.file_url("mix3.bin", size=3)]
+        argv += ["--timeout", "3", srv.file_url("mix4.bin", size=4)]
+        assert cli.main(argv) == 0
+        assert sorted(p.name for p in out2.glob("mix*")) == ["mix3.bin", "mix4.bin"]
+
+
+def test_options_between_sources_reach_the_engine(
+    engine: Callable[..., FakeEngine], urls_file: str
+) -> None:
+    fake = engine()
+    argv = ["-o", "out", "--retries", "5", "http://h/1", "--timeout", "3", urls_file, "-q"]
+    assert cli.main(argv) == 0
+    (call,) = fake.calls
+    assert call["sources"] == ["http://h/1", urls_file]
+    assert (call["options"]["retries"], call["options"]["timeout"]) == (5, 3.0)
+
+
+def test_double_dash_still_ends_the_options(
+    engine: Callable[..., FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    Path("-x.txt").write_text("http://127.0.0.1:9/a\n")
+    Path("--").write_text("http://127.0.0.1:9/b\n")
+    assert cli.main(["-q", "-o", "out", "--", "-x.txt", "--"]) == 0
+    assert cli.main(["-q", "-o", "out", "./--", "--", "-x.txt"]) == 0
+    assert [call["sources"] for call in fake.calls] == [["-x.txt", "--"], ["./--", "-x.txt"]]
+
+
+def test_a_missing_source_or_output_is_still_one_line(
+    engine: Callable[..., FakeEngine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, missing in [
+        (["-o", "out", "-q"], "SOURCE"),
+        (["-o", "out", "--"], "SOURCE"),
+        (["http://h/x", "-q"], "-o/--output"),
+    ]:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"swarmget: error: the following arguments are required: {missing}\n"
+
+
+def test_dash_as_the_output_is_a_usage_error_not_a_directory(
+    engine: Callable[..., FakeEngine],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # curl and wget read "-o -" as stdout; swarmget made a directory named "-".
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["-q", "-o", "-", "http://h/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("swarmget: error: -o -: swarmget writes files into a directory")
+    assert err.count("\n") == 1 and "swarmget.stream()" in err
+    assert not Path("-").exists() and fake.calls == []
+    # Said as a path, it is one.
+    assert cli.main(["-q", "-o", "./-", "http://h/x"]) == 0
+    assert Path("-").is_dir() and fake.calls[0]["dest"] == "./-"

@@ -183,14 +183,16 @@ def _epilog() -> str:
 sources:
   A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv or .jsonl),
   "-" to read such a list from standard input, or a URL given directly.
-  To download a URL list file literally named "demo", write ./demo.
+  Sources and options may come in any order; after "--" every argument is a
+  source.  To download a URL list file literally named "demo", write ./demo.
 
 sizes:
   --max-size and --min-speed take a number of bytes with an optional suffix
   k, M, G or T in powers of 1024: 512k, 10M, 1.5G.
 
 output:
-  Files go under DIR.  Every input row, ok or failed, gets one record in
+  Files go under DIR ("-o -" is refused: it is not stdout; ./- is a directory).
+  Every input row, ok or failed, gets one record in
   DIR/{MANIFEST.replace(os.sep, "/")}, with its error code when it failed.
   An interrupted run records the rows that finished (and, as "partial", those
   whose part it kept); running the same command again does the rest.
@@ -369,7 +371,8 @@ def build_parser() -> ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("sources", nargs="+", metavar="SOURCE", help="URL list file, -, or URL")
+    # "*": parse_command_line requires one, counting those after "--" too.
+    parser.add_argument("sources", nargs="*", metavar="SOURCE", help="URL list file, -, or URL")
     parser.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="output directory (required)"
     )
@@ -438,6 +441,13 @@ def check_sources(sources: Sequence[str]) -> None:
 def check_output(dest: str) -> None:
     if not dest:
         raise UsageError("-o '': the output directory is an empty string")
+    if dest == "-":
+        # curl and wget read "-o -" as stdout; here it made a directory named "-".
+        raise UsageError(
+            "-o -: swarmget writes files into a directory, not to stdout "
+            "(to stream bytes into a program, use swarmget.stream() in Python; "
+            "for a directory named -, write ./-)"
+        )
     check_output_dir(dest)
     try:
         os.makedirs(dest, exist_ok=True)  # now: a path no directory can be made at is a usage error
@@ -542,8 +552,24 @@ def _where_listed(output: str) -> str:
     return "no manifest could be written (the journal keeps what finished)"
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Options and sources in any order, as curl, wget and aria2c take them:
+    ``swarmget a.txt -o out b.txt`` refused ``b.txt`` when sources had to come
+    in one run.  Everything after the first ``--`` is a source, even ``-x``
+    (parse_intermixed_args alone refuses one there on Python < 3.12)."""
+    literal: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, literal = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_intermixed_args(argv)
+    args.sources = [*args.sources, *literal]
+    if not args.sources:
+        parser.error("the following arguments are required: SOURCE")
+    return args
+
+
 def _download_command(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     options = options_from_args(args)
     check_sources(args.sources)
     check_output(args.output)
