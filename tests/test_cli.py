@@ -1135,3 +1135,52 @@ def test_dash_as_the_output_is_a_usage_error_not_a_directory(
     # Said as a path, it is one.
     assert cli.main(["-q", "-o", "./-", "http://h/x"]) == 0
     assert Path("-").is_dir() and fake.calls[0]["dest"] == "./-"
+
+
+# -- repeated and empty --header, as curl reads -H ----------------------------------------------
+
+
+def header_lines_sent(head: bytes) -> list[str]:
+    return head.decode("latin-1").split("\r\n")[1:]
+
+
+def test_repeated_and_emptied_headers_reach_the_server_as_with_curl(tmp_path: Path) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        url = srv.file_url("hdr.bin", size=5)
+        seen = len(srv.requests)
+        argv = ["-q", "-o", str(tmp_path / "out"), url, "--workers", "1"]
+        for header in [
+            "X-Dup: 1",  # a dict kept only the last value
+            "x-dup: 2",
+            "Cookie: a=1",
+            "Cookie: b=2",
+            "User-Agent:",  # "Name:" takes away one of ours (curl's rule) ...
+            "Accept:",
+            "X-Gone:",  # ... or sends nothing: it sent an empty header
+            "X-Blank;",  # "Name;" sends it empty
+        ]:
+            argv += ["--header", header]
+        assert cli.main(argv) == 0
+        (head,) = srv.requests[seen:]
+    lines = header_lines_sent(head)
+    assert "X-Dup: 1, 2" in lines
+    assert "Cookie: a=1; b=2" in lines
+    assert [line for line in lines if line.lower().startswith("x-blank:")] == ["X-Blank:  "]
+    names = [line.partition(":")[0].lower() for line in lines if line]
+    assert "x-gone" not in names and "user-agent" not in names and "accept" not in names
+    assert names.count("x-dup") == 1 and "accept-encoding" in names
+
+
+def test_combine_headers() -> None:
+    pairs = [("X-A", "1"), ("x-a", ""), ("X-A", "2"), ("X-B", ""), ("X-C", " "), ("X-C", "")]
+    assert cli.combine_headers(pairs) == {"X-A": "1, 2", "X-B": "", "X-C": " "}
+    assert cli.parse_header("X-Blank ; ") == ("X-Blank", " ")
+    with pytest.raises(Exception, match="invalid header"):
+        cli.parse_header("X;y")
+
+
+def test_taking_host_away_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["-o", "o", "http://127.0.0.1:9/x", "--header", "Host:"]) == 2
+    assert "HTTP/1.1 requires a Host" in capsys.readouterr().err

@@ -96,12 +96,24 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+# What curl's -H "K;" sends: K with an empty value.  Written "K:  ", which is
+# that (RFC 9110 5.5: the blank is not part of the value); an empty value
+# would send nothing (protocol/request.py).
+EMPTY_FIELD = " "
+
+
 def parse_header(text: str) -> tuple[str, str]:
-    """``"K: V"`` -> ``("K", "V")``; the name must be an HTTP token, the value one line."""
+    """As curl reads ``-H``: ``"K: V"`` -> ``("K", "V")``; ``"K:"`` -> ``("K", "")``,
+    no K sent at all (not even ours: ``"User-Agent:"``); ``"K;"`` -> K sent empty.
+    The name must be an HTTP token, the value one line."""
     name, sep, value = text.partition(":")
     name, value = name.strip(), value.strip()
+    if not sep and name.endswith(";"):
+        name, sep, value = name[:-1].rstrip(), ";", EMPTY_FIELD
     if not sep:
-        raise argparse.ArgumentTypeError(f"invalid header {text!r} (expected 'Name: value')")
+        raise argparse.ArgumentTypeError(
+            f"invalid header {text!r} (expected 'Name: value', 'Name:' or 'Name;')"
+        )
     try:
         check_header(name, value)
     except UsageError as exc:
@@ -284,7 +296,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "headers",
-        "send this request header; repeat for more (default: none)",
+        "send this request header; repeat for more (a name given twice is sent once, "
+        "its values joined by ', '). As with curl, 'K:' sends no K, not even swarmget's "
+        "own (User-Agent, Accept), and 'K;' sends K empty (default: none)",
         '"K: V"',
         parse_header,
         repeat=True,
@@ -416,11 +430,31 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's keyword options, validated now so mistakes fail before the run."""
     options: dict[str, Any] = {flag.field: getattr(args, flag.field) for flag in FLAGS}
-    options["headers"] = dict(options["headers"])
+    options["headers"] = combine_headers(options["headers"])
     options["dns_servers"] = tuple(options["dns_servers"])
     # Raises UsageError naming the flag, or the environment variable, or the file.
     Options.from_kwargs(options).check_environment()
     return options
+
+
+def combine_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """One field per name (any case; the first spelling) from repeated --header:
+    a dict kept only the last of "X-Dup: 1" "X-Dup: 2".  The values are joined
+    with ", ", which RFC 9110 5.3 makes the same as sending each on a line of
+    its own, as curl does ("; " for Cookie, RFC 6265 5.4: one Cookie line).
+    A "K:" (take K away) adds no value; only a K given no other way stays away."""
+    values: dict[str, list[str]] = {}
+    spelling: dict[str, str] = {}
+    for name, value in pairs:
+        values.setdefault(spelling.setdefault(name.lower(), name), []).append(value)
+    return {name: _joined(name, given) for name, given in values.items()}
+
+
+def _joined(name: str, given: list[str]) -> str:
+    sent = [value for value in given if value.strip()]
+    if sent:
+        return ("; " if name.lower() == "cookie" else ", ").join(sent)
+    return EMPTY_FIELD if EMPTY_FIELD in given else ""
 
 
 def check_sources(sources: Sequence[str]) -> None:
