@@ -110,13 +110,25 @@ def urls_file(tmp_path: Path) -> str:
         (".5k", 512),
         (" 7 ", 7),
         ("100b", 100),
+        # Fractions with a unit, rounded to whole bytes; whole bytes written "1.0".
+        ("1.5M", 3 * 1024**2 // 2),
+        ("0.5G", 1024**3 // 2),
+        ("1.0001k", 1024),
+        ("1.0009k", 1025),  # rounded, not cut
+        ("0.0009765625k", 1),
+        ("1.0", 1),
+        ("0.0M", 0),
     ],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert cli.parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan"])
+@pytest.mark.parametrize(
+    "text",
+    # 0.5 was read as 0 (--max-size 0.5 failed every file with too_large).
+    ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan", "0.5", "1.5", "0.5b", "0.0001k"],
+)
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(Exception, match="invalid size"):
         cli.parse_size(text)
@@ -1184,3 +1196,40 @@ def test_combine_headers() -> None:
 def test_taking_host_away_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["-o", "o", "http://127.0.0.1:9/x", "--header", "Host:"]) == 2
     assert "HTTP/1.1 requires a Host" in capsys.readouterr().err
+
+
+# -- fractional sizes ---------------------------------------------------------------------------
+
+
+def test_a_fraction_of_a_byte_is_a_usage_error_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        url = srv.file_url("frac.bin", size=10)
+        for flag, value in [("--max-size", "0.5"), ("--min-speed", "0.0001k")]:
+            seen = len(srv.requests)
+            assert cli.main(["-q", "-o", str(tmp_path / "out"), url, flag, value]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"swarmget: error: argument {flag}: invalid size {value!r}")
+            assert len(srv.requests) == seen and not (tmp_path / "out").exists()
+
+
+def test_a_fractional_size_with_a_unit_is_honoured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        small, large = srv.file_url("half-in.bin", size=512), srv.file_url("half-out.bin", size=513)
+        argv = ["-q", "--json", "-o", str(tmp_path / "out"), small, large, "--max-size", "0.5k"]
+        assert cli.main(argv) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["ok"], summary["failed"]) == (1, 1)
+    records = {
+        r["url"].partition("?")[0].rsplit("/")[-1]: r for r in read_manifest(tmp_path / "out")
+    }
+    assert records["half-in.bin"]["status"] == "ok"
+    assert (tmp_path / "out" / "half-in.bin").stat().st_size == 512
+    assert records["half-out.bin"]["error"] == ErrorCode.TOO_LARGE

@@ -27,6 +27,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
 from typing import IO, Any, NoReturn
 
 import swarmget
@@ -76,14 +77,23 @@ _SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def parse_size(text: str) -> int:
-    """``512`` -> 512, ``512k`` -> 524288, ``1.5G`` -> 1610612736 (powers of 1024)."""
+    """``512`` -> 512, ``512k`` -> 524288, ``1.5G`` -> 1610612736 (powers of 1024),
+    rounded to whole bytes.  A fraction of a byte is an error, not 0: ``--max-size
+    0.5`` read as 0 failed every file with too_large."""
     match = _SIZE_RE.fullmatch(text)
     if match is None:
         raise argparse.ArgumentTypeError(
             f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
         )
     number, suffix = match.groups()
-    return int(float(number) * _SIZE_SCALE[suffix.lower()])
+    exact = Fraction(number) * _SIZE_SCALE[suffix.lower()]  # exact: no float rounding
+    if exact.denominator != 1 and not suffix:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r} (a fraction of a byte; give whole bytes, or a unit: 0.5M)"
+        )
+    if 0 < exact < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (less than one byte)")
+    return round(exact)
 
 
 def parse_seconds(text: str) -> float:
@@ -200,7 +210,8 @@ sources:
 
 sizes:
   --max-size and --min-speed take a number of bytes with an optional suffix
-  k, M, G or T in powers of 1024: 512k, 10M, 1.5G.
+  k, M, G or T in powers of 1024: 512k, 10M, 1.5G (rounded to whole bytes; a
+  fraction of a byte, 0.5 or 0.1k, is an error).
 
 output:
   Files go under DIR ("-o -" is refused: it is not stdout; ./- is a directory).
