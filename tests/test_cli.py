@@ -1233,3 +1233,25 @@ def test_a_fractional_size_with_a_unit_is_honoured(
     assert records["half-in.bin"]["status"] == "ok"
     assert (tmp_path / "out" / "half-in.bin").stat().st_size == 512
     assert records["half-out.bin"]["error"] == ErrorCode.TOO_LARGE
+
+
+# -- a URL without its scheme ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        ("user:s3cret@127.0.0.1/x", "user:***@127.0.0.1/x"),
+        ("me:pa/ss@wd@host.test/a@b", "me:***@b"),  # a / or @ in it: all of it goes
+        ("list@2024.txt", "list@2024.txt"),  # no password: nothing to hide
+    ],
+)
+def test_a_url_without_its_scheme_is_not_echoed_with_its_password(
+    source: str, shown: str, tmp_path: Path
+) -> None:
+    proc = run_subprocess(source, "-o", "out", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"swarmget: error: cannot read {shown!r}: no such file (a URL needs http:// or https://)\n"
+    )
+    assert "s3cret" not in proc.stderr and "pa/ss" not in proc.stderr

@@ -473,14 +473,27 @@ def check_sources(sources: Sequence[str]) -> None:
     for source in sources:
         if source == "-" or "://" in source:
             continue
+        shown = hide_password(source)
         if os.path.isdir(source):
-            raise UsageError(f"cannot read {source!r}: it is a directory")
+            raise UsageError(f"cannot read {shown!r}: it is a directory")
         if not os.path.exists(source):
             raise UsageError(
-                f"cannot read {source!r}: no such file (URLs must start with http:// or https://)"
+                f"cannot read {shown!r}: no such file (a URL needs http:// or https://)"
             )
         if not os.access(source, os.R_OK):
-            raise UsageError(f"cannot read {source!r}: permission denied")
+            raise UsageError(f"cannot read {shown!r}: permission denied")
+
+
+def hide_password(source: str) -> str:
+    """``user:pass@host/x`` (a URL without its scheme, read as a path) as
+    ``user:***@host/x``: the error printed it whole, and no message may show a
+    password.  Everything from the first ``:`` to the last ``@`` goes, as a
+    password may hold ``/`` or ``@`` itself."""
+    at = source.rfind("@")
+    colon = source.find(":", 0, at) if at > 0 else -1
+    if colon < 0:
+        return source
+    return source[: colon + 1] + "***" + source[at:]
 
 
 def check_output(dest: str) -> None:
