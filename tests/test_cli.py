@@ -1193,9 +1193,14 @@ def test_combine_headers() -> None:
         cli.parse_header("X;y")
 
 
-def test_taking_host_away_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["-o", "o", "http://127.0.0.1:9/x", "--header", "Host:"]) == 2
+def test_taking_host_away_is_a_usage_error(
+    engine: Callable[..., FakeEngine], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = engine()
+    out = str(tmp_path / "out")
+    assert cli.main(["-q", "-o", out, "http://127.0.0.1:9/x", "--header", "Host:"]) == 2
     assert "HTTP/1.1 requires a Host" in capsys.readouterr().err
+    assert fake.calls == []
 
 
 # -- fractional sizes ---------------------------------------------------------------------------
