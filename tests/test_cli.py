@@ -110,13 +110,25 @@ def urls_file(tmp_path: Path) -> str:
         (".5k", 512),
         (" 7 ", 7),
         ("100b", 100),
+        # Fractions with a unit, rounded to whole bytes; whole bytes written "1.0".
+        ("1.5M", 3 * 1024**2 // 2),
+        ("0.5G", 1024**3 // 2),
+        ("1.0001k", 1024),
+        ("1.0009k", 1025),  # rounded, not cut
+        ("0.0009765625k", 1),
+        ("1.0", 1),
+        ("0.0M", 0),
     ],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert cli.parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan"])
+@pytest.mark.parametrize(
+    "text",
+    # 0.5 was read as 0 (--max-size 0.5 failed every file with too_large).
+    ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan", "0.5", "1.5", "0.5b", "0.0001k"],
+)
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(Exception, match="invalid size"):
         cli.parse_size(text)
@@ -1055,3 +1067,196 @@ def test_input_that_breaks_midway_still_gives_the_json_of_what_was_done(
     summary = json.loads(out)
     assert summary["ok"] == 300
     assert len(swarmget.read_manifest(tmp_path / "out")) == 300
+
+
+# -- sources anywhere on the command line, and "--" -------------------------------------------
+
+
+def test_sources_may_follow_options_as_with_curl(tmp_path: Path) -> None:
+    # "a.txt -o out b.txt" refused b.txt: "unrecognized arguments".
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        first = tmp_path / "a.txt"
+        first.write_text(srv.file_url("mix1.bin", size=10) + "\n")
+        second = tmp_path / "b.txt"
+        second.write_text(srv.file_url("mix2.bin", size=20) + "\n")
+        out = tmp_path / "out"
+        argv = ["-q", str(first), "-o", str(out), str(second)]
+        assert cli.main(argv) == 0
+        assert (out / "mix1.bin").stat().st_size == 10
+        assert (out / "mix2.bin").stat().st_size == 20
+        # URLs between options, as "-o o --retries 5 URL1 --timeout 3 URL2".
+        out2 = tmp_path / "out2"
+        argv = ["-q", "-o", str(out2), "--retries", "5", srv.file_url("mix3.bin", size=3)]
+        argv += ["--timeout", "3", srv.file_url("mix4.bin", size=4)]
+        assert cli.main(argv) == 0
+        assert sorted(p.name for p in out2.glob("mix*")) == ["mix3.bin", "mix4.bin"]
+
+
+def test_options_between_sources_reach_the_engine(
+    engine: Callable[..., FakeEngine], urls_file: str
+) -> None:
+    fake = engine()
+    argv = ["-o", "out", "--retries", "5", "http://h/1", "--timeout", "3", urls_file, "-q"]
+    assert cli.main(argv) == 0
+    (call,) = fake.calls
+    assert call["sources"] == ["http://h/1", urls_file]
+    assert (call["options"]["retries"], call["options"]["timeout"]) == (5, 3.0)
+
+
+def test_double_dash_still_ends_the_options(
+    engine: Callable[..., FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    Path("-x.txt").write_text("http://127.0.0.1:9/a\n")
+    Path("--").write_text("http://127.0.0.1:9/b\n")
+    assert cli.main(["-q", "-o", "out", "--", "-x.txt", "--"]) == 0
+    assert cli.main(["-q", "-o", "out", "./--", "--", "-x.txt"]) == 0
+    assert [call["sources"] for call in fake.calls] == [["-x.txt", "--"], ["./--", "-x.txt"]]
+
+
+def test_a_missing_source_or_output_is_still_one_line(
+    engine: Callable[..., FakeEngine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    for argv, missing in [
+        (["-o", "out", "-q"], "SOURCE"),
+        (["-o", "out", "--"], "SOURCE"),
+        (["http://h/x", "-q"], "-o/--output"),
+    ]:
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"swarmget: error: the following arguments are required: {missing}\n"
+
+
+def test_dash_as_the_output_is_a_usage_error_not_a_directory(
+    engine: Callable[..., FakeEngine],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # curl and wget read "-o -" as stdout; swarmget made a directory named "-".
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["-q", "-o", "-", "http://h/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("swarmget: error: -o -: swarmget writes files into a directory")
+    assert err.count("\n") == 1 and "swarmget.stream()" in err
+    assert not Path("-").exists() and fake.calls == []
+    # Said as a path, it is one.
+    assert cli.main(["-q", "-o", "./-", "http://h/x"]) == 0
+    assert Path("-").is_dir() and fake.calls[0]["dest"] == "./-"
+
+
+# -- repeated and empty --header, as curl reads -H ----------------------------------------------
+
+
+def header_lines_sent(head: bytes) -> list[str]:
+    return head.decode("latin-1").split("\r\n")[1:]
+
+
+def test_repeated_and_emptied_headers_reach_the_server_as_with_curl(tmp_path: Path) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        url = srv.file_url("hdr.bin", size=5)
+        seen = len(srv.requests)
+        argv = ["-q", "-o", str(tmp_path / "out"), url, "--workers", "1"]
+        for header in [
+            "X-Dup: 1",  # a dict kept only the last value
+            "x-dup: 2",
+            "Cookie: a=1",
+            "Cookie: b=2",
+            "User-Agent:",  # "Name:" takes away one of ours (curl's rule) ...
+            "Accept:",
+            "X-Gone:",  # ... or sends nothing: it sent an empty header
+            "X-Blank;",  # "Name;" sends it empty
+        ]:
+            argv += ["--header", header]
+        assert cli.main(argv) == 0
+        (head,) = srv.requests[seen:]
+    lines = header_lines_sent(head)
+    assert "X-Dup: 1, 2" in lines
+    assert "Cookie: a=1; b=2" in lines
+    assert [line for line in lines if line.lower().startswith("x-blank:")] == ["X-Blank:  "]
+    names = [line.partition(":")[0].lower() for line in lines if line]
+    assert "x-gone" not in names and "user-agent" not in names and "accept" not in names
+    assert names.count("x-dup") == 1 and "accept-encoding" in names
+
+
+def test_combine_headers() -> None:
+    pairs = [("X-A", "1"), ("x-a", ""), ("X-A", "2"), ("X-B", ""), ("X-C", " "), ("X-C", "")]
+    assert cli.combine_headers(pairs) == {"X-A": "1, 2", "X-B": "", "X-C": " "}
+    assert cli.parse_header("X-Blank ; ") == ("X-Blank", " ")
+    with pytest.raises(Exception, match="invalid header"):
+        cli.parse_header("X;y")
+
+
+def test_taking_host_away_is_a_usage_error(
+    engine: Callable[..., FakeEngine], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = engine()
+    out = str(tmp_path / "out")
+    assert cli.main(["-q", "-o", out, "http://127.0.0.1:9/x", "--header", "Host:"]) == 2
+    assert "HTTP/1.1 requires a Host" in capsys.readouterr().err
+    assert fake.calls == []
+
+
+# -- fractional sizes ---------------------------------------------------------------------------
+
+
+def test_a_fraction_of_a_byte_is_a_usage_error_naming_the_option(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        url = srv.file_url("frac.bin", size=10)
+        for flag, value in [("--max-size", "0.5"), ("--min-speed", "0.0001k")]:
+            seen = len(srv.requests)
+            assert cli.main(["-q", "-o", str(tmp_path / "out"), url, flag, value]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"swarmget: error: argument {flag}: invalid size {value!r}")
+            assert len(srv.requests) == seen and not (tmp_path / "out").exists()
+
+
+def test_a_fractional_size_with_a_unit_is_honoured(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        small, large = srv.file_url("half-in.bin", size=512), srv.file_url("half-out.bin", size=513)
+        argv = ["-q", "--json", "-o", str(tmp_path / "out"), small, large, "--max-size", "0.5k"]
+        assert cli.main(argv) == 1
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["ok"], summary["failed"]) == (1, 1)
+    records = {
+        r["url"].partition("?")[0].rsplit("/")[-1]: r for r in read_manifest(tmp_path / "out")
+    }
+    assert records["half-in.bin"]["status"] == "ok"
+    assert (tmp_path / "out" / "half-in.bin").stat().st_size == 512
+    assert records["half-out.bin"]["error"] == ErrorCode.TOO_LARGE
+
+
+# -- a URL without its scheme ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        ("user:s3cret@127.0.0.1/x", "user:***@127.0.0.1/x"),
+        ("me:pa/ss@wd@host.test/a@b", "me:***@b"),  # a / or @ in it: all of it goes
+        ("list@2024.txt", "list@2024.txt"),  # no password: nothing to hide
+    ],
+)
+def test_a_url_without_its_scheme_is_not_echoed_with_its_password(
+    source: str, shown: str, tmp_path: Path
+) -> None:
+    proc = run_subprocess(source, "-o", "out", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"swarmget: error: cannot read {shown!r}: no such file (a URL needs http:// or https://)\n"
+    )
+    assert "s3cret" not in proc.stderr and "pa/ss" not in proc.stderr

@@ -27,6 +27,7 @@ import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
 from typing import IO, Any, NoReturn
 
 import swarmget
@@ -76,14 +77,23 @@ _SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
 def parse_size(text: str) -> int:
-    """``512`` -> 512, ``512k`` -> 524288, ``1.5G`` -> 1610612736 (powers of 1024)."""
+    """``512`` -> 512, ``512k`` -> 524288, ``1.5G`` -> 1610612736 (powers of 1024),
+    rounded to whole bytes.  A fraction of a byte is an error, not 0: ``--max-size
+    0.5`` read as 0 failed every file with too_large."""
     match = _SIZE_RE.fullmatch(text)
     if match is None:
         raise argparse.ArgumentTypeError(
             f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
         )
     number, suffix = match.groups()
-    return int(float(number) * _SIZE_SCALE[suffix.lower()])
+    exact = Fraction(number) * _SIZE_SCALE[suffix.lower()]  # exact: no float rounding
+    if exact.denominator != 1 and not suffix:
+        raise argparse.ArgumentTypeError(
+            f"invalid size {text!r} (a fraction of a byte; give whole bytes, or a unit: 0.5M)"
+        )
+    if 0 < exact < 1:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (less than one byte)")
+    return round(exact)
 
 
 def parse_seconds(text: str) -> float:
@@ -96,12 +106,24 @@ def parse_seconds(text: str) -> float:
     return value
 
 
+# What curl's -H "K;" sends: K with an empty value.  Written "K:  ", which is
+# that (RFC 9110 5.5: the blank is not part of the value); an empty value
+# would send nothing (protocol/request.py).
+EMPTY_FIELD = " "
+
+
 def parse_header(text: str) -> tuple[str, str]:
-    """``"K: V"`` -> ``("K", "V")``; the name must be an HTTP token, the value one line."""
+    """As curl reads ``-H``: ``"K: V"`` -> ``("K", "V")``; ``"K:"`` -> ``("K", "")``,
+    no K sent at all (not even ours: ``"User-Agent:"``); ``"K;"`` -> K sent empty.
+    The name must be an HTTP token, the value one line."""
     name, sep, value = text.partition(":")
     name, value = name.strip(), value.strip()
+    if not sep and name.endswith(";"):
+        name, sep, value = name[:-1].rstrip(), ";", EMPTY_FIELD
     if not sep:
-        raise argparse.ArgumentTypeError(f"invalid header {text!r} (expected 'Name: value')")
+        raise argparse.ArgumentTypeError(
+            f"invalid header {text!r} (expected 'Name: value', 'Name:' or 'Name;')"
+        )
     try:
         check_header(name, value)
     except UsageError as exc:
@@ -183,14 +205,17 @@ def _epilog() -> str:
 sources:
   A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv or .jsonl),
   "-" to read such a list from standard input, or a URL given directly.
-  To download a URL list file literally named "demo", write ./demo.
+  Sources and options may come in any order; after "--" every argument is a
+  source.  To download a URL list file literally named "demo", write ./demo.
 
 sizes:
   --max-size and --min-speed take a number of bytes with an optional suffix
-  k, M, G or T in powers of 1024: 512k, 10M, 1.5G.
+  k, M, G or T in powers of 1024: 512k, 10M, 1.5G (rounded to whole bytes; a
+  fraction of a byte, 0.5 or 0.1k, is an error).
 
 output:
-  Files go under DIR.  Every input row, ok or failed, gets one record in
+  Files go under DIR ("-o -" is refused: it is not stdout; ./- is a directory).
+  Every input row, ok or failed, gets one record in
   DIR/{MANIFEST.replace(os.sep, "/")}, with its error code when it failed.
   An interrupted run records the rows that finished (and, as "partial", those
   whose part it kept); running the same command again does the rest.
@@ -282,7 +307,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "headers",
-        "send this request header; repeat for more (default: none)",
+        "send this request header; repeat for more (a name given twice is sent once, "
+        "its values joined by ', '). As with curl, 'K:' sends no K, not even swarmget's "
+        "own (User-Agent, Accept), and 'K;' sends K empty (default: none)",
         '"K: V"',
         parse_header,
         repeat=True,
@@ -369,7 +396,8 @@ def build_parser() -> ArgumentParser:
         epilog=_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("sources", nargs="+", metavar="SOURCE", help="URL list file, -, or URL")
+    # "*": parse_command_line requires one, counting those after "--" too.
+    parser.add_argument("sources", nargs="*", metavar="SOURCE", help="URL list file, -, or URL")
     parser.add_argument(
         "-o", "--output", required=True, metavar="DIR", help="output directory (required)"
     )
@@ -413,11 +441,31 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """The engine's keyword options, validated now so mistakes fail before the run."""
     options: dict[str, Any] = {flag.field: getattr(args, flag.field) for flag in FLAGS}
-    options["headers"] = dict(options["headers"])
+    options["headers"] = combine_headers(options["headers"])
     options["dns_servers"] = tuple(options["dns_servers"])
     # Raises UsageError naming the flag, or the environment variable, or the file.
     Options.from_kwargs(options).check_environment()
     return options
+
+
+def combine_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """One field per name (any case; the first spelling) from repeated --header:
+    a dict kept only the last of "X-Dup: 1" "X-Dup: 2".  The values are joined
+    with ", ", which RFC 9110 5.3 makes the same as sending each on a line of
+    its own, as curl does ("; " for Cookie, RFC 6265 5.4: one Cookie line).
+    A "K:" (take K away) adds no value; only a K given no other way stays away."""
+    values: dict[str, list[str]] = {}
+    spelling: dict[str, str] = {}
+    for name, value in pairs:
+        values.setdefault(spelling.setdefault(name.lower(), name), []).append(value)
+    return {name: _joined(name, given) for name, given in values.items()}
+
+
+def _joined(name: str, given: list[str]) -> str:
+    sent = [value for value in given if value.strip()]
+    if sent:
+        return ("; " if name.lower() == "cookie" else ", ").join(sent)
+    return EMPTY_FIELD if EMPTY_FIELD in given else ""
 
 
 def check_sources(sources: Sequence[str]) -> None:
@@ -425,19 +473,39 @@ def check_sources(sources: Sequence[str]) -> None:
     for source in sources:
         if source == "-" or "://" in source:
             continue
+        shown = hide_password(source)
         if os.path.isdir(source):
-            raise UsageError(f"cannot read {source!r}: it is a directory")
+            raise UsageError(f"cannot read {shown!r}: it is a directory")
         if not os.path.exists(source):
             raise UsageError(
-                f"cannot read {source!r}: no such file (URLs must start with http:// or https://)"
+                f"cannot read {shown!r}: no such file (a URL needs http:// or https://)"
             )
         if not os.access(source, os.R_OK):
-            raise UsageError(f"cannot read {source!r}: permission denied")
+            raise UsageError(f"cannot read {shown!r}: permission denied")
+
+
+def hide_password(source: str) -> str:
+    """``user:pass@host/x`` (a URL without its scheme, read as a path) as
+    ``user:***@host/x``: the error printed it whole, and no message may show a
+    password.  Everything from the first ``:`` to the last ``@`` goes, as a
+    password may hold ``/`` or ``@`` itself."""
+    at = source.rfind("@")
+    colon = source.find(":", 0, at) if at > 0 else -1
+    if colon < 0:
+        return source
+    return source[: colon + 1] + "***" + source[at:]
 
 
 def check_output(dest: str) -> None:
     if not dest:
         raise UsageError("-o '': the output directory is an empty string")
+    if dest == "-":
+        # curl and wget read "-o -" as stdout; here it made a directory named "-".
+        raise UsageError(
+            "-o -: swarmget writes files into a directory, not to stdout "
+            "(to stream bytes into a program, use swarmget.stream() in Python; "
+            "for a directory named -, write ./-)"
+        )
     check_output_dir(dest)
     try:
         os.makedirs(dest, exist_ok=True)  # now: a path no directory can be made at is a usage error
@@ -542,8 +610,24 @@ def _where_listed(output: str) -> str:
     return "no manifest could be written (the journal keeps what finished)"
 
 
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Options and sources in any order, as curl, wget and aria2c take them:
+    ``swarmget a.txt -o out b.txt`` refused ``b.txt`` when sources had to come
+    in one run.  Everything after the first ``--`` is a source, even ``-x``
+    (parse_intermixed_args alone refuses one there on Python < 3.12)."""
+    literal: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, literal = argv[:cut], argv[cut + 1 :]
+    args = parser.parse_intermixed_args(argv)
+    args.sources = [*args.sources, *literal]
+    if not args.sources:
+        parser.error("the following arguments are required: SOURCE")
+    return args
+
+
 def _download_command(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     options = options_from_args(args)
     check_sources(args.sources)
     check_output(args.output)

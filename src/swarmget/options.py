@@ -239,6 +239,10 @@ def check_header(name: str, value: str) -> None:
     why = _OURS.get(name.lower())
     if why is not None:
         raise UsageError(f"header {shown!r} cannot be given: {why}")
+    if not value and name.lower() == "host":
+        # An empty value takes the header away (curl's "Name:"); an HTTP/1.1
+        # request without Host is refused by every server (400).
+        raise UsageError(f"header {shown!r} cannot be given: HTTP/1.1 requires a Host")
 
 
 def check_output_dir(root: str) -> None:

@@ -13,6 +13,10 @@ varies per request goes in front of the final blank line:
 * ``Proxy-Authorization`` for an http proxy that forwards our requests
   (fixed per origin, so it is part of the tail).
 
+An empty value is a header not sent at all: ``--header "User-Agent:"``
+takes one of ours away, as curl's ``-H "Name:"`` does.  (A blank one, ``" "``,
+is sent: a field whose value is empty, RFC 9110 5.5.)
+
 The target was made safe by the caller (``engine/urls.py``): printable ASCII,
 no spaces, so it can never end the request line early or inject a header.
 """
@@ -40,7 +44,7 @@ class RequestTemplate:
         self.own_host = f"Host: {host_header}\r\n".encode("latin-1")
         self.host_omitted = omit_host
         lines = [" HTTP/1.1"] if omit_host else [" HTTP/1.1", f"Host: {host_header}"]
-        lines.extend(f"{name}: {value}" for name, value in headers.items())
+        lines.extend(f"{name}: {value}" for name, value in headers.items() if value)
         if proxy_authorization is not None:
             lines.append(f"Proxy-Authorization: {proxy_authorization}")
         tail = ("\r\n".join(lines) + "\r\n").encode("latin-1")
@@ -76,5 +80,7 @@ class RequestTemplate:
 
 
 def header_lines(headers: Mapping[str, str]) -> bytes:
-    """``Name: value`` CRLF-ended lines, for :meth:`RequestTemplate.render`'s credentials."""
-    return "".join(f"{name}: {value}\r\n" for name, value in headers.items()).encode("latin-1")
+    """``Name: value`` CRLF-ended lines, for :meth:`RequestTemplate.render`'s credentials
+    (none for an empty value: a header the user took away)."""
+    lines = "".join(f"{name}: {value}\r\n" for name, value in headers.items() if value)
+    return lines.encode("latin-1")
