@@ -461,7 +461,14 @@ def test_truncated_gzip(tmp_path: Path) -> None:
 
 def test_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    assert usage_error("x.txt") == "cannot read input 'x.txt': No such file or directory"
+    assert usage_error("x.txt") == (
+        "cannot read input 'x.txt': No such file or directory (a URL needs http:// or https://)"
+    )
+    # A URL without its scheme is read as a path: its password is not shown.
+    assert usage_error("user:secret@host/x") == (
+        "cannot read input 'user:***@host/x': No such file or directory "
+        "(a URL needs http:// or https://)"
+    )
 
 
 def test_missing_file_fails_before_any_row(tmp_path: Path) -> None:

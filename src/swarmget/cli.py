@@ -37,6 +37,7 @@ from swarmget.options import Options, check_header, check_output_dir
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
+from swarmget.sources.reader import hide_password
 from swarmget.sources.rows import Row
 
 EXIT_OK = 0
@@ -482,18 +483,6 @@ def check_sources(sources: Sequence[str]) -> None:
             )
         if not os.access(source, os.R_OK):
             raise UsageError(f"cannot read {shown!r}: permission denied")
-
-
-def hide_password(source: str) -> str:
-    """``user:pass@host/x`` (a URL without its scheme, read as a path) as
-    ``user:***@host/x``: the error printed it whole, and no message may show a
-    password.  Everything from the first ``:`` to the last ``@`` goes, as a
-    password may hold ``/`` or ``@`` itself."""
-    at = source.rfind("@")
-    colon = source.find(":", 0, at) if at > 0 else -1
-    if colon < 0:
-        return source
-    return source[: colon + 1] + "***" + source[at:]
 
 
 def check_output(dest: str) -> None:

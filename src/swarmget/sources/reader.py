@@ -420,4 +420,19 @@ def _archive(line: str) -> bool:
 
 def _unreadable(name: str, exc: BaseException) -> UsageError:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return UsageError(f"cannot read input {name!r}: {reason or type(exc).__name__}")
+    hint = " (a URL needs http:// or https://)" if isinstance(exc, FileNotFoundError) else ""
+    return UsageError(
+        f"cannot read input {hide_password(name)!r}: {reason or type(exc).__name__}{hint}"
+    )
+
+
+def hide_password(source: str) -> str:
+    """``user:pass@host/x`` (a URL without its scheme, read as a path) as
+    ``user:***@host/x``: the error printed it whole, and no message may show a
+    password.  Everything from the first ``:`` to the last ``@`` goes, as a
+    password may hold ``/`` or ``@`` itself."""
+    at = source.rfind("@")
+    colon = source.find(":", 0, at) if at > 0 else -1
+    if colon < 0:
+        return source
+    return source[: colon + 1] + "***" + source[at:]
