@@ -25,6 +25,7 @@ except that they keep only the parts worth resuming, as that worker did.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import time
 from collections.abc import Iterator
@@ -124,6 +125,7 @@ class _Worker:
         "outstanding",
         "parked",
         "sent",
+        "suspect",
         "waiting",
     )
 
@@ -138,6 +140,7 @@ class _Worker:
         self.gone = False  # finished, stopped or dead: deal it nothing more
         # Rows dealt and not reported: what a crash would cost.
         self.outstanding: dict[int, Assignment] = {}
+        self.suspect: int | None = None  # the key of the row it holds alone (see _died)
 
     @property
     def backlog(self) -> int:
@@ -173,6 +176,9 @@ class Supervisor:
         self._turn = 0  # deals so far (ties in level_shares go round-robin)
         self._replacements = 0
         self._redealt: set[int] = set()  # keys dealt again after their worker died
+        # Rows in two deaths: each goes to a worker holding no other suspect,
+        # so that a third death names the row that causes them (_died).
+        self._suspects: collections.deque[Assignment] = collections.deque()
         self._started = 0.0
         self._first: list[Row] = []  # read before the backend starts
         self._interrupts = TurnInterrupts(self._wake_backend)
@@ -337,11 +343,27 @@ class Supervisor:
             self.report.skipped += batch.skipped
             self._add_results(batch.results)
             self._send(batch.assignments)
-        if self._input_done:
+        if self._suspects:
+            self._deal_suspects()
+        if self._input_done and not self._suspects:
             for index, worker in enumerate(self._workers):
                 if not worker.ended and not worker.gone:
                     worker.ended = True
                     self._backend.end(index)
+
+    def _deal_suspects(self) -> None:
+        """A suspect row to each live worker that holds none (see _died)."""
+        for index, worker in enumerate(self._workers):
+            if not self._suspects:
+                return
+            if worker.gone or worker.ended:
+                continue
+            if worker.suspect is not None and worker.suspect in worker.outstanding:
+                continue
+            row = self._suspects.popleft()
+            worker.suspect = row.key
+            self._planner.redeal([row])
+            self._send_to(index, worker, [_from_scratch(row)])
 
     def _lowest_backlog(self) -> int:
         live = [w.backlog for w in self._workers if not w.gone]
@@ -378,13 +400,15 @@ class Supervisor:
         shares = level_shares([w.backlog for _, w in live], len(assignments), self._turn)
         self._turn += 1
         for (index, worker), chunk in zip(live, _interleave(assignments, shares), strict=True):
-            if not chunk:
-                continue
-            for assignment in chunk:
-                worker.outstanding[assignment.key] = assignment
-            worker.sent += len(chunk)
-            if not self._backend.send(index, chunk):
-                worker.gone = True  # poll() will say how it ended
+            if chunk:
+                self._send_to(index, worker, chunk)
+
+    def _send_to(self, index: int, worker: _Worker, chunk: list[Assignment]) -> None:
+        for assignment in chunk:
+            worker.outstanding[assignment.key] = assignment
+        worker.sent += len(chunk)
+        if not self._backend.send(index, chunk):
+            worker.gone = True  # poll() will say how it ended
 
     # -- events in ---------------------------------------------------------------------
 
@@ -442,15 +466,20 @@ class Supervisor:
         return results
 
     def _died(self, index: int, exitcode: int | None, why: str = "") -> None:
-        """A worker vanished: start another in its place, and deal what it held again,
-        once.  A row lost in a second death fails with ``crashed``: it may be what
-        kills them (a map that segfaults), and must not kill every worker in turn.
-        (Failing them all at the first death failed rows that had not even begun:
-        1,432 of a 3,000-row run for one worker killed by the OOM killer.)"""
+        """A worker vanished: start another in its place, and deal what it held again.
+
+        A row is failed with ``crashed`` only when it is named as the cause: a
+        row in its first death is dealt again as any row; one in its second
+        becomes a suspect, dealt to a worker holding no other suspect; a death
+        while a worker holds its suspect is that row's.  (Failing every row at
+        the first death failed rows that had not even begun: 1,432 of a
+        3,000-row run for one worker killed by the OOM killer; failing every
+        row in its second death failed 112 rows for one map that segfaults.)"""
         worker = self._workers[index]
         held = list(worker.outstanding.values())
         redealt = self._redealt
-        lost = [a for a in held if a.key in redealt]
+        culprit = [a for a in held if a.key == worker.suspect]
+        suspects = [a for a in held if a.key in redealt and a.key != worker.suspect]
         again = [a for a in held if a.key not in redealt]
         message = f"the worker process died (exit code {exitcode}) while downloading this row"
         if why:
@@ -461,30 +490,17 @@ class Supervisor:
             self._replacements += 1
         else:
             fresh.gone = True
-        if again and any(not w.gone and not w.ended for w in self._workers):
+        lost = culprit
+        if any(not w.gone and not w.ended for w in self._workers):
             redealt.update(a.key for a in again)
             self._planner.redeal(again)
             self._send([_from_scratch(a) for a in again])
+            self._suspects.extend(suspects)
+            self._deal_suspects()
         else:
-            lost += again
-        self._add_results(
-            [
-                FileResult(
-                    a.url,
-                    None,
-                    "failed",
-                    None,
-                    0,
-                    ErrorCode.CRASHED,
-                    0,
-                    0,
-                    message,
-                    index=a.index,
-                    key=a.key,
-                )
-                for a in lost
-            ]
-        )
+            lost = culprit + suspects + again + list(self._suspects)
+            self._suspects.clear()
+        self._add_results([_crashed(a, message) for a in lost])
         if fresh.gone and all(w.gone for w in self._workers) and not self._input_done:
             self._fatal = SwarmgetError(
                 f"worker processes keep dying (exit code {exitcode}); the run stopped"
@@ -573,6 +589,13 @@ def _interleave(assignments: list[Assignment], shares: list[int]) -> list[list[A
         left[turn] -= 1
         turn = turn + 1 if turn + 1 < count else 0
     return chunks
+
+
+def _crashed(row: Assignment, message: str) -> FileResult:
+    return FileResult(
+        row.url, None, "failed", None, 0, ErrorCode.CRASHED, 0, 0, message,
+        index=row.index, key=row.key,
+    )  # fmt: skip
 
 
 def _from_scratch(row: Assignment) -> Assignment:
