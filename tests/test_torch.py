@@ -187,6 +187,15 @@ def test_stream_options_are_checked_when_the_dataset_is_made(
         URLDataset(["http://127.0.0.1:9/a"], **option)
 
 
+@pytest.mark.parametrize("workers", [1, None])
+def test_workers_of_one_may_be_asked_for(server: TestServer, workers: int | None) -> None:
+    # workers=1 (allowed, as the only choice) was passed to the stream twice:
+    # "got multiple values for keyword argument 'workers'" at every iteration.
+    urls = [server.file_url(f"w{i}.bin", size=10) for i in range(4)]
+    dataset = URLDataset(urls, map=_size, workers=workers)
+    assert sorted(DataLoader(dataset, num_workers=2, batch_size=None)) == [10] * 4
+
+
 def test_loader_workers_share_per_host_and_concurrency() -> None:
     # Each loader worker took the whole of per_host: per_host=3 with two
     # loader workers opened 6 connections at once to the host.

@@ -156,7 +156,11 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         options = dict(self._options)
         options.setdefault("ordered", self.shuffle)
         options.update(_loader_worker_limits(options))
-        with stream(rows, map=self.map, workers=1, **options) as items:
+        # One event loop here, never worker processes (see the module's
+        # docstring); set, not passed beside the options: a workers=1 of the
+        # caller's own was given twice (a TypeError at every iteration).
+        options["workers"] = 1
+        with stream(rows, map=self.map, **options) as items:
             for item in items:
                 if not item.ok:
                     self._failed(item)
