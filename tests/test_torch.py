@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -207,6 +208,45 @@ def test_loader_workers_share_per_host_and_concurrency() -> None:
             seen = list(DataLoader(dataset, num_workers=2, batch_size=None))
             assert sorted(s["index"] for s in seen) == list(range(24))
             assert 2 <= server.stats.peak_active <= 3, (limits, server.stats.peak_active)
+
+
+TORCH_MAP_CHILD = """
+import json, sys
+import torch
+import swarmget
+
+a = torch.randn(256, 256)
+(a @ a).sum()  # the parent's OpenMP thread pool now exists
+
+
+def m(item):
+    x = torch.randn(256, 256)
+    return float((x @ x).sum())
+
+
+with swarmget.stream(json.loads(sys.argv[1]), map=m, workers=2) as items:
+    print(sum(1 for item in items if item.ok))
+"""
+
+
+def test_a_map_using_torch_after_the_caller_did_finishes(server: TestServer) -> None:
+    # The forked workers waited for OpenMP threads left behind in the parent
+    # (a futex wait), for good.  In its own session, so that a hang's workers
+    # are ended with it.
+    urls = [server.file_url(f"o{i}.bin", size=10) for i in range(4)]
+    child = subprocess.Popen(
+        [sys.executable, "-c", TORCH_MAP_CHILD, json.dumps(urls)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail("a map using torch hung in the worker processes")
+    assert child.returncode == 0, err
+    assert out.split() == ["4"]
 
 
 RANK_CHILD = """

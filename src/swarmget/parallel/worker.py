@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
@@ -147,6 +148,7 @@ def worker_main(
     for other in inherited:
         other.close()
     _forget_callers_signals()
+    _one_torch_thread()
     # Ctrl-C, and SIGHUP when the terminal closes, reach the whole process
     # group; the driver decides, and tells us with SIGTERM (or dies, and Linux
     # sends it), so a worker never dies halfway through its own cleanup.
@@ -213,6 +215,24 @@ def _forget_callers_signals() -> None:
                 signal.signal(signum, signal.SIG_DFL)
     if hasattr(signal, "pthread_sigmask"):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _one_torch_thread() -> None:
+    """Run PyTorch on one thread here, as PyTorch's own DataLoader workers do.
+
+    A caller that used torch before the fork leaves its OpenMP thread pool
+    behind in the parent: the forked copy waits for threads it does not have,
+    and a ``map`` calling torch hung for good (a futex wait, every worker).
+    One thread per worker is also the right share of the CPUs.  Torch is never
+    imported here (a caller without it pays nothing), and a torch that refuses
+    does not stop the worker.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    # A half-imported or unusual torch: the worker runs as it is.
+    with contextlib.suppress(Exception):
+        torch.set_num_threads(1)
 
 
 def _report_periodically(engine: Engine, events: PipeEvents) -> None:
