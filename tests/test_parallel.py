@@ -451,3 +451,70 @@ def test_a_run_knows_its_length_only_from_lists_and_urls() -> None:
     assert _known_rows(iter(["http://h/a"]), None) is None
     assert _known_rows(None, ["urls.txt"]) is None
     assert _known_rows(None, ["-"]) is None
+
+
+DEAF_MAP_CHILD = """
+import json, os, signal, sys, time
+import swarmget
+
+def deaf(item):
+    # Stuck where no Python signal handler runs: SIGTERM (the parent-death
+    # signal, the driver's stop) stays pending while this waits.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    open(os.path.join(sys.argv[2], str(os.getpid())), "w").close()
+    time.sleep(600)
+
+with swarmget.stream(json.loads(sys.argv[1]), map=deaf, workers=2) as items:
+    for item in items:
+        pass
+"""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended, whoever is to reap it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="reads /proc")
+def test_workers_stuck_in_c_code_end_when_their_driver_is_killed(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    """Two workers stuck where SIGTERM could not reach their Python handler ran
+    on as orphans for 10+ minutes after their driver was killed."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from swarmget.testing.process import child_env
+
+    urls = [server.file_url(f"deaf{i}.bin", size=10) for i in range(2)]
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DEAF_MAP_CHILD, json.dumps(urls), str(tmp_path)],
+        env=child_env(), start_new_session=True,
+    )  # fmt: skip
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers) < 2 and time.monotonic() < deadline and driver.poll() is None:
+            time.sleep(0.1)
+            workers = [int(p.name) for p in tmp_path.iterdir()]
+        assert len(workers) == 2, "the workers never reached map"
+        driver.kill()
+        driver.wait()
+        deadline = time.monotonic() + 60  # the grace period is 10 s
+        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_running(pid) for pid in workers), "orphaned workers ran on"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid in workers:
+            if _running(pid):  # not a number that went to another process since
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)

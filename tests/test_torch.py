@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import warnings
@@ -145,6 +146,107 @@ def test_bad_input_or_options_fail_when_the_dataset_is_made() -> None:
         URLDataset(["http://h/a"], concurency=4)
     with pytest.raises(swarmget.UsageError, match="--timeout must be a number"):
         URLDataset(["http://h/a"], timeout="x")
+
+
+def test_shuffle_and_seed_are_checked_when_the_dataset_is_made(server: TestServer) -> None:
+    # shuffle=1 was taken, then every iteration (in every loader worker) failed
+    # with "ordered must be True or False, not 1": an option never passed.
+    urls = [server.file_url(f"b{i}.bin", size=10) for i in range(4)]
+    for value in (1, 0, "no"):
+        with pytest.raises(
+            swarmget.UsageError, match=f"shuffle must be True or False, not {value!r}"
+        ):
+            URLDataset(urls, shuffle=value)
+    with pytest.raises(swarmget.UsageError, match="seed must be a whole number"):
+        URLDataset(urls, shuffle=True, seed="7")
+    dataset = URLDataset(urls, shuffle=False)
+    assert sorted(s["index"] for s in DataLoader(dataset, num_workers=2, batch_size=None)) == [
+        0, 1, 2, 3,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"on_error": "bogus"}, "on_error must be one of"),
+        ({"ordered": "false"}, "ordered must be True or False"),
+        ({"prefetch": "10"}, "prefetch must be a whole number"),
+        ({"max_buffer_bytes": "x"}, "max_buffer_bytes must be a whole number"),
+        ({"progress": "yes"}, "progress must be True, False or a listener"),
+        ({"spill_dir": 5}, "spill_dir must be a path"),
+        ({"map": 5}, "map must be a function"),
+        ({"workers": 2}, "use DataLoader\\(num_workers=...\\)"),
+        ({"sources": ["list.txt"]}, "does not take sources=.*pass the rows as urls"),
+    ],
+)
+def test_stream_options_are_checked_when_the_dataset_is_made(
+    option: dict[str, Any], message: str
+) -> None:
+    # All of these were taken, and failed later in every loader worker; sources=
+    # was read whole by each loader worker, every input K times over.
+    with pytest.raises(swarmget.UsageError, match=message):
+        URLDataset(["http://127.0.0.1:9/a"], **option)
+
+
+@pytest.mark.parametrize("workers", [1, None])
+def test_workers_of_one_may_be_asked_for(server: TestServer, workers: int | None) -> None:
+    # workers=1 (allowed, as the only choice) was passed to the stream twice:
+    # "got multiple values for keyword argument 'workers'" at every iteration.
+    urls = [server.file_url(f"w{i}.bin", size=10) for i in range(4)]
+    dataset = URLDataset(urls, map=_size, workers=workers)
+    assert sorted(DataLoader(dataset, num_workers=2, batch_size=None)) == [10] * 4
+
+
+def test_loader_workers_share_per_host_and_concurrency() -> None:
+    # Each loader worker took the whole of per_host: per_host=3 with two
+    # loader workers opened 6 connections at once to the host.
+    with TestServer() as server:
+        urls = [server.file_url(f"h{i}.bin", size=100, latency=0.2) for i in range(24)]
+        for limits in ({"per_host": 3}, {"concurrency": 3}):
+            server.reset_stats()
+            dataset = URLDataset(urls, **limits)
+            seen = list(DataLoader(dataset, num_workers=2, batch_size=None))
+            assert sorted(s["index"] for s in seen) == list(range(24))
+            assert 2 <= server.stats.peak_active <= 3, (limits, server.stats.peak_active)
+
+
+TORCH_MAP_CHILD = """
+import json, sys
+import torch
+import swarmget
+
+a = torch.randn(256, 256)
+(a @ a).sum()  # the parent's OpenMP thread pool now exists
+
+
+def m(item):
+    x = torch.randn(256, 256)
+    return float((x @ x).sum())
+
+
+with swarmget.stream(json.loads(sys.argv[1]), map=m, workers=2) as items:
+    print(sum(1 for item in items if item.ok))
+"""
+
+
+def test_a_map_using_torch_after_the_caller_did_finishes(server: TestServer) -> None:
+    # The forked workers waited for OpenMP threads left behind in the parent
+    # (a futex wait), for good.  In its own session, so that a hang's workers
+    # are ended with it.
+    urls = [server.file_url(f"o{i}.bin", size=10) for i in range(4)]
+    child = subprocess.Popen(
+        [sys.executable, "-c", TORCH_MAP_CHILD, json.dumps(urls)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = child.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail("a map using torch hung in the worker processes")
+    assert child.returncode == 0, err
+    assert out.split() == ["4"]
 
 
 RANK_CHILD = """

@@ -13,7 +13,9 @@ exactly once.  Each copy streams its share with :func:`swarmget.stream` and
 ``workers=1``: its own event loop on a thread of the loader process (loader
 processes are daemonic and may not start processes of their own; the
 loader's K processes already give the parallelism), so ``map`` runs in the
-loader process too.
+loader process too.  The K copies share ``concurrency`` and ``per_host`` as
+a stream's worker processes do: each takes its part, and together they keep
+the limits (each has at least one connection, though).
 
 ``shuffle=True`` orders the rows by a permutation drawn from ``seed`` and the
 epoch (:meth:`URLDataset.set_epoch`): reproducible, and new every epoch.  It
@@ -34,6 +36,7 @@ reported through :mod:`warnings`, per process.
 from __future__ import annotations
 
 import multiprocessing
+import numbers
 import os
 import random
 import threading
@@ -44,8 +47,10 @@ from typing import Any
 
 from swarmget.api import refuse_single_url
 from swarmget.errors import UsageError
+from swarmget.options import Options, check_yes_no
+from swarmget.parallel.workers import worker_shares
 from swarmget.sources.rows import Row
-from swarmget.streaming import Item, stream
+from swarmget.streaming import Item, Stream, stream
 from swarmget.streaming.core import STREAM_ARGUMENTS
 
 try:
@@ -56,11 +61,33 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 WARN_FAILURES = 5  # failures reported through warnings, per process
 
 
-def _check_stream_options(options: dict[str, Any]) -> None:
-    """A typo or a bad value fails here, not later inside every loader worker."""
-    from swarmget.options import Options
-
-    Options.from_kwargs({k: v for k, v in options.items() if k not in STREAM_ARGUMENTS})
+def _check_arguments(
+    map: Callable[[Item], Any] | None, shuffle: object, seed: object, options: dict[str, Any]
+) -> None:
+    """A typo or a bad value fails when the dataset is made, naming what was
+    passed: iterating happens in every loader worker, where it came out as a
+    worker's traceback (and ``shuffle=1`` as "ordered must be True or False")."""
+    check_yes_no("shuffle", shuffle)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise UsageError(f"seed must be a whole number, not {seed!r}")
+    if "sources" in options:
+        # Every loader worker would read all of them: each input K times over.
+        raise UsageError(
+            "URLDataset does not take sources=: every loader worker would read "
+            "all of them; pass the rows as urls (list(swarmget.sources.read_rows([...])))"
+        )
+    if options.get("workers") not in (None, 1):
+        raise UsageError(
+            "URLDataset streams with one event loop per loader worker: "
+            "use DataLoader(num_workers=...) for more"
+        )
+    spill_dir = options.get("spill_dir")
+    if spill_dir is not None and not isinstance(spill_dir, str | os.PathLike):
+        raise UsageError(f"spill_dir must be a path (a str or os.PathLike), not {spill_dir!r}")
+    # The stream's own checks (on_error, prefetch, map, ordered, progress and
+    # every download option), with the messages a stream gives: a Stream that
+    # is made but never started opens, forks and reads nothing.
+    Stream((), map=map, **options).close()
 
 
 class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
@@ -84,14 +111,9 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
                 "URLDataset reads its URLs again each epoch: give a collection "
                 "(a list, a tuple), not an iterator or a generator"
             )
+        _check_arguments(map, shuffle, seed, stream_options)
         if shuffle and not isinstance(urls, Sequence):
             raise UsageError("shuffle=True needs a sequence of URLs (a list), not an iterator")
-        _check_stream_options(stream_options)
-        if "workers" in stream_options and stream_options["workers"] not in (None, 1):
-            raise UsageError(
-                "URLDataset streams with one event loop per loader worker: "
-                "use DataLoader(num_workers=...) for more"
-            )
         self.urls = urls
         self.map = map
         self.shuffle = shuffle
@@ -133,7 +155,12 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         rows = self._rows(share, count)
         options = dict(self._options)
         options.setdefault("ordered", self.shuffle)
-        with stream(rows, map=self.map, workers=1, **options) as items:
+        options.update(_loader_worker_limits(options))
+        # One event loop here, never worker processes (see the module's
+        # docstring); set, not passed beside the options: a workers=1 of the
+        # caller's own was given twice (a TypeError at every iteration).
+        options["workers"] = 1
+        with stream(rows, map=self.map, **options) as items:
             for item in items:
                 if not item.ok:
                     self._failed(item)
@@ -194,6 +221,22 @@ def _row(index: int, url: str | Row) -> Row:
     if isinstance(url, Row):
         return Row(index, url.url, url.path, url.sha256, url.md5, url.size, url.problem)
     return Row(index, str(url))
+
+
+def _loader_worker_limits(options: dict[str, Any]) -> dict[str, int]:
+    """This loader worker's share of ``concurrency`` and ``per_host`` (given or
+    default), as ``workers=N`` shares them between its processes: each of K
+    loader workers took the whole, and ``per_host=1`` with ``num_workers=4``
+    opened 4 connections to the host at once.  The shares add up to the limits
+    exactly, each at least 1: a limit below ``num_workers`` cannot be kept
+    (one connection per loader worker).  Ranks are not counted: each is a
+    program of its own, often on another machine."""
+    info = get_worker_info()
+    if info is None or info.num_workers <= 1:
+        return {}
+    download = {k: v for k, v in options.items() if k not in STREAM_ARGUMENTS}
+    mine = worker_shares(Options.from_kwargs(download), info.num_workers)[info.id]
+    return {"concurrency": mine.concurrency, "per_host": mine.per_host}
 
 
 def _share() -> tuple[int, int]:

@@ -10,7 +10,9 @@ the rows the worker has (see :meth:`PipeEvents.finished`).
 If the driver goes away (the pipe reaches EOF, or Linux's parent-death signal
 arrives) or tells us to stop (SIGTERM), the worker stops as on Ctrl-C: files
 already complete are published and reported, parts in flight are kept for
-resuming, and nothing is left half-written at a final name.  SIGUSR1 stops it
+resuming, and nothing is left half-written at a final name.  A worker that
+outlives its driver by ORPHAN_GRACE seconds all the same (stuck in C code,
+where no Python signal handler runs) kills itself.  SIGUSR1 stops it
 the same way after a run-stopping error elsewhere (a full disk), keeping only
 the parts worth resuming.
 """
@@ -23,6 +25,9 @@ import multiprocessing
 import os
 import select
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
@@ -52,6 +57,11 @@ from swarmget.sinks.memory import pickle_values
 
 REPORT_INTERVAL: Final = 0.1  # seconds between Progress messages
 REPORT_BATCH: Final = 512  # results that make a Progress message go at once
+# An orphaned worker (its driver died) gets as long to stop as asked, keeping
+# its parts, as the driver gives a worker it stops (fork.STOP_WAIT); then it
+# ends itself.  The parent is looked at once a second, by a sleeping thread.
+ORPHAN_GRACE: Final = 10.0
+ORPHAN_CHECK: Final = 1.0
 
 
 class PipeEvents:
@@ -148,6 +158,7 @@ def worker_main(
     for other in inherited:
         other.close()
     _forget_callers_signals()
+    _one_torch_thread()
     # Ctrl-C, and SIGHUP when the terminal closes, reach the whole process
     # group; the driver decides, and tells us with SIGTERM (or dies, and Linux
     # sends it), so a worker never dies halfway through its own cleanup.
@@ -159,6 +170,7 @@ def worker_main(
     engine: Engine | None = None
     message: Finished | Stopped
     try:
+        _end_if_orphaned()
         _terminate_with_parent(forked_by_main_thread)
         engine = Engine(
             make_sink(worker), options, events, warn_to=io.StringIO()
@@ -216,6 +228,24 @@ def _forget_callers_signals() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
+def _one_torch_thread() -> None:
+    """Run PyTorch on one thread here, as PyTorch's own DataLoader workers do.
+
+    A caller that used torch before the fork leaves its OpenMP thread pool
+    behind in the parent: the forked copy waits for threads it does not have,
+    and a ``map`` calling torch hung for good (a futex wait, every worker).
+    One thread per worker is also the right share of the CPUs.  Torch is never
+    imported here (a caller without it pays nothing), and a torch that refuses
+    does not stop the worker.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    # A half-imported or unusual torch: the worker runs as it is.
+    with contextlib.suppress(Exception):
+        torch.set_num_threads(1)
+
+
 def _report_periodically(engine: Engine, events: PipeEvents) -> None:
     def tick() -> None:
         events.flush()
@@ -268,6 +298,31 @@ def _stop_dropping_parts(signum: int, frame: FrameType | None) -> None:
     global _drop_parts
     _drop_parts = True
     _stop(signum, frame)
+
+
+def _end_if_orphaned() -> None:
+    """Start a thread that ends this worker if it outlives its driver.
+
+    The stop that keeps parts for resuming (SIGTERM, or the pipe's EOF) is
+    Python code on the main thread, and it waits for that thread: a ``map``
+    stuck in C code (a lock that never comes free, a wait with SIGTERM
+    blocked) never gets there, and two such workers ran on as orphans for
+    10+ minutes after their driver was killed, deaf to SIGTERM.  The thread
+    sleeps, so it costs nothing per row, and it needs no signal to run.
+    """
+    parent = multiprocessing.parent_process()
+    parent_pid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
+    threading.Thread(
+        target=_watch_parent, args=(parent_pid,), name="swarmget-orphan-watch", daemon=True
+    ).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    # A dead parent's children are given to another (init, or a subreaper).
+    while os.getppid() == parent_pid:
+        time.sleep(ORPHAN_CHECK)
+    time.sleep(ORPHAN_GRACE)  # the normal stop, parts kept, ends us first
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _terminate_with_parent(forked_by_main_thread: bool) -> None:
