@@ -198,6 +198,12 @@ def test_confine_rejects(path: str, problem: str) -> None:
     assert info.value.message == f"output path {shown!r} {problem}"
 
 
+def test_a_path_is_measured_against_path_max_as_it_is_made() -> None:
+    # "./" padding was counted: a path that normalises to "short.txt" failed
+    # as longer than PATH_MAX.
+    assert confine("./" * 2100 + "short.txt") == "short.txt"
+
+
 def test_confine_error_message_is_bounded() -> None:
     with pytest.raises(TransferError) as info:
         confine("../" + "x" * 10_000)

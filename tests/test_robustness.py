@@ -540,6 +540,11 @@ def test_a_progress_listener_that_fails_to_start_lets_the_output_dir_go(
     assert swarmget.download(urls, out_dir).ok == 5
     with pytest.raises(swarmget.UsageError, match="progress must be"):
         swarmget.download(urls, out_dir, progress="yes")
+    # The class, not an object of it: its start() failed mid-run, "missing self".
+    with pytest.raises(swarmget.UsageError, match=r"not the class Broken: pass Broken\(\)"):
+        swarmget.download(urls, out_dir, progress=Broken)
+    with pytest.raises(swarmget.UsageError, match="spill_dir must be a path, not 123"):
+        swarmget.stream(urls, spill_dir=123)
 
 
 def test_stream_takes_a_progress_listener_as_download_does(

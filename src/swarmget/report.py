@@ -281,6 +281,12 @@ def check_progress(value: object) -> None:
     failed the run after the output dir was locked."""
     if value is None or isinstance(value, bool):
         return
+    if isinstance(value, type):
+        # The class has the methods too, unbound: start() failed mid-run.
+        raise UsageError(
+            f"progress must be a listener object, not the class {value.__name__}: "
+            f"pass {value.__name__}()"
+        )
     if all(callable(getattr(value, name, None)) for name in ("start", "update", "finish")):
         return
     raise UsageError(

@@ -132,9 +132,10 @@ def confine(path: str, max_bytes: int = PATH_MAX - 1) -> str:
         len(part.encode()) > MAX_COMPONENT_BYTES for part in parts
     ):
         raise _bad_path(path, f"has a component longer than {MAX_COMPONENT_BYTES} bytes")
-    if len(path) * 4 > max_bytes and len(path.encode()) > max_bytes:
+    normal = "/".join(parts)  # measured as made: "./" * 2000 + "a" is "a"
+    if len(normal) * 4 > max_bytes and len(normal.encode()) > max_bytes:
         raise _bad_path(path, f"is longer than {max_bytes} bytes (PATH_MAX, with the output dir)")
-    return "/".join(parts)
+    return normal
 
 
 class NameStore:

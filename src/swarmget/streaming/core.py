@@ -215,7 +215,7 @@ class Stream(Iterator[Item]):
         self._ordered = ordered
         self._prefetch = int(prefetch)
         self._limit = int(max_buffer_bytes)
-        self._spill_parent = os.fspath(spill_dir) if spill_dir is not None else None
+        self._spill_parent = _spill_parent(spill_dir)
         self._on_error = on_error
         self._progress = progress
         self._started = False
@@ -432,6 +432,19 @@ def _drive(supervisor: Supervisor, delivery: Delivery) -> None:
         error = exc
     finally:
         delivery.finished(error, report)
+
+
+def _spill_parent(spill_dir: object) -> str | None:
+    """``spill_dir`` as a path (None: the temporary directory); not a bare TypeError."""
+    if spill_dir is None:
+        return None
+    try:
+        parent: str | bytes = os.fspath(spill_dir)  # type: ignore[call-overload]
+    except TypeError:
+        raise UsageError(f"spill_dir must be a path, not {spill_dir!r}") from None
+    if isinstance(parent, bytes):
+        raise UsageError(f"spill_dir must be a str path, not bytes {parent!r}")
+    return parent
 
 
 def _whole(value: object) -> bool:
