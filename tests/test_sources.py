@@ -737,6 +737,27 @@ def test_quote_closed_by_a_later_line_takes_in_no_row(line: str, problem: str) -
     ]  # fmt: skip
 
 
+def test_a_quote_left_open_in_a_column_we_do_not_read_takes_in_no_row() -> None:
+    # The caption's quote ran on into the next line, a row of its own, which
+    # then had no record at all (exit 0, the URL never asked for).
+    data = (
+        'url,path,caption\nhttp://h/1,p1,"unclosed caption\n'
+        'http://h/2,p2,closes here"\nhttp://h/3,p3,ok\n'
+    )
+    got = rows("-", stdin=data.encode())
+    assert [r.index for r in got] == [0, 1, 2]
+    assert got[0].problem is not None and "column 3 has a line break with a row after it" in (
+        got[0].problem
+    )
+    assert [(r.url, r.path) for r in got[1:]] == [("http://h/2", "p2"), ("http://h/3", "p3")]
+
+
+def test_a_caption_with_a_url_on_a_line_of_its_own_is_a_caption() -> None:
+    data = 'url,caption,x\nhttp://h/1,"a cat\nhttps://example.com/cat",y\nhttp://h/2,b,z\n'
+    got = rows("-", stdin=data.encode())
+    assert [(r.url, r.problem) for r in got] == [("http://h/1", None), ("http://h/2", None)]
+
+
 @pytest.mark.parametrize("header", ["path,url", "path,url,x"])
 def test_a_quote_opened_before_a_url_column_takes_in_no_row(header: str) -> None:
     # The url cell begins with a line break, as a wrapped URL does, but what
