@@ -421,6 +421,20 @@ def test_chunk_reader_reads_every_framing_under_any_split(
     assert done and bytes(got) == data and not reader.extra
 
 
+def test_the_chunks_of_one_read_reach_the_sink_in_one_call() -> None:
+    # A write each: 1 MB in 1-byte chunks was a million write(2) calls, and a
+    # 20 MB stream of 100-byte chunks ten times curl's time.
+    from swarmget.protocol.http11 import _ChunkReader
+
+    calls: list[bytes] = []
+    reader = _ChunkReader(lambda view: calls.append(bytes(view)))
+    framed = b"".join(b"1\r\n%c\r\n" % (97 + i % 26) for i in range(1000))
+    assert not reader.feed(memoryview(framed))
+    assert reader.feed(memoryview(b"3\r\nxyz\r\n0\r\n\r\n"))
+    expected = bytes(97 + i % 26 for i in range(1000))
+    assert calls == [expected, b"xyz"]
+
+
 @pytest.mark.parametrize(
     "framed",
     [
