@@ -584,6 +584,13 @@ def test_connect_names_an_ipv6_origin_without_its_zone() -> None:
     assert request.startswith(b"CONNECT [fe80::1]:443 HTTP/1.1\r\nHost: [fe80::1]:443\r\n")
 
 
+def test_an_empty_user_agent_is_no_user_agent_in_a_connect_either() -> None:
+    # user_agent="" sends none with the requests; the CONNECT sent "User-Agent: ".
+    proxy = Proxy("proxy", 3128, None, "--proxy")
+    request = connect_request("h.example", 443, proxy, "")
+    assert request == b"CONNECT h.example:443 HTTP/1.1\r\nHost: h.example:443\r\n\r\n"
+
+
 @pytest.mark.parametrize("scheme", ["http", "https"])
 def test_a_dead_proxy_is_given_up_for_every_origin_behind_it(scheme: str, out_dir: Path) -> None:
     # Counted per origin, 300 origins behind a black-holed proxy each paid

@@ -42,7 +42,9 @@ def connect_request(host: str, port: int, proxy: Proxy, user_agent: str) -> byte
     # An IPv6 literal without its zone id (an interface of this machine, which
     # means nothing to the proxy; a raw % is no authority either), as curl.
     authority = f"[{bare_host(host)}]:{port}" if ":" in host else f"{host}:{port}"
-    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}", f"User-Agent: {user_agent}"]
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    if user_agent:  # user_agent="": none at all, as for the requests themselves
+        lines.append(f"User-Agent: {user_agent}")
     if proxy.authorization is not None:
         lines.append(f"Proxy-Authorization: {proxy.authorization}")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
