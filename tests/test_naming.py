@@ -402,3 +402,20 @@ def test_a_path_past_path_max_with_the_output_dir_fails_before_any_directory_is_
     (failure,) = batch.results
     assert failure.error == "bad_path" and "PATH_MAX" in (failure.message or "")
     assert not (tmp_path / ("e" * 250)).exists()
+
+
+def test_a_default_name_goes_past_a_path_a_later_row_of_the_batch_asks_for(
+    tmp_path: Path,
+) -> None:
+    # Row 0's default name took "a.jpg", and row 1, whose path column says
+    # a.jpg, failed with "exists" ("another row's in this input").
+    from swarmget.options import Options
+    from swarmget.sinks.plan import FilePlanner
+
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan([Row(0, "http://h/x/a.jpg"), Row(1, "http://h/y/b.jpg", path="a.jpg")])
+    finally:
+        planner.finish(interrupted=True)
+    assert batch.results == []
+    assert [(a.index, a.path) for a in batch.assignments] == [(0, "a-1.jpg"), (1, "a.jpg")]

@@ -18,10 +18,11 @@ Two kinds of name reach the file system:
 :class:`NameAllocator` turns rows into unique paths for one run.  A name that
 is already taken gets ``-1``, ``-2`` ... before its extension, in input order,
 so re-running the same input gives the same names (resume depends on that).
-Explicit paths are suffixed the same way as default names: a collision is
-then visible in the manifest rather than a failed row, and no data is lost.
-The one collision that cannot be suffixed away -- a path that needs a
-directory where this run already put a file -- fails with ``exists``.
+An explicit path is that path or none: a second row asking for it fails with
+``exists`` (renamed, it would not be where the input says), as does one that
+needs a directory where this run already put a file.  A default name goes
+past the explicit paths of the rows planned with it (a batch), so an
+earlier row's URL does not take a later row's path from it.
 
 Memory is one set entry per allocated name plus a counter per *colliding*
 base name; the counter makes a million ``image.jpg`` linear, not quadratic.
@@ -162,6 +163,12 @@ class NameStore:
         """Is ``name`` kept for a row still to come (so a default name goes past it)?"""
         return False
 
+    def asked_for(self, name: str) -> bool:
+        """Is ``name`` the explicit path of a row planned with this one?  A default
+        name goes past it: the input's path is that path or none (a row whose
+        default name came first took it, and the row that named it failed)."""
+        return False
+
     def next_suffix(self, name: str) -> int:
         """Where to start counting ``-N`` suffixes for ``name`` (1 when unknown)."""
         raise NotImplementedError
@@ -279,7 +286,9 @@ class NameAllocator:
 
     def _used(self, name: str) -> bool:
         store = self.store
-        return store.taken(name) or store.is_dir(name) or store.reserved(name)
+        return (
+            store.taken(name) or store.is_dir(name) or store.reserved(name) or store.asked_for(name)
+        )
 
 
 def with_suffix(path: str, n: int) -> str:

@@ -158,6 +158,7 @@ class JournalNames(NameStore):
         self._held: dict[str, None] = {}  # claimed, not yet in the table
         self._held_dirs: dict[str, int] = {}  # directories they imply, with counts
         self._known: dict[str, bool] = {}  # prefetched: taken or not
+        self._explicit: set[str] = set()  # the batch's explicit paths
         self._suffixes: dict[str, int] = {}
         self._filter: Bloom | None = None
         # The journal was lost: the paths the manifest lists are kept for
@@ -166,6 +167,13 @@ class JournalNames(NameStore):
 
     def reserved(self, name: str) -> bool:
         return self.recovering and name not in self._held and self._journal.is_recovered(name)
+
+    def asked_for(self, name: str) -> bool:
+        return name in self._explicit
+
+    def expect(self, names: set[str]) -> None:
+        """The explicit paths of the batch being planned (see NameStore.asked_for)."""
+        self._explicit = names
 
     def use_filter(self, names: Bloom) -> None:
         """The journal started empty: names not in ``names`` were never claimed."""
@@ -708,6 +716,7 @@ class FilePlanner:
         """Each row's candidate name (None: it has a path already, or a bad one);
         one journal query learns which of them are taken."""
         candidates: list[str | None] = []
+        explicit: set[str] = set()
         for row, key in zip(rows, keys, strict=True):
             known = previous.get(key)
             name = None
@@ -718,8 +727,12 @@ class FilePlanner:
                     name = self.names.candidate(row)
                 except TransferError:
                     pass
+                if name is not None and row.path is not None:
+                    explicit.add(name)
             candidates.append(name)
-        self._names_store.prefetch([name for name in candidates if name is not None])
+        store = self._names_store
+        store.prefetch([name for name in candidates if name is not None])
+        store.expect(explicit)
         return candidates
 
     # -- identity --------------------------------------------------------------------
