@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gzip
 import io
 import json
 import os
@@ -498,6 +499,32 @@ def test_a_close_delimited_body_ended_by_close_notify_is_whole(certs: Certs, out
         report = swarmget.download([server.url("whole.bin")], out_dir, cacert=str(certs.ca_pem))
     assert (report.ok, report.failed) == (1, 0)
     assert (out_dir / "whole.bin").read_bytes() == BODY
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_gzip_coded_body_is_whole_without_close_notify_once_its_stream_ends(
+    certs: Certs, out_dir: Path, whole: bool
+) -> None:
+    # Transfer-Encoding: gzip, ended by the connection, no close_notify: the
+    # gzip trailer (CRC, length) proves the body whole, and curl saves it; it
+    # was `truncated`, retried and lost.  A gzip stream cut short still is.
+    coded = gzip.compress(BODY)
+    sent = coded if whole else coded[: len(coded) // 2]
+
+    def handler(tls: ssl.SSLSocket) -> None:
+        read_request(tls)
+        tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nConnection: close\r\n\r\n")
+        tls.sendall(sent)  # then the socket closes under TLS: no close_notify
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("coded.bin")], out_dir, cacert=str(certs.ca_pem), retries=0
+        )
+    if whole:
+        assert (report.ok, report.failed) == (1, 0), report.failures
+        assert (out_dir / "coded.bin").read_bytes() == BODY
+    else:
+        assert [f.error for f in report.failures] == ["truncated"]
 
 
 def test_a_dropped_keep_alive_connection_is_retried_on_a_fresh_one(

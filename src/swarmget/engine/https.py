@@ -220,6 +220,8 @@ class HTTPSConnection(HTTPConnection):
                 filled += n
             try:
                 done = parser.feed(buffer[:filled]) if filled else False
+                if not done and isinstance(error, ssl.SSLEOFError) and parser.proves_its_end():
+                    eof, error = True, None  # no close_notify, but the coding ended
                 if not done and eof:
                     done = parser.feed_eof()
             except Exception as exc:

@@ -127,6 +127,12 @@ class Decoder:
             raise TransferError(ErrorCode.TOO_LARGE, f"decoded body exceeds {limit} bytes")
         self._sink(data)
 
+    @property
+    def complete(self) -> bool:
+        """Has every coding's stream ended (the gzip trailer's CRC and length
+        checked)?  Then the body is whole, however the connection ends."""
+        return all(stage.fed and stage.done for stage in self._stages)
+
     def finish(self, code: str = ErrorCode.PROTOCOL) -> None:
         """The body has ended: every stream must have ended with it (else ``code``)."""
         for stage in self._stages:

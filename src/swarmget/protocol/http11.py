@@ -587,6 +587,13 @@ class ResponseParser:
             self.reusable = False
         return True
 
+    def proves_its_end(self) -> bool:
+        """Does a body that ends with the connection carry its own end (a gzip or
+        deflate transfer coding whose stream has ended)?  Then a TLS connection
+        closed without close_notify did not cut it (https.py)."""
+        decoder = self._decoder
+        return self._state == _UNTIL_CLOSE and decoder is not None and decoder.complete
+
     def feed_eof(self) -> bool:
         state = self._state
         if state == _DONE:
