@@ -419,3 +419,27 @@ def test_a_default_name_goes_past_a_path_a_later_row_of_the_batch_asks_for(
         planner.finish(interrupted=True)
     assert batch.results == []
     assert [(a.index, a.path) for a in batch.assignments] == [(0, "a-1.jpg"), (1, "a.jpg")]
+
+
+def test_a_row_whose_path_is_a_directory_on_disk_takes_no_other_rows_with_it(
+    tmp_path: Path,
+) -> None:
+    # Row 0 asks for "existdir", where the user has a directory: it fails with
+    # exists.  Row 1, "existdir/in.bin", failed too: "needs directory
+    # 'existdir', which is another row's file" (it is no file; it is the
+    # directory row 1 needs).
+    import swarmget
+    from swarmget.testing import TestServer
+
+    out = tmp_path / "out"
+    (out / "existdir").mkdir(parents=True)
+    listing = tmp_path / "list.csv"
+    with TestServer() as server:
+        listing.write_text(
+            "url,path\n"
+            f"{server.file_url('d0.bin', size=10)},existdir\n"
+            f"{server.file_url('d1.bin', size=10)},existdir/in.bin\n"
+        )
+        report = swarmget.download([], out, sources=[str(listing)], retries=0)
+    assert report.error_counts() == {"exists": 1}
+    assert (out / "existdir" / "in.bin").stat().st_size == 10

@@ -33,6 +33,7 @@ from __future__ import annotations
 import codecs
 import os
 import re
+import stat
 import sys
 from typing import Final
 from urllib.parse import unquote
@@ -212,6 +213,7 @@ class NameAllocator:
 
     def __init__(self, store: NameStore | None = None, root: str = "") -> None:
         self.store = store if store is not None else MemoryNames()
+        self.root = root
         # What PATH_MAX leaves a relative path in the output dir ``root``.
         self.max_bytes = PATH_MAX - 1 - len(os.fsencode(root)) - 1
 
@@ -243,7 +245,7 @@ class NameAllocator:
             )
         parents = parents_of(name)
         for parent in parents:
-            if self.store.taken(parent):
+            if self.store.taken(parent) and not self._directory_on_disk(parent):
                 raise TransferError(
                     ErrorCode.EXISTS,
                     f"output path {name!r} needs directory {parent!r}, which is another row's file",
@@ -253,6 +255,18 @@ class NameAllocator:
 
     def __len__(self) -> int:
         return len(self.store)
+
+    def _directory_on_disk(self, path: str) -> bool:
+        """Is ``path`` a real directory in the output dir (not a symlink)?  The
+        row that claimed it as a file failed then (a directory was in its way),
+        and it is no reason to fail the rows that go in it.  Asked only on a
+        conflict: no file system call on the usual path."""
+        if not self.root:
+            return False
+        try:
+            return stat.S_ISDIR(os.lstat(os.path.join(self.root, path)).st_mode)
+        except OSError:
+            return False
 
     def _claim(self, name: str, parents: list[str]) -> str:
         store = self.store
