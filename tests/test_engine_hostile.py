@@ -208,6 +208,32 @@ def test_an_error_reply_then_an_unannounced_close_keeps_its_status(out_dir: Path
     assert {f.attempts for f in report.failures} == {4}
 
 
+def test_a_408_that_meets_our_request_on_a_kept_alive_connection_is_not_the_rows(
+    out_dir: Path,
+) -> None:
+    # The server times the idle connection out with a 408 as our next request
+    # goes out: that 408 answered no request of ours, and the row failed with
+    # http_408 under --retries 0 (with retries, it cost one).
+
+    def answer(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            time.sleep(0.3)  # the client's next request is on its way by now
+            conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+
+    with threaded_server(answer) as port:
+        urls = [f"http://127.0.0.1:{port}/f{i}" for i in range(3)]
+        report = run(urls, out_dir, retries=0, concurrency=1, per_host=1)
+    assert (report.ok, report.failed) == (3, 0), report.error_counts()
+    assert all((out_dir / f"f{i}").read_bytes() == b"hello" for i in range(3))
+
+
 def test_404_is_not_retried(server: TestServer, out_dir: Path) -> None:
     report = run([server.file_url("n.bin", status=404)], out_dir, retries=3)
     assert report.failures[0].attempts == 1

@@ -322,6 +322,12 @@ class HTTPConnection(PooledConnection):
         transfer = self.transfer
         assert transfer is not None
         verdict = judge(transfer, head, self.owner.options, self.pool.proxy)
+        if head.status == 408 and self.served:
+            # A 408 on a kept-alive connection is, as a rule, the server timing
+            # out the idle connection as our request went out: it answers no
+            # request of ours.  Again on a fresh one, as for a stale close, not
+            # counted (Go's client does the same); a 408 there is the server's.
+            verdict.stale = True
         self.verdict = verdict
         pool = self.pool
         if pool.probing and head.status != 429:

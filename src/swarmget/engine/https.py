@@ -189,35 +189,12 @@ class HTTPSConnection(HTTPConnection):
         buffer = owner.recv_view
         parser = self.parser
         assert parser is not None
-        read = self._read
-        size = len(buffer)
-        room = size - _MAX_RECORD
+        room = len(buffer) - _MAX_RECORD
         # Bytes came: that is activity, even when they are only part of a record
         # (a 16 KiB record over a slow link takes many events to decrypt).
         self.last_activity = owner.loop.now
         for _ in range(MAX_READS_PER_EVENT):  # then the other connections' turn
-            # Decrypt records side by side into the buffer until OpenSSL needs
-            # more from the kernel, then parse and write them in one go.
-            filled = 0
-            eof = False
-            error: OSError | None = None
-            while filled < room:
-                try:
-                    n = read(size - filled, buffer[filled:] if filled else buffer)
-                except ssl.SSLWantReadError:
-                    break  # nothing more for now: epoll says when there is
-                except ssl.SSLWantWriteError:
-                    # A renegotiation's handshake message waits for room in the
-                    # socket: go on when it is writable.
-                    self._watch(EVENT_READ | EVENT_WRITE)
-                    break
-                except OSError as exc:  # SSLEOFError: a TCP close without close_notify
-                    error = exc
-                    break
-                if not n:
-                    eof = True  # close_notify: a clean end of the stream
-                    break
-                filled += n
+            filled, eof, error = self._decrypt(buffer, room)
             try:
                 done = parser.feed(buffer[:filled]) if filled else False
                 if not done and isinstance(error, ssl.SSLEOFError) and parser.proves_its_end():
@@ -245,6 +222,30 @@ class HTTPSConnection(HTTPConnection):
             # The other connections' turn, but what OpenSSL read ahead is not
             # the kernel's to report: this connection comes back by itself.
             owner.loop.call_soon(self._read_on, self.transfer)
+
+    def _decrypt(self, buffer: memoryview, room: int) -> tuple[int, bool, OSError | None]:
+        """Decrypt records side by side into ``buffer`` until OpenSSL needs more
+        from the kernel (or ``room`` is used), to be parsed and written in one
+        go: (bytes decrypted, close_notify seen, the error that ended the stream)."""
+        read = self._read
+        size = len(buffer)
+        filled = 0
+        while filled < room:
+            try:
+                n = read(size - filled, buffer[filled:] if filled else buffer)
+            except ssl.SSLWantReadError:
+                break  # nothing more for now: epoll says when there is
+            except ssl.SSLWantWriteError:
+                # A renegotiation's handshake message waits for room in the
+                # socket: go on when it is writable.
+                self._watch(EVENT_READ | EVENT_WRITE)
+                break
+            except OSError as exc:  # SSLEOFError: a TCP close without close_notify
+                return filled, False, exc
+            if not n:
+                return filled, True, None  # close_notify: a clean end of the stream
+            filled += n
+        return filled, False, None
 
     def _read_on(self, transfer: Transfer | None) -> None:
         if self.state == ACTIVE and self.transfer is transfer:
