@@ -359,6 +359,7 @@ class _ChunkReader:
             self._gathered = data
         elif isinstance(gathered, bytearray):
             gathered += data
+            self._gathered = gathered  # the same object; said for the compiled build's sake
         else:
             joined = bytearray(gathered)
             joined += data

@@ -391,14 +391,16 @@ class Journal:
         if not plans:
             return
         self.changed = True
-        data = memoryview((plan_log_line(plans) + "\n").encode("utf-8", "surrogatepass"))
+        data = (plan_log_line(plans) + "\n").encode("utf-8", "surrogatepass")
         try:
             # All of it, or the run stops: a nearly full disk writes part of a
             # line and says so only by the count (the rest raises ENOSPC next).
             # A torn line is dropped whole when the log is read; the line after
-            # it starts afresh, since a fold rewrites the log.
-            while data:
-                data = data[os.write(self._plan_log, data) :]
+            # it starts afresh, since a fold rewrites the log.  (Counted in
+            # ints: compiled, `while view:` on a memoryview wrote it twice.)
+            written, size = 0, len(data)
+            while written < size:
+                written += os.write(self._plan_log, data[written:] if written else data)
         except OSError as exc:
             raise OutputError(f"cannot write the plan log: {exc.strerror}", True) from None
         self._logged += len(plans)
