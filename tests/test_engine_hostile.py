@@ -170,6 +170,17 @@ def threaded_server(serve: Callable[[socket.socket], object]) -> Iterator[int]:
         listener.close()
 
 
+def read_head(conn: socket.socket) -> bool:
+    """Read one request head from ``conn``; False if the client went first."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return False
+        head += chunk
+    return True
+
+
 def answer_each_request(conn: socket.socket, reply: Callable[[], bytes]) -> int:
     """``reply()`` to every request head on ``conn`` until the client goes (or
     resets); returns how many there were."""
@@ -192,12 +203,8 @@ def test_an_error_reply_then_an_unannounced_close_keeps_its_status(out_dir: Path
 
     def answer(conn: socket.socket) -> None:
         with conn:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                head += chunk
+            if not read_head(conn):
+                return
             time.sleep(0.2)
             conn.sendall(b"HTTP/1.1 504 Gateway Timeout\r\nContent-Length: 0\r\n\r\n")
 
@@ -217,12 +224,8 @@ def test_a_408_that_meets_our_request_on_a_kept_alive_connection_is_not_the_rows
 
     def answer(conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            head = b""
-            while b"\r\n\r\n" not in head:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                head += chunk
+            if not read_head(conn):
+                return
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
             time.sleep(0.3)  # the client's next request is on its way by now
             conn.sendall(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
