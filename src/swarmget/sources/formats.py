@@ -43,15 +43,13 @@ many fields, a url that is nothing but a line break (two stray quotes on two
 lines make that), or a value in a column swarmget reads with a URL (``://``)
 after its line break: an unclosed quote in a column we read that a later
 quote happened to close has taken in the rows between, and every row holds a
-URL.  In a column swarmget does not read (a caption), the test is stricter,
-since a caption may hold a URL: a line after the break that is a row of its
-own, the header's count of fields with a URL in the url field.  Lines with
-no URL are no rows to bring back: a size or digest with a line break inside
-is one row, as the csv module reads it, which fails for its bad size or
-digest (read again, its second line was a row of its own, made up).  The one
-case this cannot see is a stray quote that a later quote closes right before
-a delimiter or a line end with no row between them: that is a legal
-multi-line field, and it is read as one.
+URL.  Lines with no URL are no rows to bring back: a size or digest with a
+line break inside is one row, as the csv module reads it, which fails for its
+bad size or digest (read again, its second line was a row of its own, made
+up).  The one case this cannot see is a stray quote that a later quote
+closes right before a delimiter or a line end with no URL between them (in
+an ignored column, with or without one): that is a legal multi-line field,
+and it is read as one.
 """
 
 from __future__ import annotations
@@ -268,7 +266,7 @@ def parse_delimited(
         if failed:
             problem = failed
         else:
-            problem = _record_problem(record, columns, width, len(feed.record) > 1, delimiter)
+            problem = _record_problem(record, columns, width, len(feed.record) > 1)
             # Blank: a blank line, or the ",,,," rows spreadsheets leave at the end.
             # Not a "record" of nothing but a line break in a column we read:
             # that is two lines with an unclosed quote each (`"` then `"`), and
@@ -306,35 +304,13 @@ def _plain_tsv(line: str, columns: Mapping[str, int]) -> list[str] | None:
 
 
 def _record_problem(
-    record: list[str], columns: Mapping[str, int], width: int, multiline: bool, delimiter: str
+    record: list[str], columns: Mapping[str, int], width: int, multiline: bool
 ) -> str:
     """What makes a parsed record unusable as a whole ("" if nothing does)."""
     if len(record) > width and any(cell.strip() for cell in record[width:]):
         return f"{len(record)} fields but the header has {width}"
     if multiline:
-        return _line_break_problem(record, columns, width) or _rows_taken_in(
-            record, columns, width, delimiter
-        )
-    return ""
-
-
-def _rows_taken_in(
-    record: list[str], columns: Mapping[str, int], width: int, delimiter: str
-) -> str:
-    """Does a column we do not read (a caption) hold, after a line break, a line
-    that reads as a row of its own: the header's count of fields, its url field
-    a URL?  A quote left open there took the next rows in, and they had no
-    record at all ("" if not).  A caption with a URL on a line of its own is
-    a caption."""
-    url = columns["url"]
-    read = set(columns.values())
-    for i, value in enumerate(record):
-        if i in read or not _has_break(value):
-            continue
-        for line in value.splitlines()[1:]:
-            cells = line.split(delimiter)
-            if len(cells) == width and _a_url_alone(cells[url].strip().strip('"')):
-                return f"column {i + 1} has a line break with a row after it"
+        return _line_break_problem(record, columns, width)
     return ""
 
 
