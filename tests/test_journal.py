@@ -470,6 +470,20 @@ def test_verdicts_on_ranged_answers() -> None:
     assert (too_big.kind, too_big.error and too_big.error.code) == (FAIL, ErrorCode.TOO_LARGE)
 
 
+def test_an_unquoted_etag_is_no_validator_and_a_strong_last_modified_is() -> None:
+    # "ETag: e1" (no quotes) was taken as the validator, then compared as a
+    # Last-Modified: every 206 was refused and the file fetched twice.
+    from swarmget.engine.verdicts import resume_validator
+
+    dates = {
+        "last_modified": "Mon, 02 Jan 2023 00:00:00 GMT",
+        "date": "Tue, 03 Jan 2023 00:00:00 GMT",
+    }
+    assert resume_validator(_head(200, etag="e1", **dates)) == dates["last_modified"]
+    assert resume_validator(_head(200, etag='"e1"', **dates)) == '"e1"'
+    assert resume_validator(_head(200, etag='W/"e1"')) is None
+
+
 def test_a_416_says_the_part_is_whole_only_of_the_same_version_and_within_the_limits() -> None:
     def kept(total: int | None = None) -> Transfer:
         url = "http://h.test/big.bin"

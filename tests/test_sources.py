@@ -743,8 +743,7 @@ def test_a_quoted_caption_that_holds_a_line_like_a_row_is_one_record() -> None:
     # downloaded the URL quoted in the caption; an unclosed quote that a later
     # stray quote closes reads the same, and is read as the csv module reads it.
     data = (
-        'url,caption\nhttp://h/c1,"See also:\nhttp://h/phantom,which is nice"\n'
-        "http://h/c2,plain\n"
+        'url,caption\nhttp://h/c1,"See also:\nhttp://h/phantom,which is nice"\nhttp://h/c2,plain\n'
     )
     got = rows("-", stdin=data.encode())
     assert [(r.url, r.problem) for r in got] == [("http://h/c1", None), ("http://h/c2", None)]
@@ -922,7 +921,12 @@ def test_a_latin_1_letter_on_the_first_line_fails_that_row_not_the_input(
 
 @pytest.mark.parametrize(
     "first",
-    [b"\xc9tiquette,url", b"url\tn\xe9", b"caf\xe9 \xe0 la carte,url"],
+    [
+        b"\xc9tiquette,url",
+        b"url\tn\xe9",
+        b"caf\xe9 \xe0 la carte,url",
+        b"url,informa\xe7\xe3o",  # two side by side: common in Portuguese, German
+    ],
 )
 def test_a_latin_1_header_is_a_table_not_binary(tmp_path: Path, first: bytes) -> None:
     # Refused whole (exit 2) when the accented letter came first, or in a

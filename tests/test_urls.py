@@ -278,3 +278,17 @@ def test_a_control_character_inside_a_url_is_a_bad_url_not_another_url(
     assert failure.error == "bad_url" and said in (failure.message or "")
     assert len(server.requests) == before + 1  # the first line's alone
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".swarmget", "first.txt"]
+
+
+def test_a_row_that_is_a_url_without_its_scheme_keeps_its_password_out_of_every_record(
+    tmp_path: Path,
+) -> None:
+    # A bad_url row: its message and its manifest record showed user:secret@.
+    listing = tmp_path / "list.txt"
+    listing.write_text("http://127.0.0.1:9/first\nuser:secret@host.example/x\n")
+    report = swarmget.download([], tmp_path / "out", sources=[str(listing)], retries=0)
+    failure = next(f for f in report.failures if f.error == "bad_url")
+    assert failure.url == "user:***@host.example/x"
+    assert "secret" not in (failure.message or "")
+    manifest = (tmp_path / "out" / ".swarmget" / "manifest.jsonl").read_text()
+    assert "secret" not in manifest and "user:***@host.example/x" in manifest

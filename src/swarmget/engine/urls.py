@@ -298,9 +298,9 @@ def redact(url: str) -> str:
     if "@" not in url:
         return url
     start = url.find("://")
-    if start < 0:
-        return url
-    start += 3
+    # No scheme: a row that is a URL without one (user:secret@host/x) is a
+    # bad_url, and its authority begins the text.
+    start = 0 if start < 0 else start + 3
     end = len(url)
     for stop in "/?#":
         found = url.find(stop, start)

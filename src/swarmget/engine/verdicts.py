@@ -289,7 +289,7 @@ def resume_validator(head: ResponseHead) -> str | None:
     second before the response's Date; a file changed within that second keeps
     its date)."""
     etag = head.get(b"etag")
-    if etag is not None and not etag.startswith(b"W/"):
+    if etag is not None and etag.startswith(b'"'):  # strong, and quoted: an ETag
         return etag.decode("latin-1")
     modified, date = head.get(b"last-modified"), head.get(b"date")
     if modified is None or date is None:

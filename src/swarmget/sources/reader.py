@@ -381,7 +381,8 @@ _ESCAPED_LATIN1_LETTERS: Final = chr(0xDCC0)  # the byte 0xc0, where Latin-1's l
 
 def _eight_bit_text(line: str) -> bool:
     """Is ``line`` text with a few bytes that are not UTF-8 (Latin-1 letters),
-    rather than binary: at most one such byte in four, never two side by side,
+    rather than binary: at most one such byte in four, never three side by side
+    (``informação`` has two),
     no NUL or other control but tab, no magic of a known binary format, and a
     first byte that is printable ASCII or a Latin-1 letter (``\xc9tiquette``)?
     A URL list with such a letter on its first line was refused whole, though
@@ -389,8 +390,11 @@ def _eight_bit_text(line: str) -> bool:
     escaped = sum(1 for char in line if _ESCAPED_FIRST <= char <= _ESCAPED_LAST)
     if not escaped or escaped * 4 > len(line) or not _text_start(line[:1]):
         return False
-    if any(_is_escaped(a) and _is_escaped(b) for a, b in itertools.pairwise(line)):
-        return False  # JPEG's \xff\xd8\xff, UTF-16's BOM: no text has two in a row
+    run = 0
+    for char in line:
+        run = run + 1 if _is_escaped(char) else 0
+        if run == 3:
+            return False  # JPEG's \xff\xd8\xff: no Latin-1 word has three in a row
     if _archive(line):
         return False
     raw = line.encode("utf-8", "surrogateescape")
