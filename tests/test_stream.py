@@ -1233,6 +1233,42 @@ def test_a_row_that_kills_every_worker_it_reaches_fails_alone(
     assert got[7] == (False, "crashed")
 
 
+def _killed_twice(item: Item) -> int:
+    # Once both workers have mapped an item, one of them is killed outright, as
+    # the OOM killer would; then the worker started in its place (holding the
+    # first one's rows, dealt again) is killed too.  No row is to blame.
+    marks = os.environ["SWARMGET_TEST_MARKS"]
+    seen = os.path.join(marks, f"seen{os.getpid()}")
+    new = not os.path.exists(seen)
+    replacement = new and os.path.exists(os.path.join(marks, "kill1"))
+    open(seen, "w").close()
+    both = len([name for name in os.listdir(marks) if name.startswith("seen")]) >= 2
+    name = "kill2" if replacement else "kill1" if both else ""
+    if name:
+        try:
+            os.close(os.open(os.path.join(marks, name), os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return item.index
+        os.kill(os.getpid(), signal.SIGKILL)
+    return item.index
+
+
+def test_workers_killed_twice_with_no_row_to_blame_lose_no_row(
+    server: TestServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rows in a second death failed as crashed (a worker killed twice by the
+    # OOM killer cost every row the second one held); then, held apart one
+    # per worker, they were retried one at a time (100 s for 400 rows).  As a
+    # group, halved only by further deaths, they go on at full concurrency.
+    monkeypatch.setenv("SWARMGET_TEST_MARKS", str(tmp_path))
+    urls = [server.file_url(f"o{i}.bin", size=100, latency=0.05) for i in range(200)]
+    with swarmget.stream(urls, map=_killed_twice, workers=2, concurrency=32) as items:
+        got = {item.index: (item.ok, item.error) for item in items}
+    assert sorted(got) == list(range(200))
+    assert [i for i, (ok, _) in got.items() if not ok] == []
+    assert (tmp_path / "kill2").exists()
+
+
 def test_sources_are_read_as_download_reads_them(server: TestServer, tmp_path: Path) -> None:
     listing = tmp_path / "list.csv"
     listing.write_text(

@@ -125,7 +125,7 @@ class _Worker:
         "outstanding",
         "parked",
         "sent",
-        "suspect",
+        "suspects",
         "waiting",
     )
 
@@ -140,7 +140,7 @@ class _Worker:
         self.gone = False  # finished, stopped or dead: deal it nothing more
         # Rows dealt and not reported: what a crash would cost.
         self.outstanding: dict[int, Assignment] = {}
-        self.suspect: int | None = None  # the key of the row it holds alone (see _died)
+        self.suspects: set[int] = set()  # the keys of the suspect group it holds (_died)
 
     @property
     def backlog(self) -> int:
@@ -176,9 +176,9 @@ class Supervisor:
         self._turn = 0  # deals so far (ties in level_shares go round-robin)
         self._replacements = 0
         self._redealt: set[int] = set()  # keys dealt again after their worker died
-        # Rows in two deaths: each goes to a worker holding no other suspect,
-        # so that a third death names the row that causes them (_died).
-        self._suspects: collections.deque[Assignment] = collections.deque()
+        # Groups of rows in two deaths, each to a worker holding no other group,
+        # halved at each death until the row that causes them is alone (_died).
+        self._suspects: collections.deque[list[Assignment]] = collections.deque()
         self._started = 0.0
         self._first: list[Row] = []  # read before the backend starts
         self._interrupts = TurnInterrupts(self._wake_backend)
@@ -352,18 +352,18 @@ class Supervisor:
                     self._backend.end(index)
 
     def _deal_suspects(self) -> None:
-        """A suspect row to each live worker that holds none (see _died)."""
+        """A group of suspect rows to each live worker that holds none (see _died)."""
         for index, worker in enumerate(self._workers):
             if not self._suspects:
                 return
             if worker.gone or worker.ended:
                 continue
-            if worker.suspect is not None and worker.suspect in worker.outstanding:
+            if any(key in worker.outstanding for key in worker.suspects):
                 continue
-            row = self._suspects.popleft()
-            worker.suspect = row.key
-            self._planner.redeal([row])
-            self._send_to(index, worker, [_from_scratch(row)])
+            group = self._suspects.popleft()
+            worker.suspects = {row.key for row in group}
+            self._planner.redeal(group)
+            self._send_to(index, worker, [_from_scratch(row) for row in group])
 
     def _lowest_backlog(self) -> int:
         live = [w.backlog for w in self._workers if not w.gone]
@@ -470,16 +470,20 @@ class Supervisor:
 
         A row is failed with ``crashed`` only when it is named as the cause: a
         row in its first death is dealt again as any row; one in its second
-        becomes a suspect, dealt to a worker holding no other suspect; a death
-        while a worker holds its suspect is that row's.  (Failing every row at
+        becomes a suspect: the suspects of a death go out as a group, to a worker
+        holding no other group, at its full concurrency (a worker killed twice
+        by the OOM killer costs nothing more); a group met by a death is halved,
+        and a group of one is the row that causes them.  (Failing every row at
         the first death failed rows that had not even begun: 1,432 of a
         3,000-row run for one worker killed by the OOM killer; failing every
         row in its second death failed 112 rows for one map that segfaults.)"""
         worker = self._workers[index]
         held = list(worker.outstanding.values())
         redealt = self._redealt
-        culprit = [a for a in held if a.key == worker.suspect]
-        suspects = [a for a in held if a.key in redealt and a.key != worker.suspect]
+        group = [a for a in held if a.key in worker.suspects]
+        culprit = group if len(group) == 1 else []
+        halves = [group[: len(group) // 2], group[len(group) // 2 :]] if len(group) > 1 else []
+        suspects = [a for a in held if a.key in redealt and a.key not in worker.suspects]
         again = [a for a in held if a.key not in redealt]
         message = f"the worker process died (exit code {exitcode}) while downloading this row"
         if why:
@@ -495,10 +499,10 @@ class Supervisor:
             redealt.update(a.key for a in again)
             self._planner.redeal(again)
             self._send([_from_scratch(a) for a in again])
-            self._suspects.extend(suspects)
+            self._suspects.extend(g for g in (suspects, *halves) if g)
             self._deal_suspects()
         else:
-            lost = culprit + suspects + again + list(self._suspects)
+            lost = group + suspects + again + [a for g in self._suspects for a in g]
             self._suspects.clear()
         self._add_results([_crashed(a, message) for a in lost])
         if fresh.gone and all(w.gone for w in self._workers) and not self._input_done:
