@@ -333,6 +333,38 @@ def test_a_journal_of_the_schema_before_gains_the_total_column(tmp_path: Path) -
     assert (batch.skipped, [a.path for a in batch.assignments]) == (1, ["b.jpg"])
 
 
+def test_a_validator_that_outlived_its_part_is_void_before_the_row_goes_out_again(
+    tmp_path: Path,
+) -> None:
+    # The part was dropped (small, or a failed check), its validator kept: the
+    # next run's body (another version) went to a new part, and a SIGKILL
+    # before its own validator was recorded left the old one beside it; the
+    # run after resumed that part with it, splicing two versions.
+    url = "http://h/big.bin"
+    planner = FilePlanner(str(tmp_path), Options())
+    (first,) = planner.plan(rows(url)).assignments
+    planner.partial(first.key, '"e1"', 2 << 20)
+    cut = FileResult(
+        url, None, "failed", 200, 0, "truncated", 1, 1, index=0, key=first.key
+    )  # fmt: skip
+    planner.record([cut])
+    planner.finish(interrupted=False)
+    journal = tmp_path / ".swarmget" / "journal.sqlite3"
+
+    def recorded() -> tuple[object, object]:
+        with contextlib.closing(sqlite3.connect(journal)) as db:
+            return db.execute("SELECT validator, total FROM rows").fetchone()
+
+    assert recorded() == ('"e1"', 2 << 20)
+    planner = FilePlanner(str(tmp_path), Options())  # no part on disk
+    try:
+        (again,) = planner.plan(rows(url)).assignments
+        assert (again.resume_from, again.validator) == (0, None)
+        assert recorded() == (None, None)  # committed before the row goes out
+    finally:
+        planner.finish(interrupted=True)
+
+
 def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:
     planner = FilePlanner(str(tmp_path), Options())
     planner.finish(interrupted=False)

@@ -463,6 +463,22 @@ class Journal:
                 True,
             )
 
+    def forget_validators(self, keys: list[int]) -> None:
+        """The rows ``keys`` have no part (dropped, or never kept): the validator an
+        earlier body left is void, and committed now, before their new bodies
+        go to parts that it would otherwise be taken to describe."""
+        if not keys:
+            return
+        self.changed = True
+        with self._guard("write"):
+            self._write(
+                "UPDATE rows SET validator=NULL, total=NULL WHERE key=?",
+                [(key,) for key in keys],
+                True,
+            )
+            self._commit()
+            self._db.execute("BEGIN")
+
     def record(self, entries: list[tuple[FileResult, str | None, bool]]) -> list[Recorded]:
         """Outcomes, as the engines reported them (or as the planner decided), each
         with the path claimed for its row (None: none) and whether it is ours.

@@ -262,6 +262,8 @@ class FilePlanner:
         self._foreign: dict[int, str] = {}  # `exists` rows not yet written: their claimed path
         # Rows that go on with an earlier row's part (_take_explicit): its validator.
         self._carried: dict[int, tuple[str, int | None]] = {}  # (validator, total)
+        # Rows whose recorded validator outlived their part (see plan()).
+        self._stale_validators: list[int] = []
         self._batch: dict[int, Previous] = {}  # see plan()
         self._pending: list[FileResult] = []  # outcomes not yet written (see _record_now)
         # A journal that started empty holds only this run's outcomes: the manifest
@@ -303,6 +305,9 @@ class FilePlanner:
                 known = dataclasses.replace(known, status=FAILED)
             self._plan_row(row, key, known, candidate, batch, plans, skips)
         journal = self.journal
+        if self._stale_validators:
+            journal.forget_validators(self._stale_validators)
+            self._stale_validators = []
         journal.log_plans(plans)  # the claim, before any of these rows goes out
         for plan in plans:
             self._in_flight[plan[0]] = plan
@@ -368,6 +373,8 @@ class FilePlanner:
             resume_from = _part_size(part_path(self.root, key))
             if resume_from:
                 validator, total = carried
+            elif previous is not None and previous.validator:
+                self._stale_validators.append(key)
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
             total,
