@@ -276,6 +276,35 @@ def test_a_206_to_a_plain_get_whose_lengths_disagree_fails_once_not_for_ever(
     assert parts(out_dir) == []
 
 
+@pytest.mark.parametrize("across_runs", [False, True], ids=["retry", "rerun"])
+def test_a_200_of_no_length_shorter_than_its_version_was_announced_is_cut(
+    server: TestServer, out_dir: Path, across_runs: bool
+) -> None:
+    # The server ignores our Range and sends the same version (ETag "v1")
+    # again, without a length, cut at 1.5 of the 2 MiB its first reply
+    # announced: published as a whole file, "ok".  curl -C - refuses it too.
+    calls: list[bytes] = []
+
+    async def short_again(head: bytes, conn: ScriptedConnection) -> None:
+        calls.append(head)
+        if len(calls) == 1:
+            _cut_short(conn)
+        elif len(calls) == 2:
+            conn.send(b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nConnection: close\r\n\r\n')
+            conn.send(_WHOLE[:1_500_000])
+            conn.close()
+        else:
+            conn.send(_HEAD + _WHOLE)
+
+    with server.routed("/short.bin", short_again) as url:
+        if across_runs:
+            assert run([url], out_dir).error_counts() == {"truncated": 1}
+        report = run([url], out_dir, retries=2)
+    assert (report.ok, report.error_counts()) == (1, {}), [f.message for f in report.failures]
+    assert (out_dir / "short.bin").read_bytes() == _WHOLE
+    assert len(calls) == 3
+
+
 @pytest.mark.parametrize("total", [b"2097152", b"*"])
 def test_a_retry_answered_with_the_rest_of_the_same_length_is_spliced(
     server: TestServer, out_dir: Path, total: bytes

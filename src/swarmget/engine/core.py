@@ -645,7 +645,7 @@ class Engine(ConnectionOwner):
         row = job.row
         end = verdict.end
         if end is not None and writer.written != end:
-            self._partial_ended_wrong(transfer, writer.written, end)
+            self._ended_wrong(transfer, writer.written, end, verdict.status)
             return
         try:
             writer.verify(row.size, row.expected_digests())
@@ -665,21 +665,22 @@ class Engine(ConnectionOwner):
         self._to_publish.append((transfer, result))
         self._end_turn_soon()
 
-    def _partial_ended_wrong(self, transfer: Transfer, written: int, end: int) -> None:
-        """A 206 whose body (close-delimited or chunked) did not end where its
-        ``Content-Range`` said: short, it is a cut (the part is kept, to go on
-        from); long, the server's ranges cannot be trusted: again from zero."""
+    def _ended_wrong(self, transfer: Transfer, written: int, end: int, status: int) -> None:
+        """A body of no stated length (close-delimited or chunked) that did not end
+        where it had to (a 206's ``Content-Range``; a 200 of the version whose
+        length an earlier reply announced): short, it is a cut (the part is kept,
+        to go on from); long, the server cannot be trusted: again from zero."""
         if written < end:
             error = TransferError(
-                ErrorCode.TRUNCATED, f"the partial response ended at byte {written} of {end}"
+                ErrorCode.TRUNCATED, f"the response ended at byte {written} of {end}"
             )
             self._keep_or_drop_part(transfer)
-            self._failed(transfer, error, 206)
+            self._failed(transfer, error, status)
             return
         error = TransferError(
-            ErrorCode.PROTOCOL, f"the partial response ran past byte {end}, where it said it ends"
+            ErrorCode.PROTOCOL, f"the response ran past byte {end}, where it was to end"
         )
-        self._restart(transfer, error, 206)
+        self._restart(transfer, error, status)
 
     def _restart(self, transfer: Transfer, error: TransferError, status: int) -> None:
         """Again from byte zero, without a Range; not the server's failure, so not

@@ -122,17 +122,7 @@ def judge(
     if status == 206:
         return _judge_partial(transfer, head, options)
     if 200 <= status < 300:
-        # The whole entity: the server ignored our Range, or the validator
-        # changed; either way the body starts at byte zero.
-        length = head.content_length
-        too_large = _too_large(length, options)
-        if too_large is not None:
-            return Verdict(FAIL, status, error=too_large)
-        wrong_size = _not_the_size(transfer, length)
-        if wrong_size is not None:
-            assert length is not None
-            return Verdict(FAIL, status, error=wrong_size, discard=length <= MAX_DISCARD)
-        return Verdict(ACCEPT, status, total=length)
+        return _judge_whole(transfer, head, options)
     if status == 416 and transfer.ranged:
         if _already_whole(transfer, head):
             # The kept part is the whole file (a run stopped between its last
@@ -197,6 +187,35 @@ def _already_whole(transfer: Transfer, head: ResponseHead) -> bool:
         return False
     total = value[8:].strip()
     return total.isdigit() and int(total) == transfer.start
+
+
+def _judge_whole(transfer: Transfer, head: ResponseHead, options: Options) -> Verdict:
+    """A 2xx other than 206: the whole entity (the server ignored our Range, or
+    the validator changed); either way the body starts at byte zero."""
+    status = head.status
+    length = head.content_length
+    too_large = _too_large(length, options)
+    if too_large is not None:
+        return Verdict(FAIL, status, error=too_large)
+    wrong_size = _not_the_size(transfer, length)
+    if wrong_size is not None:
+        assert length is not None
+        return Verdict(FAIL, status, error=wrong_size, discard=length <= MAX_DISCARD)
+    known = transfer.job.total
+    if length is None and known is not None and _same_version(transfer.job.validator, head):
+        # No length, but the same version as a reply that announced one (a
+        # server ignoring our Range): the body must end there, or it was cut
+        # (published short: "ok" for 1.5 of 2 MiB).
+        return Verdict(ACCEPT, status, end=known, total=known)
+    return Verdict(ACCEPT, status, total=length)
+
+
+def _same_version(validator: str | None, head: ResponseHead) -> bool:
+    """Does ``head`` show our validator itself (not merely no other)?"""
+    if validator is None:
+        return False
+    now = head.get(b"etag" if validator.startswith('"') else b"last-modified")
+    return now is not None and now.strip().decode("latin-1") == validator
 
 
 def _shows_another_version(validator: str, head: ResponseHead) -> bool:
