@@ -476,8 +476,7 @@ class Journal:
                 [(key,) for key in keys],
                 True,
             )
-            self._commit()
-            self._db.execute("BEGIN")
+        self.commit()
 
     def record(self, entries: list[tuple[FileResult, str | None, bool]]) -> list[Recorded]:
         """Outcomes, as the engines reported them (or as the planner decided), each
