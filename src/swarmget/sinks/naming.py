@@ -261,12 +261,7 @@ class NameAllocator:
         row that claimed it as a file failed then (a directory was in its way),
         and it is no reason to fail the rows that go in it.  Asked only on a
         conflict: no file system call on the usual path."""
-        if not self.root:
-            return False
-        try:
-            return stat.S_ISDIR(os.lstat(os.path.join(self.root, path)).st_mode)
-        except OSError:
-            return False
+        return bool(self.root) and is_directory(os.path.join(self.root, path))
 
     def _claim(self, name: str, parents: list[str]) -> str:
         store = self.store
@@ -303,6 +298,14 @@ class NameAllocator:
         return (
             store.taken(name) or store.is_dir(name) or store.reserved(name) or store.asked_for(name)
         )
+
+
+def is_directory(path: str) -> bool:
+    """A directory, not a symlink to one (lstat)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def with_suffix(path: str, n: int) -> str:

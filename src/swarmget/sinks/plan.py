@@ -77,7 +77,7 @@ from swarmget.sinks.journal import (
     storable,
 )
 from swarmget.sinks.manifest_lines import ManifestLines, remove_stale
-from swarmget.sinks.naming import NameAllocator, NameStore, parents_of
+from swarmget.sinks.naming import NameAllocator, NameStore, is_directory, parents_of
 from swarmget.sources.rows import Row
 
 _MAX_CACHED = 65536  # bounded caches: a list's length must not cost memory
@@ -99,14 +99,6 @@ def _requested(url: str) -> str:
     scheme, host, port = location.origin
     # A credential is part of the request: another user may be served another file.
     return f"{scheme}://{host}:{port}{location.target} {location.authorization}"
-
-
-def _is_directory(path: str) -> bool:
-    """A directory, not a symlink to one (lstat)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
 
 
 def row_key(url: str, path: str | None, occurrence: int) -> int:
@@ -352,7 +344,7 @@ class FilePlanner:
             if self._done(previous):
                 skips.append((key, row.index))
                 return
-            if _is_directory(f"{self.root}/{path}"):
+            if is_directory(f"{self.root}/{path}"):
                 # Someone made a directory where this row's file was: it is not
                 # ours to remove, and a download would fail at its very end.
                 message = f"{path} is a directory now (it held this row's file)"
