@@ -212,17 +212,25 @@ def _judge_whole(transfer: Transfer, head: ResponseHead, options: Options) -> Ve
 
 def _same_version(validator: str | None, head: ResponseHead) -> bool:
     """Does ``head`` show our validator itself (not merely no other)?"""
-    if validator is None:
-        return False
-    now = head.get(b"etag" if validator.startswith('"') else b"last-modified")
-    return now is not None and now.strip().decode("latin-1") == validator
+    return validator is not None and _shown(validator, head) == validator
 
 
 def _shows_another_version(validator: str, head: ResponseHead) -> bool:
     """Does ``head`` carry a validator of the kind ours is, and another value?
     (A reply without one, as a 416 may be, shows nothing.)"""
-    now = head.get(b"etag" if validator.startswith('"') else b"last-modified")
-    return now is not None and now.strip().decode("latin-1") != validator
+    shown = _shown(validator, head)
+    return shown is not None and shown != validator
+
+
+def _validator_field(validator: str) -> bytes:
+    """The field a validator of ours comes in: a quoted ETag, else a Last-Modified."""
+    return b"etag" if validator.startswith('"') else b"last-modified"
+
+
+def _shown(validator: str, head: ResponseHead) -> str | None:
+    """What ``head`` says in the field ``validator`` comes in (None: nothing)."""
+    value = head.get(_validator_field(validator))
+    return None if value is None else value.strip().decode("latin-1")
 
 
 def _judge_partial(transfer: Transfer, head: ResponseHead, options: Options) -> Verdict:
@@ -289,12 +297,10 @@ def _changed(validator: str | None, head: ResponseHead) -> TransferError | None:
     The 206 must show the validator we sent: one without it (RFC 9110 15.3.7
     says a 206 carries the ETag a 200 would) cannot be told from another
     version's, so it is not spliced on either."""
-    if validator is None:
+    if validator is None or _shown(validator, head) == validator:
         return None
-    name = b"etag" if validator.startswith('"') else b"last-modified"
+    name = _validator_field(validator)
     now = head.get(name)
-    if now is not None and now.strip().decode("latin-1") == validator:
-        return None
     shown = "none" if now is None else repr(now)
     return TransferError(
         ErrorCode.PROTOCOL,
