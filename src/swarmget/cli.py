@@ -37,8 +37,7 @@ from swarmget.options import Options, check_header, check_output_dir
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
-from swarmget.sources.reader import hide_password
-from swarmget.sources.rows import Row
+from swarmget.sources.rows import Row, hide_password
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -20,7 +20,7 @@ from urllib.parse import quote, unquote, unquote_to_bytes, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.net.address import bare_host
-from swarmget.sources.rows import strip_url
+from swarmget.sources.rows import hide_password, strip_url
 
 Origin = tuple[str, str, int]  # (scheme, host, port): the key of a connection pool
 
@@ -298,9 +298,16 @@ def redact(url: str) -> str:
     if "@" not in url:
         return url
     start = url.find("://")
-    # No scheme: a row that is a URL without one (user:secret@host/x) is a
-    # bad_url, and its authority begins the text.
-    start = 0 if start < 0 else start + 3
+    if start < 0:
+        # No scheme: a row that is a URL without one (user:secret@host/x), a
+        # bad_url, whose password may hold a "/" (sources/rows.py); a user name
+        # alone (a token) is hidden below, the authority beginning the text.
+        hidden = hide_password(url)
+        if hidden != url:
+            return hidden
+        start = 0
+    else:
+        start += 3
     end = len(url)
     for stop in "/?#":
         found = url.find(stop, start)

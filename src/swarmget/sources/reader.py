@@ -84,7 +84,7 @@ from typing import IO, Any, BinaryIO, Final, TextIO, TypeGuard, cast
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
 from swarmget.sources.formats import BYTE_ERRORS, parse_delimited, parse_jsonl, parse_text
-from swarmget.sources.rows import Row, strip_url
+from swarmget.sources.rows import Row, hide_password, strip_url
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"
@@ -387,7 +387,7 @@ def _eight_bit_text(line: str) -> bool:
     first byte that is printable ASCII or a Latin-1 letter (``\xc9tiquette``)?
     A URL list with such a letter on its first line was refused whole, though
     the same line further down fails alone (``bad_row``)."""
-    escaped = sum(1 for char in line if _ESCAPED_FIRST <= char <= _ESCAPED_LAST)
+    escaped = sum(1 for char in line if _is_escaped(char))
     if not escaped or escaped * 4 > len(line) or not _text_start(line[:1]):
         return False
     run = 0
@@ -428,15 +428,3 @@ def _unreadable(name: str, exc: BaseException) -> UsageError:
     return UsageError(
         f"cannot read input {hide_password(name)!r}: {reason or type(exc).__name__}{hint}"
     )
-
-
-def hide_password(source: str) -> str:
-    """``user:pass@host/x`` (a URL without its scheme, read as a path) as
-    ``user:***@host/x``: the error printed it whole, and no message may show a
-    password.  Everything from the first ``:`` to the last ``@`` goes, as a
-    password may hold ``/`` or ``@`` itself."""
-    at = source.rfind("@")
-    colon = source.find(":", 0, at) if at > 0 else -1
-    if colon < 0:
-        return source
-    return source[: colon + 1] + "***" + source[at:]

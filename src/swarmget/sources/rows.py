@@ -15,6 +15,18 @@ def strip_url(text: str) -> str:
     return text.strip(URL_SPACE)
 
 
+def hide_password(source: str) -> str:
+    """``user:pass@host/x`` (a URL without its scheme: a row, or a source read
+    as a path) as ``user:***@host/x``: no message or record may show a
+    password.  Everything from the first ``:`` to the last ``@`` goes, as a
+    password may hold ``/`` or ``@`` itself."""
+    at = source.rfind("@")
+    colon = source.find(":", 0, at) if at > 0 else -1
+    if colon < 0:
+        return source
+    return source[: colon + 1] + "***" + source[at:]
+
+
 # init=False and an __init__ of our own: mypyc compiles a hand-written
 # __init__, while the one dataclasses generates runs as interpreted Python,
 # and a Row is made per input line: on a plain list that was half the time.
