@@ -81,12 +81,9 @@ def _check_arguments(
             "URLDataset streams with one event loop per loader worker: "
             "use DataLoader(num_workers=...) for more"
         )
-    spill_dir = options.get("spill_dir")
-    if spill_dir is not None and not isinstance(spill_dir, str | os.PathLike):
-        raise UsageError(f"spill_dir must be a path (a str or os.PathLike), not {spill_dir!r}")
-    # The stream's own checks (on_error, prefetch, map, ordered, progress and
-    # every download option), with the messages a stream gives: a Stream that
-    # is made but never started opens, forks and reads nothing.
+    # The stream's own checks (on_error, prefetch, map, ordered, progress,
+    # spill_dir and every download option), with the messages a stream gives:
+    # a Stream that is made but never started opens, forks and reads nothing.
     Stream((), map=map, **options).close()
 
 
