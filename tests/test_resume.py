@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import hashlib
 import json
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +21,11 @@ import pytest
 
 import swarmget
 import swarmget.sinks.noreplace
+from swarmget.sinks.journal import LOCK_NAME
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import part_for, parts, small_tmpfs
+from swarmget.testing.process import child_env
 
 MiB = 1 << 20
 
@@ -1080,3 +1087,88 @@ def test_a_run_that_stops_before_its_input_ends_keeps_the_earlier_failures_liste
         swarmget.download(stops(), out_dir, retries=0)
     listed = [(r["index"], r["path"], r["status"]) for r in journal(out_dir)]
     assert listed == [(0, "kept.bin", "ok"), (None, None, "failed")]
+
+
+@pytest.mark.parametrize("second", ["chunked, no validator", 'whole, ETag "B"'])
+def test_a_kill_before_the_journal_hears_of_a_new_version_does_not_splice_it(
+    server: TestServer, out_dir: Path, second: str
+) -> None:
+    # As above, but run 2 is killed (SIGKILL, the whole tree) while v2's bytes
+    # are in the part and before the journal's next commit (once a second): the
+    # journal still said "A" for bytes of v2, and run 3 spliced v1's rest on.
+    # The part's own record of its version (beside it) now disagrees: no resume.
+    phase = {"n": 1}
+    half = len(_V2) // 2
+
+    def handler(request: bytes, conn: ScriptedConnection) -> None:
+        if phase["n"] == 1:
+            _cut_200(conn, _V1, 'ETag: "A"\r\n')
+        elif phase["n"] == 2:  # half of v2, then silence: the kill comes meanwhile
+            if second.startswith("chunked"):
+                conn.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                conn.send(b"%x\r\n" % half + _V2[:half] + b"\r\n")
+            else:
+                conn.send(
+                    f'HTTP/1.1 200 OK\r\nContent-Length: {len(_V2)}\r\nETag: "B"\r\n\r\n'.encode()
+                )
+                conn.send(_V2[:half])
+        else:
+            _honest(conn, request, '"A"')
+
+    server.route("/killed.bin", handler)
+    try:
+        url = server.url("/killed.bin")
+        assert run([url], out_dir).failed == 1
+        part = part_for(out_dir, url)
+        assert part.stat().st_size == len(_V1) // 2
+        phase["n"] = 2
+        command = [
+            sys.executable,
+            "-m",
+            "swarmget",
+            url,
+            "-o",
+            str(out_dir),
+            "-q",
+            "--workers",
+            "2",
+        ]
+        proc = subprocess.Popen(command, env=child_env(), start_new_session=True)
+        try:
+            deadline = time.monotonic() + 20
+            while not _holds(part, _V2[:half]):
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.005)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            _until_unlocked(out_dir)  # the workers die a moment after the driver
+        phase["n"] = 3
+        assert run([url], out_dir).ok == 1
+        assert (out_dir / "killed.bin").read_bytes() == _V1
+        assert parts(out_dir) == []
+    finally:
+        server.unroute("/killed.bin")
+
+
+def _holds(part: Path, body: bytes) -> bool:
+    """Is ``part`` exactly ``body`` now?"""
+    try:
+        return part.read_bytes() == body
+    except FileNotFoundError:
+        return False
+
+
+def _until_unlocked(out: Path) -> None:
+    """Wait until no process of a killed run holds ``out``'s journal lock."""
+    with open(out / ".swarmget" / LOCK_NAME, "rb") as lock:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                assert time.monotonic() < deadline, "the killed run's processes lived on"
+                time.sleep(0.01)
+                continue
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            return

@@ -603,7 +603,7 @@ class Engine(ConnectionOwner):
         length = head.content_length if not head.chunked and not verdict.complete else None
         writer = self.sink.open(job.row, verdict.start, length, self._hashers_for(job.row))
         if verdict.start == 0 and self.sink.resumable:
-            self._note_resumable(job, head)
+            self._note_resumable(job, head, writer)
         return writer
 
     def released(self, conn: PooledConnection, reusable: bool) -> None:
@@ -890,17 +890,19 @@ class Engine(ConnectionOwner):
         if writer is not None:
             writer.abort(keep=keep)
 
-    def _note_resumable(self, job: Job, head: ResponseHead) -> None:
+    def _note_resumable(self, job: Job, head: ResponseHead, writer: Writer) -> None:
         """A whole body is starting: its validator is the one a later part must match.
 
         A large body with a strong validator: the driver records it, so a later
         run can resume.  Any other body voids the validator an earlier body (or
         run) left: the part now holds these bytes, and continuing it with the old
-        one would splice two versions of the file."""
+        one would splice two versions of the file.  The writer keeps it with the
+        bytes first: the driver's journal hears of it up to a second later."""
         validator = resume_validator(head) if self._large(head) else None
         if validator is None and job.validator is None:
             return
         job.validator = validator
+        writer.holds_version(validator)
         self.events.partial(job.row, validator, head.content_length if validator else None)
 
     @staticmethod

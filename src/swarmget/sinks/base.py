@@ -129,6 +129,11 @@ class Writer:
         """The transfer failed: drop the bytes, or ``keep`` them to continue later."""
         raise NotImplementedError
 
+    def holds_version(self, validator: str | None) -> None:
+        """A whole body begins, before its first byte: it is of the version
+        ``validator`` names (None: of none a later request could continue).  A
+        resumable sink keeps this with the bytes (sinks/files.py)."""
+
     def digests(self) -> dict[str, str]:
         return {name: h.hexdigest() for name, h in (self.hashers or {}).items()}
 

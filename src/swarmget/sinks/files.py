@@ -10,6 +10,14 @@ in the output dir, can never be mixed up with our temporary files, we never
 delete a file we did not create, and the next run finds a kept part by the
 row's key alone.  ``.swarmget`` is reserved: no planned path may enter it.
 
+A part that may be continued has its version beside it
+(``<key>.version``: the ETag or Last-Modified its bytes came with), written
+by the worker before the first byte of each whole body.  The journal learns
+the validator too, but from the driver, up to a second later: a kill in
+between left the journal naming the bytes of the version before (a server
+that changed the file, then served the old one again, had its rest spliced
+onto them).  A part is continued only when both say the same.
+
 Parts are opened with ``O_NOFOLLOW`` (a symlink planted at the part's name is
 never followed), and the parent directories of final paths are created once
 and checked to resolve inside the output directory, so no row can write
@@ -53,6 +61,8 @@ from swarmget.sinks.noreplace import rename_noreplace
 
 STATE_DIR: Final = ".swarmget"
 PARTS_DIR: Final = "parts"
+VERSION_SUFFIX: Final = ".version"  # beside a part: the validator of its bytes
+_VERSION_LIMIT: Final = 1 << 20  # more than a response head may hold (protocol/http11.py)
 _OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -132,6 +142,44 @@ def part_name(key: int) -> str:
     return f"{key:016x}"
 
 
+def version_path(part: str) -> str:
+    """Where the version of ``part``'s bytes is kept (see the module docstring)."""
+    return part + VERSION_SUFFIX
+
+
+def part_version(part: str) -> str | None:
+    """The validator ``part``'s bytes came with; None when none is recorded (a
+    part of a body without one, of a kill before it was written, or of a
+    swarmget before 0.2): such a part is not continued."""
+    try:
+        fd = os.open(version_path(part), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as recorded:
+            return recorded.read(_VERSION_LIMIT).decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+
+
+def remove_part(part: str) -> None:
+    """Remove ``part`` and its version, if there (a symlink there: the link)."""
+    for path in (part, version_path(part)):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def move_part(part: str, target: str) -> None:
+    """Rename ``part`` and its version to ``target`` (the same download under
+    another identity).  Raises OSError when the part cannot be moved."""
+    os.replace(part, target)
+    try:
+        os.replace(version_path(part), version_path(target))
+    except OSError:
+        remove_part(target)  # no version: it cannot be continued, and would be a stray
+        raise
+
+
 def part_path(root: str, key: int) -> str:
     """Where the part of the row with identity ``key`` is written."""
     return os.path.join(root, STATE_DIR, PARTS_DIR, part_name(key))
@@ -158,7 +206,7 @@ class PartFile(Writer):
     or truncated.
     """
 
-    __slots__ = ("fd", "final", "part")
+    __slots__ = ("fd", "final", "part", "versioned")
 
     def __init__(
         self,
@@ -172,6 +220,9 @@ class PartFile(Writer):
         self.part = part
         self.final = final
         self.fd = -1
+        # A version is recorded beside the part (to remove with it): a part is
+        # continued only under one (the planner checked), or holds_version wrote it.
+        self.versioned = bool(resume_from)
         try:
             if resume_from:
                 self.fd = os.open(part, _APPEND_FLAGS)
@@ -215,11 +266,37 @@ class PartFile(Writer):
         except OSError as exc:
             raise io_error("finish", self.part, exc) from None
 
+    def holds_version(self, validator: str | None) -> None:
+        version = version_path(self.part)
+        if validator is None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(version)
+            self.versioned = False
+            return
+        try:
+            fd = _create(version)
+            try:
+                os.write(fd, validator.encode("utf-8", "surrogateescape"))
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(version)  # half a version is none: the part is not continued
+            raise io_error("create", version, exc) from None
+        self.versioned = True
+
     def abort(self, keep: bool = False) -> None:
         self._close_fd()
         if not keep:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.part)
+            self._drop_version()
+
+    def _drop_version(self) -> None:
+        if self.versioned:
+            self.versioned = False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(version_path(self.part))
 
     def publish(self, replace: bool) -> None:
         """Move the closed part to its final name: over a file there if ``replace``,
@@ -233,6 +310,7 @@ class PartFile(Writer):
                 self._move_across(replace)
         except OSError as exc:
             raise io_error("finish", self.final, exc) from None
+        self._drop_version()
 
     def _move(self, source: str, replace: bool) -> None:
         """Rename ``source`` to the final name (over a file there only if ``replace``)."""

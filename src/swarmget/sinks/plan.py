@@ -63,7 +63,10 @@ from swarmget.sinks.files import (
     AppearedMeanwhile,
     OutputDir,
     OutputError,
+    move_part,
     part_path,
+    part_version,
+    remove_part,
 )
 from swarmget.sinks.journal import (
     FAILED,
@@ -362,11 +365,17 @@ class FilePlanner:
         if ours and not overwrite and previous is not None and previous.validator:
             carried = (previous.validator, previous.total)
         if carried is not None:
-            resume_from = _part_size(part_path(self.root, key))
+            part = part_path(self.root, key)
+            # The part's own record of its version must agree: the journal may
+            # not have heard of a new one yet when a kill came (sinks/files.py).
+            if part_version(part) == carried[0]:
+                resume_from = _part_size(part)
             if resume_from:
                 validator, total = carried
-            elif previous is not None and previous.validator:
-                self._stale_validators.append(key)
+            else:
+                remove_part(part)  # nothing can continue it: it would be a stray
+                if previous is not None and previous.validator:
+                    self._stale_validators.append(key)
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
             total,
@@ -679,10 +688,9 @@ class FilePlanner:
             # The same download under a new identity (a path column added for
             # the name it had): its part goes on, as the row's own would.
             with contextlib.suppress(OSError):
-                os.replace(part, part_path(self.root, key))
+                move_part(part, part_path(self.root, key))
                 self._carried[key] = (holder.validator, holder.total)
-        with contextlib.suppress(OSError):
-            os.unlink(part)  # a part it kept is of no use now
+        remove_part(part)  # a part it kept is of no use now
         store.freed(name)
         return None
 
