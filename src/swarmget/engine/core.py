@@ -555,7 +555,10 @@ class Engine(ConnectionOwner):
             # turn and goes on as after any connect.
             self._connected(pool, sock, transfer)
 
-        dial = HappyEyeballs(self.loop, addresses, dialed, timeout=self.options.timeout)
+        where = f" to proxy {pool.via_source}" if pool.via_source else ""
+        dial = HappyEyeballs(
+            self.loop, addresses, dialed, timeout=self.options.timeout, where=where
+        )
         self.dialing[dial] = pool
         dial.start()
 

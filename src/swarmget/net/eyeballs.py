@@ -90,6 +90,7 @@ class HappyEyeballs:
         "_stagger",
         "_stagger_timer",
         "_timeout",
+        "_where",
         "started",
     )
 
@@ -101,8 +102,10 @@ class HappyEyeballs:
         *,
         timeout: float,
         stagger: float = CONNECTION_ATTEMPT_DELAY,
+        where: str = "",
     ) -> None:
         self._loop = loop
+        self._where = where  # in messages after "connect": " to proxy P (--proxy)"
         self._addresses = interleave(addresses)
         self._callback = callback
         self._timeout = timeout
@@ -156,7 +159,7 @@ class HappyEyeballs:
             self._fail(
                 TransferError(
                     ErrorCode.CONNECT,
-                    f"connect failed: {os.strerror(self._last_error)} "
+                    f"connect{self._where} failed: {os.strerror(self._last_error)} "
                     f"({len(addresses)} addresses tried)",
                 )
             )
@@ -180,7 +183,11 @@ class HappyEyeballs:
 
     def _timed_out(self) -> None:
         self._deadline = None
-        self._fail(TransferError(ErrorCode.TIMEOUT, f"connect timed out after {self._timeout:g}s"))
+        self._fail(
+            TransferError(
+                ErrorCode.TIMEOUT, f"connect{self._where} timed out after {self._timeout:g}s"
+            )
+        )
 
     def _fail(self, error: TransferError) -> None:
         self._finish()
