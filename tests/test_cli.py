@@ -679,6 +679,16 @@ def test_demo_json_into_a_kept_directory(out_dir: Path, capsys: pytest.CaptureFi
 
     assert (out_dir / "000007.bin").read_bytes() == expected_body("000007.bin", 1000)
     assert len(read_manifest(out_dir)) == 40
+    assert data["manifest"] == str(out_dir / ".swarmget" / "manifest.jsonl")
+
+
+def test_demo_json_into_a_temporary_directory_names_no_manifest(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # It named the manifest inside the directory it had just removed.
+    assert cli.main(["demo", "--files", "20", "--size", "100", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["ok"], data["manifest"], data["demo"]["output"]) == (20, None, None)
 
 
 def test_demo_verify_finds_bad_files(tmp_path: Path) -> None:

@@ -138,14 +138,19 @@ def test_bad_input_or_options_fail_when_the_dataset_is_made() -> None:
     # A str was iterated as URLs of one character each (all failed, silently);
     # an iterator gave its rows to the first epoch and none to the next; a
     # typo surfaced only inside the loader workers, at the first iteration.
-    with pytest.raises(TypeError, match="not a single str"):
+    with pytest.raises(TypeError, match="not a single str") as single:
         URLDataset("http://h/one")
+    assert "sources=" not in str(single.value)  # URLDataset takes none
     with pytest.raises(swarmget.UsageError, match="not an iterator or a generator"):
         URLDataset(url for url in ["http://h/a"])
     with pytest.raises(swarmget.UsageError, match="unknown option"):
         URLDataset(["http://h/a"], concurency=4)
     with pytest.raises(swarmget.UsageError, match="--timeout must be a number"):
         URLDataset(["http://h/a"], timeout="x")
+    with pytest.raises(swarmget.UsageError, match=r"^min_speed_window must be positive"):
+        URLDataset(["http://h/a"], min_speed_window=0)  # it named --min-speed
+    with pytest.raises(swarmget.UsageError, match=r"^--min-speed must be >= 0"):
+        URLDataset(["http://h/a"], min_speed=-1)
 
 
 def test_shuffle_and_seed_are_checked_when_the_dataset_is_made(server: TestServer) -> None:

@@ -67,12 +67,14 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     return rows
 
 
-def refuse_single_url(urls: object) -> None:
-    """A str is an iterable too: its characters were taken for URLs."""
+def refuse_single_url(urls: object, sources: bool = True) -> None:
+    """A str is an iterable too: its characters were taken for URLs.  ``sources``:
+    may the caller name a list file with ``sources=`` instead (URLDataset: no)?"""
     if isinstance(urls, str | bytes | bytearray):
+        instead = ", or sources=[path] for a list file" if sources else ""
         raise TypeError(
             "swarmget: `urls` must be an iterable of URLs, not a single "
-            f"{type(urls).__name__}: pass [url] for one URL, or sources=[path] for a list file"
+            f"{type(urls).__name__}: pass [url] for one URL{instead}"
         )
 
 

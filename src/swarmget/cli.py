@@ -68,6 +68,8 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.CANCELLED: "(--dedupe) the row this copy shares did not finish",
     ErrorCode.BAD_ROW: "a malformed input row; its line number is in the message",
     ErrorCode.CRASHED: "the worker process downloading the row died (a rerun retries it)",
+    ErrorCode.MAP_ERROR: "(Python: swarmget.stream) the map function raised, or its value "
+    "did not pickle",
     "http_<status>": "the final HTTP status was not a success, e.g. http_404 "
     "(http_407: the proxy wants user:password)",
 }
@@ -210,8 +212,8 @@ sources:
 
 sizes:
   --max-size and --min-speed take a number of bytes with an optional suffix
-  k, M, G or T in powers of 1024: 512k, 10M, 1.5G (rounded to whole bytes; a
-  fraction of a byte, 0.5 or 0.1k, is an error).
+  k, M, G or T in powers of 1024: 512k, 10M, 1.5G (rounded to whole bytes:
+  0.1k is 102; without a suffix a fraction, 0.5 or 1.5, is an error).
 
 output:
   Files go under DIR ("-o -" is refused: it is not stdout; ./- is a directory).

@@ -228,6 +228,8 @@ def main(argv: list[str]) -> int:
     checked = args.files if args.verify_all else min(SAMPLE, args.files)
     if args.json:
         data = report.to_json()
+        if remove:
+            data["manifest"] = None  # it went with the temporary directory
         data["demo"] = {
             "files": args.files,
             "size": args.size,

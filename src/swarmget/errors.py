@@ -75,12 +75,13 @@ class ErrorCode:
     CANCELLED: Final = "cancelled"  # --dedupe: the row this copy shares did not finish
     BAD_ROW: Final = "bad_row"  # a malformed input row (its line number is in the message)
     CRASHED: Final = "crashed"  # the worker processes downloading the row died, twice
+    MAP_ERROR: Final = "map_error"  # stream(map=fn): fn raised, or its value did not pickle
 
     ALL: Final = frozenset(
         {
             TIMEOUT, CONNECT, DNS, TRUNCATED, PROTOCOL, TOO_LARGE, BAD_URL, BAD_PATH,
             EXISTS, IO, TLS, TLS_VERIFY, TOO_MANY_REDIRECTS, BAD_REDIRECT, CHECKSUM,
-            SIZE_MISMATCH, CANCELLED, BAD_ROW, CRASHED,
+            SIZE_MISMATCH, CANCELLED, BAD_ROW, CRASHED, MAP_ERROR,
         }
     )  # fmt: skip
 

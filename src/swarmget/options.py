@@ -98,8 +98,10 @@ class Options:
             raise UsageError("--timeout must be positive")
         if self.deadline <= 0:
             raise UsageError("--deadline must be positive")
-        if self.min_speed < 0 or self.min_speed_window <= 0:
-            raise UsageError("--min-speed must be >= 0 with a positive window")
+        if self.min_speed < 0:
+            raise UsageError("--min-speed must be >= 0 (0 = no minimum)")
+        if self.min_speed_window <= 0:
+            raise UsageError("min_speed_window must be positive (seconds)")
         if self.max_size is not None and self.max_size < 0:
             raise UsageError("--max-size must be >= 0")
         if self.hash not in (None, "sha256", "md5"):

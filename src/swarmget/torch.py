@@ -100,7 +100,7 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         **stream_options: Any,
     ) -> None:
         super().__init__()
-        refuse_single_url(urls)
+        refuse_single_url(urls, sources=False)
         if iter(urls) is urls:
             # Each epoch, and each loader worker, reads the URLs anew: an
             # iterator gave its rows to the first epoch and nothing after.

@@ -51,7 +51,6 @@ from swarmget.report import FileResult
 from swarmget.sinks.base import Assignment, Hasher, Sink, Writer
 from swarmget.sinks.files import io_error
 
-MAP_ERROR: Final = "map_error"
 # A body of unknown length starts in a slot this big (at most a quarter of the
 # arena's free space; none below the minimum): most such bodies are dataset
 # files of tens or hundreds of KB, and a larger one moves to a spill file.
@@ -433,7 +432,7 @@ def map_failed(result: FileResult, message: str) -> None:
     returned cannot reach the caller."""
     result.status = "failed"
     result.path = None
-    result.error = MAP_ERROR
+    result.error = ErrorCode.MAP_ERROR
     result.message = message
     result.payload = None
 
