@@ -471,6 +471,8 @@ def test_a_body_cut_short_is_truncated(
         )
     (failure,) = report.failures
     assert failure.error == "truncated", failure.message
+    if framing == "length":  # how much of how much, as over plain HTTP
+        assert f"{len(BODY) // 2} of {len(BODY)} body bytes" in failure.message
     assert_nothing_left(out_dir, "cut.bin")
 
 

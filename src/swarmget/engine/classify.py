@@ -98,21 +98,24 @@ def classify(
     host: str,
     started: bool = False,
     received: int = 0,
+    announced: int | None = None,
     reused: bool = False,
     via: str = "",
 ) -> TransferError:
     """The error a row fails with when ``exc`` ended its transfer at ``stage``.
 
     ``started``: some of the response had arrived; ``received``: body bytes so
-    far; ``reused``: the connection had served a response before; ``via``: the
-    proxy, for messages.
+    far, of ``announced`` (its Content-Length; None: not known); ``reused``:
+    the connection had served a response before; ``via``: the proxy, for
+    messages.
     """
     if isinstance(exc, TransferError):
         return exc
     if isinstance(exc, ssl.SSLError):
         if stage == HANDSHAKE and via:
             host = f"{host} (through proxy {via})"
-        return _tls_failure(exc, stage, host=host, started=started, received=received)
+        of = f" of {announced}" if announced is not None else ""
+        return _tls_failure(exc, stage, host=host, started=started, received=f"{received}{of}")
     if isinstance(exc, OSError):
         return _os_failure(exc, stage, host=host, started=started, reused=reused, via=via)
     return ProtocolError(f"unexpected {type(exc).__name__} while reading the reply: {exc}")
@@ -146,7 +149,7 @@ def _os_failure(
 
 
 def _tls_failure(
-    exc: ssl.SSLError, stage: int, *, host: str, started: bool, received: int
+    exc: ssl.SSLError, stage: int, *, host: str, started: bool, received: str
 ) -> TransferError:
     if stage == EXCHANGE and isinstance(exc, ssl.SSLEOFError):
         if started:

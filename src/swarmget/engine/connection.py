@@ -396,6 +396,7 @@ class HTTPConnection(PooledConnection):
             host=self.pool.host,
             started=parser is not None and parser.started,
             received=parser.received if parser is not None else 0,
+            announced=parser.announced if parser is not None else None,
             reused=self.served > 0,
             via=self.pool.via,
         )

@@ -551,6 +551,12 @@ class ResponseParser:
         return self._state == _DONE
 
     @property
+    def announced(self) -> int | None:
+        """The body's length while a Content-Length body is read (None otherwise),
+        for messages that say how much of it came."""
+        return self.received + self._remaining if self._state == _LENGTH else None
+
+    @property
     def started(self) -> bool:
         """True once any byte of the response has arrived."""
         return self.head is not None or bool(self._pending) or self.informational > 0
@@ -612,8 +618,7 @@ class ResponseParser:
         if state == _LENGTH:
             raise TransferError(
                 ErrorCode.TRUNCATED,
-                f"connection closed after {self.received} of "
-                f"{self.received + self._remaining} body bytes",
+                f"connection closed after {self.received} of {self.announced} body bytes",
             )
         raise TransferError(
             ErrorCode.TRUNCATED,
