@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from swarmget.parallel import fork, supervisor, worker_count
 from swarmget.parallel.backend import Stopped
 from swarmget.report import Report, Snapshot
 from swarmget.sinks.base import Assignment
+from swarmget.sinks.plan import PlanBatch
 from swarmget.sources.rows import Row
 from swarmget.streaming import Stream
 from swarmget.testing import ProcessServer, TestServer, expected_body, serve_in_subprocess
@@ -270,6 +272,32 @@ def _supervisor(backlogs: list[int]) -> tuple[supervisor.Supervisor, _RecordingB
     for worker, backlog in zip(sup._workers, backlogs, strict=True):
         worker.sent = backlog
     return sup, backend
+
+
+class _SkippingPlanner:
+    """Every row done in an earlier run, each batch taking a while to look up."""
+
+    def __init__(self) -> None:
+        self.planned = 0
+
+    def plan(self, rows: list[Row]) -> PlanBatch:
+        time.sleep(0.002)
+        self.planned += len(rows)
+        return PlanBatch([], [], skipped=len(rows))
+
+
+def test_a_rerun_with_nothing_to_do_gives_the_loop_its_turns() -> None:
+    # Rows skipped as done fill no worker's backlog, so dealing read the whole
+    # list in one go: no commit (the open transaction grew ~130 bytes a row, to
+    # 1.3 GB at 10 million), no progress and no Ctrl-C until the end.
+    planner = _SkippingPlanner()
+    rows = (Row(i, f"http://h/{i}") for i in range(1_000_000))
+    sup = supervisor.Supervisor(rows, planner, _RecordingBackend(2), backlog_limit=10_000)  # type: ignore[arg-type]
+    started = time.monotonic()
+    assert sup._deal() is True  # more to do: the loop comes straight back
+    assert time.monotonic() - started < 1.0
+    assert 0 < planner.planned < 1_000_000
+    assert sup.report.skipped == planner.planned
 
 
 def _rows(indices: range) -> list[Assignment]:

@@ -59,6 +59,7 @@ from swarmget.sources.rows import Row
 
 BATCH: Final = 256  # rows per message: big enough to amortise pickling, small for balance
 TICK: Final = 0.1  # seconds between progress updates
+DEAL_SLICE: Final = 0.05  # seconds of planning before the loop's other work has a turn
 # Seconds between journal commits: a kill costs at most this many seconds of
 # outcomes (those rows are downloaded again; their paths are safe in the plan log).
 COMMIT_INTERVAL: Final = 1.0
@@ -261,9 +262,9 @@ class Supervisor:
             if delivery.stopping():
                 self._stop()
                 return
-            self._deal()
+            more = self._deal()
             now = time.monotonic()
-            wait = max(0.0, min(delivery.wait(), next_tick - now))
+            wait = 0.0 if more else max(0.0, min(delivery.wait(), next_tick - now))
             interrupts.in_turn = True  # a Ctrl-C now waits for the turn's end
             try:
                 events = self._backend.poll(wait)
@@ -327,12 +328,21 @@ class Supervisor:
 
     # -- rows out ----------------------------------------------------------------------
 
-    def _deal(self) -> None:
+    def _deal(self) -> bool:
+        """Plan and send rows while the workers have room; True when it stopped for
+        time with more to do (the loop comes straight back, after its own work)."""
+        until = time.monotonic() + DEAL_SLICE
         while self._first or (
             not self._input_done
             and self._lowest_backlog() < self._backlog_limit
             and self._delivery.room(self._seen) > 0
         ):
+            if time.monotonic() >= until:
+                # Rows skipped as done fill no backlog: a rerun with nothing to
+                # do read its whole list here, and committed, showed progress
+                # and heard Ctrl-C only at the end (its open transaction grew
+                # by every row).
+                return True
             if self._first:
                 rows, self._first = self._first, []
             else:
@@ -350,6 +360,7 @@ class Supervisor:
                 if not worker.ended and not worker.gone:
                     worker.ended = True
                     self._backend.end(index)
+        return False
 
     def _deal_suspects(self) -> None:
         """A group of suspect rows to each live worker that holds none (see _died)."""
