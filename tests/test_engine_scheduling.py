@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from pathlib import Path
 
+import swarmget
 from swarmget.engine.core import Engine
 from swarmget.engine.scheduler import CONNECT_SLICE
 from swarmget.options import Options
 from swarmget.sinks.base import Assignment
 from swarmget.sinks.files import FileSink
+from swarmget.testing import TestServer
 from swarmget.testing.events import RecordedEvents
 
 
@@ -66,3 +70,32 @@ def test_a_stopped_engine_starts_nothing_for_its_queued_transfers(out_dir: Path)
         finally:
             engine.close()
         assert not engine.connections and not engine.dialing
+
+
+def test_rows_of_a_fast_host_do_not_wait_behind_a_slow_hosts_queue(out_dir: Path) -> None:
+    # Every other row is on a host that answers after 30 s, on 2 connections:
+    # its queue filled the intake window (256 rows) and the fast host's rows
+    # behind them waited for it, about a row a second.  Rows waiting for their
+    # own busy host now stretch the window (and the driver's backlog).
+    fast_seen: list[float] = []
+    with TestServer() as slow, TestServer() as fast:
+        urls = []
+        for i in range(600):
+            urls.append(slow.file_url(f"s{i}.bin", size=10, latency=30))
+            urls.append(fast.file_url(f"f{i}.bin", size=10))
+        result: list[swarmget.Report] = []
+        run = threading.Thread(
+            target=lambda: result.append(
+                swarmget.download(urls, out_dir, per_host=2, concurrency=16, deadline=4, workers=1)
+            )
+        )
+        started = time.monotonic()
+        run.start()
+        while len(fast.requests) < 600 and time.monotonic() - started < 3.5:
+            time.sleep(0.05)
+        fast_seen.append(len(fast.requests))
+        run.join(30)
+    assert fast_seen == [600], "the fast host's rows waited behind the slow host's"
+    (report,) = result
+    assert report.ok == 600
+    assert report.error_counts() == {"timeout": 600}

@@ -112,6 +112,11 @@ RECV_BUFFER_SIZE: Final = 4 * 1024 * 1024
 POOL_LIMIT: Final = 4096
 # How far rows parked on pushed-back hosts may stretch the intake window, in windows.
 PARKED_WINDOWS: Final = 4
+# How far rows waiting for their own host may stretch it (Engine._held_back):
+# enough rows of a slow host for the fast ones among them to go by (each costs
+# the engine and the driver ~1 KB), and how often they are counted (every pool).
+HELD_BACK_LIMIT: Final = 8192
+HELD_BACK_EVERY: Final = 0.05
 CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Requests wait for the end of the loop turn (see engine/connection.py), but no
 # more than this many: a long turn then costs the first of them at most ~3 ms.
@@ -234,17 +239,7 @@ class Engine(ConnectionOwner):
         self.proxies = proxy_settings(options.proxy, options.no_proxy, options.trust_env)
         self.loop = loop or EventLoop()
         self._own_loop = loop is None
-        servers, timeout = options.dns_servers, options.timeout
-        try:
-            self.resolver = LazyResolver(
-                self.loop,
-                lambda: make_resolver(self.loop, servers=servers, timeout=timeout),
-                eager=bool(servers),
-            )
-        except BaseException:
-            if self._own_loop:
-                self.loop.close()  # a bad --dns-server: leave no socket behind
-            raise
+        self.resolver = self._resolver(options)
         self.events = sink.events_for(events, self.loop)
         self.scheduler = Scheduler(options.concurrency, options.per_host, options.host_failures)
         self.pools: dict[Origin, HostPool] = {}
@@ -262,6 +257,8 @@ class Engine(ConnectionOwner):
         self._rows: deque[Assignment] = deque()
         self._input_done = False
         self.in_memory = 0  # jobs started and not yet reported
+        self._held = 0  # rows waiting for their own busy host (_held_back), as last counted
+        self._held_at = -1.0  # loop time of that count
         self._window = max(256, 2 * options.concurrency)
         self._pool_limit = max(POOL_LIMIT, 2 * (self._window + options.concurrency))
         self._given_up: dict[Origin, TransferError] = {}  # hosts of retired pools
@@ -275,6 +272,20 @@ class Engine(ConnectionOwner):
         sweep = min(options.timeout, options.min_speed_window, options.deadline) / 8
         self._sweep_interval = min(1.0, max(0.02, sweep))
         self._sweeping = False
+
+    def _resolver(self, options: Options) -> LazyResolver:
+        servers, timeout = options.dns_servers, options.timeout
+        loop = self.loop
+        try:
+            return LazyResolver(
+                loop,
+                lambda: make_resolver(loop, servers=servers, timeout=timeout),
+                eager=bool(servers),
+            )
+        except BaseException:
+            if self._own_loop:
+                loop.close()  # a bad --dns-server: leave no socket behind
+            raise
 
     # -- feeding and running ----------------------------------------------------------
 
@@ -402,10 +413,31 @@ class Engine(ConnectionOwner):
     # -- intake -----------------------------------------------------------------------
 
     def parked(self) -> int:
-        """Rows waiting for hosts that pushed back (429), as far as they may stretch
-        the intake window: up to PARKED_WINDOWS windows more."""
+        """Rows waiting for hosts that pushed back (429), up to PARKED_WINDOWS
+        windows, and for hosts busy to their ``per_host`` limit, up to
+        HELD_BACK_LIMIT rows: as far as they may stretch the intake window (and
+        the driver's backlog for this worker)."""
         parked = self.scheduler.parked()
-        return min(parked, PARKED_WINDOWS * self._window) if parked else 0
+        if parked:
+            parked = min(parked, PARKED_WINDOWS * self._window)
+        return parked + min(self._held_back(), HELD_BACK_LIMIT)
+
+    def _held_back(self) -> int:
+        """Rows queued for hosts at their connection limit while others could be
+        opened.  A slow host's queue filled the window and every other host's
+        rows waited behind it: 10,000 rows of a fast host, dealt between those
+        of a host answering in 5 s on 4 connections, would have taken hours.
+        Counted at most every HELD_BACK_EVERY seconds: it looks at every pool."""
+        now = self.loop.now
+        if now - self._held_at >= HELD_BACK_EVERY:
+            self._held_at = now
+            held = self.scheduler.held_back(self.pools.values())
+            if held > self._held and self._rows:
+                # Counted between two refills (the worker's report asks): rows
+                # waiting to come in may come in now, not when a row next ends.
+                self.loop.call_soon(self._refill)
+            self._held = held
+        return self._held
 
     def _refill(self) -> None:
         rows = self._rows

@@ -74,6 +74,7 @@ slots already promised to someone else.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from swarmget.engine.classify import HandshakeLost
@@ -436,6 +437,19 @@ class Scheduler:
         While a pool is paused its queue only grows (submit) or is failed whole
         (_fail_queue): nothing is sent to it."""
         return self._parked
+
+    def held_back(self, pools: Iterable[HostPool]) -> int:
+        """Rows queued for hosts at their ``per_host`` limit while connections are
+        to spare: each waits for its own host alone, however many others could
+        take it (Engine.parked).  Paused hosts' rows are :meth:`parked` already."""
+        if self.open - self.closing >= self.concurrency:
+            return 0  # every connection is busy: rows wait for any, not for their host
+        per_host = self.per_host
+        return sum(
+            len(pool.queue)
+            for pool in pools
+            if pool.queue and not pool.paused_until and pool.open - pool.closing >= per_host
+        )
 
     def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:
         """The pause that was to end at ``until`` is over, unless a later one replaced
