@@ -749,3 +749,32 @@ def test_progress_snapshots_say_rows_are_backing_off(
     longest = max(backing_off, key=lambda w: (w.count, w.seconds))
     assert (longest.count, longest.host) == (4, f"127.0.0.1:{server.port}")
     assert longest.next_try_in is not None and longest.next_try_in <= 2
+
+
+@pytest.mark.parametrize(
+    ("scheme", "stage"), [("https", "connect and TLS handshake"), ("http", "connect")]
+)
+@pytest.mark.parametrize(("timeout", "retries"), [(5, 0), (1, 3)], ids=["one-try", "retried"])
+def test_a_connection_still_being_set_up_is_cut_by_the_deadline(
+    scheme: str, stage: str, timeout: float, retries: int, out_dir: Path
+) -> None:
+    # Setup checked only --timeout: a handshake never answered ran to the
+    # timeout past the deadline (30 s for 5 s), and a retry started just
+    # before the deadline ran a whole timeout more.
+    server_at = silent_server if scheme == "https" else black_hole
+    with server_at() as port:
+        started = time.monotonic()
+        report = run(
+            [f"{scheme}://127.0.0.1:{port}/f"],
+            out_dir,
+            deadline=1.5,
+            timeout=timeout,
+            retries=retries,
+        )
+        elapsed = time.monotonic() - started
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message is not None
+    assert failure.message.startswith(f"deadline of 1.5s exceeded during the {stage}")
+    assert "not retried" not in failure.message
+    assert elapsed < 2.3

@@ -122,8 +122,8 @@ class HTTPSConnection(HTTPConnection):
             return unanswered_hello(error)
         return error
 
-    def _setup_timed_out(self, limit: float) -> TransferError:
-        error = super()._setup_timed_out(limit)
+    def _setup_error(self, message: str) -> TransferError:
+        error = super()._setup_error(message)
         # Connected, hello sent, and no cipher after all this time: the server
         # is up but said nothing TLS (a plain-HTTP server waits for the rest
         # of a request line that never comes).
