@@ -84,14 +84,14 @@ _SETUP_STATES: Final = {
 }
 
 
-_PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
+PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 
 def peer_closed(sock: socket.socket, *, unasked_bytes_end_it: bool) -> bool:
     """Peek at an idle connection's socket (one syscall; reads nothing): has the
     server closed it (end of file, an error), or sent bytes unasked?"""
     try:
-        peeked = sock.recv(1, _PEEK)
+        peeked = sock.recv(1, PEEK)
     except (BlockingIOError, InterruptedError):
         return False
     except OSError:
