@@ -960,6 +960,24 @@ def test_a_request_the_socket_cannot_take_at_once_goes_out_whole(
     assert (out_dir / "big.bin").read_bytes() == BODY
 
 
+def test_a_request_the_server_never_reads_is_said_to_be_unsent(certs: Certs, out_dir: Path) -> None:
+    def handler(tls: ssl.SSLSocket) -> None:
+        time.sleep(3)  # after the handshake: never a byte of the request read
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("big.bin")],
+            out_dir,
+            cacert=str(certs.ca_pem),
+            headers={"X-Big": "a" * 8_000_000},
+            timeout=1,
+            retries=0,
+        )
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message == "the request could not be sent: the server read nothing for 1s"
+
+
 def test_an_answer_before_the_whole_request_is_read_does_not_splice_the_next_one(
     certs: Certs, out_dir: Path
 ) -> None:

@@ -286,6 +286,10 @@ class HTTPConnection(PooledConnection):
         except OSError as exc:
             on_error(exc)
             return
+        if sent:
+            # The server is reading a request too big for the socket at once:
+            # that is not silence, for --timeout (see _stalled).
+            self.last_activity = self.owner.loop.now
         if sent < len(out):
             self._pending_out = out[sent:]
             return
@@ -465,7 +469,7 @@ class HTTPConnection(PooledConnection):
                 self._end(verdict)  # a body read only to be dropped: not worth the wait
             return
         if now - self.last_activity > options.timeout:
-            self._fail(Stalled(f"no data for {options.timeout:g}s"))
+            self._fail(self._stalled(options.timeout))
             return
         if self._past_deadline(now, options.deadline):
             self._fail(deadline_exceeded(options.deadline))
@@ -493,6 +497,13 @@ class HTTPConnection(PooledConnection):
         transfer = self.transfer
         began = transfer.job.first_start if transfer is not None else 0.0
         return now - (began or self.started) > deadline
+
+    def _stalled(self, limit: float) -> Stalled:
+        """Nothing came, and nothing of ours went, for ``limit`` seconds (--timeout)."""
+        if self._pending_out is not None:
+            # Not a silent server: one that would not take our request.
+            return Stalled(f"the request could not be sent: the server read nothing for {limit:g}s")
+        return Stalled(f"no data for {limit:g}s")
 
     def _setup_timed_out(self, limit: float) -> TransferError:
         what = _SETUP_STATES[self.state]

@@ -192,6 +192,9 @@ class HTTPSConnection(HTTPConnection):
         """Writable: write the request OpenSSL could not send before (again, all of it)."""
         out = self._pending_out
         assert out is not None
+        # Writable again: the server read some of it, which is not silence
+        # for --timeout (see HTTPConnection._stalled).
+        self.last_activity = self.owner.loop.now
         try:
             self._write(out)
         except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
