@@ -645,6 +645,29 @@ def test_happy_eyeballs_in_the_engine(dns: NameServer, out_dir: Path) -> None:
     assert (out_dir / "e3.bin").read_bytes() == expected_body("e3.bin", 2000)
 
 
+def test_a_race_nobody_answers_is_cut_by_the_deadline(dns: NameServer, out_dir: Path) -> None:
+    # A race is no connection yet, which the sweep checks: bounded by its own
+    # --timeout only, it ran a whole timeout past the row's deadline.
+    with blackhole() as port, contextlib.ExitStack() as also:
+        try:
+            also.enter_context(blackhole(V4, "127.0.0.1", port))  # dual.test's other address
+        except OSError:
+            pytest.skip("127.0.0.1 has this port taken")
+        started = time.monotonic()
+        report = swarmget.download(
+            [f"http://dual.test:{port}/f"],
+            out_dir,
+            dns_servers=[dns.address],
+            deadline=1,
+            timeout=5,
+        )
+        elapsed = time.monotonic() - started
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message == "deadline of 1s exceeded during the connect"
+    assert elapsed < 2.5  # the lookup, and one second
+
+
 def test_the_engine_asks_again_when_the_ttl_runs_out(
     web: TestServer, dns: NameServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -749,3 +749,73 @@ def test_progress_snapshots_say_rows_are_backing_off(
     longest = max(backing_off, key=lambda w: (w.count, w.seconds))
     assert (longest.count, longest.host) == (4, f"127.0.0.1:{server.port}")
     assert longest.next_try_in is not None and longest.next_try_in <= 2
+
+
+@pytest.mark.parametrize(
+    ("scheme", "stage"), [("https", "connect and TLS handshake"), ("http", "connect")]
+)
+@pytest.mark.parametrize(("timeout", "retries"), [(5, 0), (1, 3)], ids=["one-try", "retried"])
+def test_a_connection_still_being_set_up_is_cut_by_the_deadline(
+    scheme: str, stage: str, timeout: float, retries: int, out_dir: Path
+) -> None:
+    # Setup checked only --timeout: a handshake never answered ran to the
+    # timeout past the deadline (30 s for 5 s), and a retry started just
+    # before the deadline ran a whole timeout more.
+    server_at = silent_server if scheme == "https" else black_hole
+    with server_at() as port:
+        started = time.monotonic()
+        report = run(
+            [f"{scheme}://127.0.0.1:{port}/f"],
+            out_dir,
+            deadline=1.5,
+            timeout=timeout,
+            retries=retries,
+        )
+        elapsed = time.monotonic() - started
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message is not None
+    assert failure.message.startswith(f"deadline of 1.5s exceeded during the {stage}")
+    assert "not retried" not in failure.message
+    assert elapsed < 2.3
+
+
+def test_a_request_the_server_never_reads_is_said_to_be_unsent(out_dir: Path) -> None:
+    # An 8 MB request to a server that accepts and reads nothing: "no data for
+    # 1s" blamed a silent server for what was a request that could not go out.
+    with silent_server() as port:
+        report = run(
+            [f"http://127.0.0.1:{port}/f"], out_dir, headers={"X-Big": "a" * 8_000_000}, timeout=1
+        )
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message == "the request could not be sent: the server read nothing for 1s"
+
+
+def test_a_request_the_server_reads_slowly_is_not_silence(out_dir: Path) -> None:
+    # Read steadily but for longer than --timeout: the socket taking our
+    # request is the server at work, not a stall.  (Large enough that the
+    # reading goes on well after the kernel's buffers are full.)
+    def read_slowly(listener: socket.socket) -> None:
+        raw, _ = listener.accept()
+        with raw:
+            data = b""
+            while not data.endswith(b"\r\n\r\n"):
+                data += raw.recv(2 << 20)
+                time.sleep(0.1)
+            raw.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        reader = threading.Thread(target=read_slowly, args=(listener,), daemon=True)
+        reader.start()
+        port = listener.getsockname()[1]
+        started = time.monotonic()
+        report = run(
+            [f"http://127.0.0.1:{port}/f"],
+            out_dir,
+            headers={"X-Big": "a" * 32_000_000},
+            timeout=0.8,
+        )
+        reader.join(5)
+    assert report.ok == 1, report.failures
+    assert time.monotonic() - started > 0.8  # longer than --timeout indeed

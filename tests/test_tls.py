@@ -692,6 +692,74 @@ def test_a_tls_server_that_stalls_after_its_hello_is_not_said_to_be_plain_http(
     assert failure.message == "connect and TLS handshake timed out after 0.5s"
 
 
+# The start of a real TLS 1.2 ServerHello record: a handshake record of TLS 1.x.
+SERVER_HELLO_START = b"\x16\x03\x03\x00\x7a\x02\x00\x00\x76\x03"
+
+
+def answer_the_hello(
+    reply: bytes, *, pace: float = 0.0, then: str
+) -> Callable[[socket.socket], None]:
+    """A server that reads the ClientHello, answers with ``reply`` (a byte every
+    ``pace`` seconds when given), then closes ("close") or sits ("sit")."""
+
+    def answer(raw: socket.socket) -> None:
+        with raw, contextlib.suppress(OSError):
+            raw.recv(4096)  # the ClientHello
+            # Not at once: this thread may run while the client's handshake call
+            # is between writing its hello and reading, and the client peeks at
+            # what comes back only on a readable event (a remote server's reply
+            # takes a round trip to come).
+            time.sleep(0.05)
+            for piece in [reply[i : i + 1] for i in range(len(reply))] if pace else [reply]:
+                raw.sendall(piece)
+                time.sleep(pace)
+            time.sleep(0.05 if then == "close" else 5)
+
+    def serve(listener: socket.socket) -> None:
+        listener.settimeout(5)
+        with contextlib.suppress(OSError):
+            while True:
+                raw, _ = listener.accept()
+                threading.Thread(target=answer, args=(raw,), daemon=True).start()
+
+    return serve
+
+
+@pytest.mark.parametrize("public_api", [False, True], ids=["_ssl", "ssl.SSLSocket"])
+@pytest.mark.parametrize(
+    ("serve", "message"),
+    [
+        (answer_the_hello(SERVER_HELLO_START, then="close"), "closed by the server"),
+        (answer_the_hello(b"\x15\x03", then="close"), "closed by the server"),
+        (
+            answer_the_hello(SERVER_HELLO_START, pace=0.2, then="sit"),
+            "connect and TLS handshake timed out after 1s",
+        ),
+    ],
+    ids=["cut-server-hello", "cut-alert", "server-hello-a-byte-at-a-time"],
+)
+def test_a_server_whose_reply_begins_a_tls_record_is_not_said_to_be_plain_http(
+    serve: Callable[[socket.socket], None], message: str, public_api: bool, out_dir: Path
+) -> None:
+    # The hint went by "no cipher yet", as true of a handshake cut or timed
+    # out halfway as of a server that never said a TLS word.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        threading.Thread(target=serve, args=(listener,), daemon=True).start()
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}/x"
+        events = run_engine(Options(retries=0, timeout=1), out_dir, [url], public_api=public_api)
+    (result,) = events.results
+    assert result.message is not None and message in result.message
+    assert "TLS reply" not in result.message and "http://" not in result.message
+
+
+def test_a_reply_that_begins_no_tls_record_gets_the_hint(out_dir: Path) -> None:
+    failure = failure_from(answer_the_hello(b"H", then="sit"), out_dir, timeout=0.5)
+    assert failure.message == (
+        "connect and TLS handshake timed out after 0.5s, no TLS reply "
+        "(is it an http:// server, or not TLS on that port?)"
+    )
+
+
 def test_openssl_3_2s_name_for_a_reply_that_is_not_tls_gets_the_hint_too() -> None:
     # OpenSSL 3.2 and later report "wrong version number" wrapped in a "record
     # layer failure" (the last error, the one Python shows).
@@ -890,6 +958,24 @@ def test_a_request_the_socket_cannot_take_at_once_goes_out_whole(
         )
     assert (report.ok, report.failed) == (1, 0), report.error_counts()
     assert (out_dir / "big.bin").read_bytes() == BODY
+
+
+def test_a_request_the_server_never_reads_is_said_to_be_unsent(certs: Certs, out_dir: Path) -> None:
+    def handler(tls: ssl.SSLSocket) -> None:
+        time.sleep(3)  # after the handshake: never a byte of the request read
+
+    with TLSServer(certs.contexts["good"], handler) as server:
+        report = swarmget.download(
+            [server.url("big.bin")],
+            out_dir,
+            cacert=str(certs.ca_pem),
+            headers={"X-Big": "a" * 8_000_000},
+            timeout=1,
+            retries=0,
+        )
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message == "the request could not be sent: the server read nothing for 1s"
 
 
 def test_an_answer_before_the_whole_request_is_read_does_not_splice_the_next_one(

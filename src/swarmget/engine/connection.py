@@ -84,19 +84,26 @@ _SETUP_STATES: Final = {
 }
 
 
-_PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
+PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
 
 
 def peer_closed(sock: socket.socket, *, unasked_bytes_end_it: bool) -> bool:
     """Peek at an idle connection's socket (one syscall; reads nothing): has the
     server closed it (end of file, an error), or sent bytes unasked?"""
     try:
-        peeked = sock.recv(1, _PEEK)
+        peeked = sock.recv(1, PEEK)
     except (BlockingIOError, InterruptedError):
         return False
     except OSError:
         return True
     return not peeked or unasked_bytes_end_it
+
+
+def deadline_exceeded(deadline: float, during: str = "") -> TransferError:
+    """The error of a row that ran past ``--deadline`` (never retried: see core.py),
+    ``during`` its connection's setup ("connect", ...) or after."""
+    message = f"deadline of {deadline:g}s exceeded"
+    return TransferError(ErrorCode.TIMEOUT, f"{message} during the {during}" if during else message)
 
 
 class _Abandon(Exception):
@@ -279,6 +286,10 @@ class HTTPConnection(PooledConnection):
         except OSError as exc:
             on_error(exc)
             return
+        if sent:
+            # The server is reading a request too big for the socket at once:
+            # that is not silence, for --timeout (see _stalled).
+            self.last_activity = self.owner.loop.now
         if sent < len(out):
             self._pending_out = out[sent:]
             return
@@ -445,7 +456,11 @@ class HTTPConnection(PooledConnection):
         if state == CLOSED:
             return
         if state in _SETUP_STATES:
-            if now - self.started > options.timeout:
+            # The deadline too: a connect, tunnel or handshake that is never
+            # answered otherwise ran a whole --timeout past it.
+            if self._past_deadline(now, options.deadline):
+                self._fail(self._setup_past_deadline(options.deadline))
+            elif now - self.started > options.timeout:
                 self._fail(self._setup_timed_out(options.timeout))
             return
         verdict = self.verdict
@@ -454,16 +469,10 @@ class HTTPConnection(PooledConnection):
                 self._end(verdict)  # a body read only to be dropped: not worth the wait
             return
         if now - self.last_activity > options.timeout:
-            self._fail(Stalled(f"no data for {options.timeout:g}s"))
+            self._fail(self._stalled(options.timeout))
             return
-        # The deadline is the file's, from its first attempt: not this request's
-        # (a chain of slow redirects, or retries, each got the whole deadline).
-        transfer = self.transfer
-        began = transfer.job.first_start if transfer is not None else 0.0
-        if now - (began or self.started) > options.deadline:
-            self._fail(
-                TransferError(ErrorCode.TIMEOUT, f"deadline of {options.deadline:g}s exceeded")
-            )
+        if self._past_deadline(now, options.deadline):
+            self._fail(deadline_exceeded(options.deadline))
             return
         window = now - self.window_start
         if options.min_speed and window >= self.speed_window:
@@ -482,9 +491,30 @@ class HTTPConnection(PooledConnection):
             self.window_bytes = received
             self.speed_window = options.min_speed_window
 
+    def _past_deadline(self, now: float, deadline: float) -> bool:
+        # The deadline is the file's, from its first attempt: not this request's
+        # (a chain of slow redirects, or retries, each got the whole deadline).
+        transfer = self.transfer
+        began = transfer.job.first_start if transfer is not None else 0.0
+        return now - (began or self.started) > deadline
+
+    def _stalled(self, limit: float) -> Stalled:
+        """Nothing came, and nothing of ours went, for ``limit`` seconds (--timeout)."""
+        if self._pending_out is not None:
+            # Not a silent server: one that would not take our request.
+            return Stalled(f"the request could not be sent: the server read nothing for {limit:g}s")
+        return Stalled(f"no data for {limit:g}s")
+
     def _setup_timed_out(self, limit: float) -> TransferError:
         what = _SETUP_STATES[self.state]
-        return TransferError(ErrorCode.TIMEOUT, f"{what} timed out after {limit:g}s")
+        return self._setup_error(f"{what} timed out after {limit:g}s")
+
+    def _setup_past_deadline(self, deadline: float) -> TransferError:
+        return self._setup_error(deadline_exceeded(deadline, _SETUP_STATES[self.state]).message)
+
+    def _setup_error(self, message: str) -> TransferError:
+        """The ``timeout`` a connection still being set up fails with (HTTPS adds a hint)."""
+        return TransferError(ErrorCode.TIMEOUT, message)
 
     def abandon_unanswered(self, error: TransferError) -> None:
         """Fail the transfer of a connection still being set up (connecting,

@@ -47,6 +47,7 @@ from swarmget.engine.connection import (
     HANDSHAKING,
     TUNNELLING,
     HTTPConnection,
+    deadline_exceeded,
 )
 from swarmget.engine.events import EngineEvents
 from swarmget.engine.https import HTTPSConnection
@@ -593,6 +594,11 @@ class Engine(ConnectionOwner):
         )
         self.dialing[dial] = pool
         dial.start()
+        # The race's own limit is --timeout; the row's --deadline may come first.
+        ends = transfer.job.first_start + self.options.deadline
+        if ends < self.loop.now + self.options.timeout:
+            error = deadline_exceeded(self.options.deadline, f"connect{where}")
+            self.loop.call_at(ends, dial.abandon, error)  # once over, a no-op
 
     def _dial_failed(
         self,

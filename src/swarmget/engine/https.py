@@ -41,6 +41,7 @@ instead of redoing the full handshake.
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import Callable
 
@@ -57,6 +58,7 @@ from swarmget.engine.connection import (
     HANDSHAKING,
     IDLE,
     MAX_READS_PER_EVENT,
+    PEEK,
     HTTPConnection,
     peer_closed,
 )
@@ -71,7 +73,15 @@ _SAVED = object()  # HTTPSConnection._offered once its session has been saved
 
 
 class HTTPSConnection(HTTPConnection):
-    __slots__ = ("_offered", "_read", "_read_ahead", "_tls", "_watching", "_write")
+    __slots__ = (
+        "_offered",
+        "_read",
+        "_read_ahead",
+        "_reply_start",
+        "_tls",
+        "_watching",
+        "_write",
+    )
 
     def looks_closed(self) -> bool:
         # Bytes may be a TLS record without data (a late session ticket): the
@@ -93,6 +103,9 @@ class HTTPSConnection(HTTPConnection):
         self._read_ahead = self.owner.tls.read_ahead
         self._write: Callable[[bytes | memoryview], int] = self._tls.write
         self._watching = EVENT_WRITE  # as the connect left it
+        # The server's first bytes, peeked before OpenSSL reads them: do they
+        # begin a TLS record?  (What came before our hello is no reply to it.)
+        self._reply_start = b""
         self.state = HANDSHAKING
         self._handshake()
 
@@ -115,21 +128,46 @@ class HTTPSConnection(HTTPConnection):
 
     def _classify(self, exc: BaseException, stage: int) -> TransferError:
         error = super()._classify(exc, stage)
-        # No cipher yet: the server sent nothing OpenSSL took for a TLS hello.
-        # (An offered session names its cipher from the start: no hint then,
-        # and a server that gave us a session does speak TLS.)
-        if isinstance(error, HandshakeLost) and stage == HANDSHAKE and self._tls.cipher() is None:
+        if isinstance(error, HandshakeLost) and stage == HANDSHAKE and self._no_tls_reply():
             return unanswered_hello(error)
         return error
 
-    def _setup_timed_out(self, limit: float) -> TransferError:
-        error = super()._setup_timed_out(limit)
-        # Connected, hello sent, and no cipher after all this time: the server
-        # is up but said nothing TLS (a plain-HTTP server waits for the rest
-        # of a request line that never comes).
-        if self.state == HANDSHAKING and self._tls.cipher() is None:
+    def _setup_error(self, message: str) -> TransferError:
+        error = super()._setup_error(message)
+        # Connected, hello sent, and nothing TLS back after all this time: the
+        # server is up but not speaking TLS (a plain-HTTP server waits for the
+        # rest of a request line that never comes).
+        if self.state == HANDSHAKING and self._no_tls_reply():
             return TransferError(error.code, f"{error.message}, no TLS reply {NOT_TLS_HINT}")
         return error
+
+    def _no_tls_reply(self) -> bool:
+        """Did the server answer our hello with nothing that begins a TLS record?
+
+        No cipher alone does not tell: a handshake cut or timed out halfway (a
+        ServerHello cut short, or coming a byte a second) has none either.  (An
+        offered session names its cipher from the start: no hint then, and a
+        server that gave us a session does speak TLS.)"""
+        if self._tls.cipher() is not None:
+            return False
+        first = self._reply_start
+        # A handshake record (0x16) or an alert (0x15), of TLS 1.x (0x03):
+        # one byte of it is enough to say the server may well be speaking TLS.
+        looks_tls = first[:1] in (b"\x16", b"\x15") and first[1:2] in (b"", b"\x03")
+        return not looks_tls
+
+    def _peek_reply(self) -> bool:
+        """Note the server's first bytes, left for OpenSSL to read; False when the
+        connection failed instead (the peek took its error: OpenSSL will not see it)."""
+        try:
+            # socket.socket's own recv: the public fallback's SSLSocket refuses flags.
+            self._reply_start = socket.socket.recv(self.sock, 2, PEEK)
+        except BlockingIOError:
+            pass
+        except OSError as exc:  # a reset
+            self._transport_error(exc)
+            return False
+        return True
 
     def _watch(self, events: int) -> None:
         if events != self._watching:
@@ -154,6 +192,9 @@ class HTTPSConnection(HTTPConnection):
         """Writable: write the request OpenSSL could not send before (again, all of it)."""
         out = self._pending_out
         assert out is not None
+        # Writable again: the server read some of it, which is not silence
+        # for --timeout (see HTTPConnection._stalled).
+        self.last_activity = self.owner.loop.now
         try:
             self._write(out)
         except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
@@ -178,6 +219,8 @@ class HTTPSConnection(HTTPConnection):
             if mask & EVENT_READ and self.state == ACTIVE:
                 self._readable()
         elif state == HANDSHAKING:
+            if mask & EVENT_READ and not self._reply_start and not self._peek_reply():
+                return
             self._handshake()
         elif state == IDLE:
             self._idle_event()
