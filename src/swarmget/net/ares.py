@@ -33,8 +33,9 @@ again after 1 s.
 c-ares reads ``/etc/hosts`` before asking DNS, or the file named by
 ``$CARES_HOSTS`` when that is set (the c-ares convention; tests use it).
 
-Answers are cached per host name, whatever the port; concurrent lookups of one
-name share one query.  Failures (NXDOMAIN, timeouts) are cached for
+Answers are cached per host name, whatever the port, the ``cached`` most recently
+used at most (:data:`~swarmget.net.address.ANSWERS_CACHED`); concurrent lookups
+of one name share one query.  Failures (NXDOMAIN, timeouts) are cached for
 ``negative_ttl``: long enough that a broken host's thousand files do not ask a
 thousand times, short enough that a long run asks again after a DNS blip.
 Two failures are not the name's: a malformed reply (c-ares then fails every
@@ -66,13 +67,13 @@ import pycares
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EVENT_READ, EVENT_WRITE, EventLoop, Timer
 from swarmget.net.address import (
-    PURGE_FLOOR,
+    ANSWERS_CACHED,
     Address,
+    AnswerCache,
     ResolveCallback,
     ip_literal,
     literal_addresses,
     sockaddr,
-    unexpired,
 )
 
 _BAD = pycares.ARES_SOCKET_BAD
@@ -93,7 +94,7 @@ DEAD_AFTER = 20  # lookups timed out in a row: the name server is not answering
 FIRST_WAIT = 1.0  # seconds before c-ares first asks again (a lost UDP packet)
 
 BareAddress = tuple[int, str]  # (family, ip), before a port is attached
-_CacheEntry = tuple[float, list[BareAddress] | None, TransferError | None]
+_Answer = tuple[list[BareAddress] | None, TransferError | None]
 
 
 def lookup_budget(timeout: float, servers: int = 1) -> tuple[float, int]:
@@ -139,6 +140,7 @@ class AresResolver:
         min_ttl: float = 5.0,
         max_ttl: float = 3600.0,
         negative_ttl: float = 10.0,
+        cached: int = ANSWERS_CACHED,
     ) -> None:
         self._loop = loop
         self._min_ttl = min_ttl
@@ -148,8 +150,7 @@ class AresResolver:
         self._closed = False
         self._pending = 0  # queries c-ares has not answered yet
         self._timer: Timer | None = None
-        self._cache: dict[str, _CacheEntry] = {}
-        self._purge_at = PURGE_FLOOR
+        self._cache: AnswerCache[str, _Answer] = AnswerCache(cached)
         self._waiting: dict[str, list[tuple[int, ResolveCallback]]] = {}
         self._asked_again: set[str] = set()  # names given a second query
         self._again: collections.deque[str] = collections.deque()  # ... waiting for it
@@ -189,9 +190,9 @@ class AresResolver:
         if literal is not None:
             loop.call_soon(callback, literal, None)
             return
-        cached = self._cache.get(host)
-        if cached is not None and cached[0] > loop.now:
-            loop.call_soon(callback, _with_port(cached[1], port), cached[2])
+        cached = self._cache.fresh(host, loop.now)
+        if cached is not None:
+            loop.call_soon(callback, _with_port(cached[0], port), cached[1])
             return
         waiters = self._waiting.get(host)
         if waiters is not None:
@@ -212,8 +213,7 @@ class AresResolver:
         """Loop time at which the cached answer for ``host`` goes stale (0.0: none)."""
         if ip_literal(host) is not None:
             return float("inf")
-        cached = self._cache.get(host)
-        return cached[0] if cached is not None else 0.0
+        return self._cache.expires(host)
 
     def close(self) -> None:
         if self._closed:
@@ -334,16 +334,12 @@ class AresResolver:
         if host == self._asking_again:
             self._asking_again = None
             self._ask_next_again()
-        cache = self._cache
-        if len(cache) >= self._purge_at:
-            self._purge()
-        cache[host] = (self._loop.now + ttl, bare, error)
+        now = self._loop.now
+        self._cache.put(host, now + ttl, (bare, error), now)
+        # The waiters get this answer, not the cache's: it may be forgotten by
+        # the time they ask (another answer pushed it out).
         for port, callback in self._waiting.pop(host, ()):
             callback(_with_port(bare, port), error)
-
-    def _purge(self) -> None:
-        """Drop expired answers; amortised so a run over a million hosts stays small."""
-        self._cache, self._purge_at = unexpired(self._cache, self._loop.now)
 
     def _sock_state(self, fd: int, readable: int, writable: int) -> None:
         if self._closed:
