@@ -289,6 +289,47 @@ def test_waiters_get_their_answer_even_when_the_cache_forgot_it(
         res.close()
 
 
+def test_c_ares_own_cache_goes_with_its_channel_every_few_names(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    # c-ares keeps every answer too (a "no such record" for an hour), and
+    # pycares cannot turn that off: 100,000 names held ~260 MB in it.
+    res = AresResolver(
+        loop, servers=[dns.address], timeout=0.3, tries=2, cached=1, names_per_channel=2
+    )
+    try:
+        resolve(res, loop, "v4.test")
+        asked = dns.zone.count("v4.test")
+        resolve(res, loop, "dual.test")  # our one-answer cache forgets v4.test
+        resolve(res, loop, "v4.test")  # the channel's third name: a fresh channel asks
+        assert dns.zone.count("v4.test") > asked
+        for name in ("ttl.test", "long.test", "shared.test", "nx.test"):
+            resolve(res, loop, name)
+        loop.run_once(0)
+        assert res._retired == []  # each closed once answered
+        # The loop watches the waker and the current channel's sockets, no others.
+        assert len(loop._selector.get_map()) == 1 + len(res._channel.sockets)
+    finally:
+        res.close()
+    assert len(loop._selector.get_map()) == 1
+
+
+def test_a_replaced_channel_answers_the_queries_it_has(loop: EventLoop, dns: NameServer) -> None:
+    res = AresResolver(loop, servers=[dns.address], timeout=3.0, tries=1, names_per_channel=1)
+    try:
+        out: list[Outcome] = []
+        res.resolve("slow.test", 80, lambda a, e: out.append((a, e)))  # 2.5 s to answer
+        loop.run_once(0.05)
+        assert resolve(res, loop, "v4.test")[1] is None  # on a fresh channel, meanwhile
+        assert len(res._retired) == 1 and out == []
+        run_until(loop, lambda: bool(out), within=5.0)
+        assert out[0][1] is None and out[0][0] == [(V4, ("127.0.0.1", 80))]
+        loop.run_once(0)
+        assert res._retired == []
+    finally:
+        res.close()
+
+
 def test_nxdomain_fails_fast_with_dns_and_is_cached_briefly(
     resolver: AresResolver, loop: EventLoop, dns: NameServer
 ) -> None:
