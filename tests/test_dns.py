@@ -250,6 +250,86 @@ def test_concurrent_lookups_of_one_name_share_one_query(
     assert dns.zone.count("shared.test") == 2  # one A and one AAAA query
 
 
+def test_the_cache_keeps_the_most_recently_used_names_only(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    # Its answers used to stay for their whole TTL: a list over millions of
+    # hosts held millions of them (~2 KB a host per worker, gigabytes in all).
+    res = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=2, cached=4)
+    try:
+        for name in ("v4.test", "dual.test", "ttl.test", "long.test"):
+            assert resolve(res, loop, name)[1] is None
+        resolve(res, loop, "v4.test")  # used again: the oldest is now dual.test
+        asked = dns.zone.count("v4.test")
+        assert resolve(res, loop, "shared.test")[1] is None  # a fifth name
+        assert len(res._cache) == 4
+        assert res.expires("dual.test", 80) == 0.0  # forgotten
+        assert res.expires("v4.test", 80) > loop.now  # kept, answered from the cache
+        assert resolve(res, loop, "v4.test")[1] is None
+        assert dns.zone.count("v4.test") == asked
+    finally:
+        res.close()
+
+
+def test_waiters_get_their_answer_even_when_the_cache_forgot_it(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    res = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=2, cached=1)
+    try:
+        out: list[tuple[str, Outcome]] = []
+        asked = [("v4.test", 80), ("ttl.test", 81), ("v4.test", 82), ("ttl.test", 83)]
+        for name, port in asked:
+            res.resolve(name, port, lambda a, e, name=name: out.append((name, (a, e))))
+        run_until(loop, lambda: len(out) == 4, within=5.0)
+        # Each name's answer pushed the other's out of a one-answer cache.
+        assert len(res._cache) == 1
+        answered = sorted((name, a[0][1][1]) for name, (a, e) in out if a and e is None)
+        assert answered == sorted(asked)
+    finally:
+        res.close()
+
+
+def test_c_ares_own_cache_goes_with_its_channel_every_few_names(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    # c-ares keeps every answer too (a "no such record" for an hour), and
+    # pycares cannot turn that off: 100,000 names held ~260 MB in it.
+    res = AresResolver(
+        loop, servers=[dns.address], timeout=0.3, tries=2, cached=1, names_per_channel=2
+    )
+    try:
+        resolve(res, loop, "v4.test")
+        asked = dns.zone.count("v4.test")
+        resolve(res, loop, "dual.test")  # our one-answer cache forgets v4.test
+        resolve(res, loop, "v4.test")  # the channel's third name: a fresh channel asks
+        assert dns.zone.count("v4.test") > asked
+        for name in ("ttl.test", "long.test", "shared.test", "nx.test"):
+            resolve(res, loop, name)
+        loop.run_once(0)
+        assert res._retired == []  # each closed once answered
+        # The loop watches the waker and the current channel's sockets, no others.
+        assert len(loop._selector.get_map()) == 1 + len(res._channel.sockets)
+    finally:
+        res.close()
+    assert len(loop._selector.get_map()) == 1
+
+
+def test_a_replaced_channel_answers_the_queries_it_has(loop: EventLoop, dns: NameServer) -> None:
+    res = AresResolver(loop, servers=[dns.address], timeout=3.0, tries=1, names_per_channel=1)
+    try:
+        out: list[Outcome] = []
+        res.resolve("slow.test", 80, lambda a, e: out.append((a, e)))  # 2.5 s to answer
+        loop.run_once(0.05)
+        assert resolve(res, loop, "v4.test")[1] is None  # on a fresh channel, meanwhile
+        assert len(res._retired) == 1 and out == []
+        run_until(loop, lambda: bool(out), within=5.0)
+        assert out[0][1] is None and out[0][0] == [(V4, ("127.0.0.1", 80))]
+        loop.run_once(0)
+        assert res._retired == []
+    finally:
+        res.close()
+
+
 def test_nxdomain_fails_fast_with_dns_and_is_cached_briefly(
     resolver: AresResolver, loop: EventLoop, dns: NameServer
 ) -> None:
@@ -409,6 +489,22 @@ def test_the_threaded_resolver_forgets_expired_answers(loop: EventLoop) -> None:
             addresses, error = resolve(res, loop, "localhost", port)
             assert error is None and addresses
         assert len(res._cache) <= 1024
+    finally:
+        res.close()
+
+
+def test_the_threaded_resolver_keeps_the_most_recently_used_answers_only(
+    loop: EventLoop,
+) -> None:
+    # Forgetting expired answers alone let 300 s of a list's hosts pile up.
+    res = ThreadedResolver(loop, cached=8)
+    try:
+        for port in range(1, 21):
+            addresses, error = resolve(res, loop, "localhost", port)
+            assert error is None and addresses
+        assert len(res._cache) == 8
+        assert res.expires("localhost", 12) == 0.0
+        assert res.expires("localhost", 20) > loop.now
     finally:
         res.close()
 

@@ -7,8 +7,9 @@ connection code share it without importing each other.
 from __future__ import annotations
 
 import socket
+from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Final, Generic, TypeVar
 
 from swarmget.errors import TransferError
 
@@ -18,16 +19,55 @@ ResolveCallback = Callable[[list[Address] | None, TransferError | None], None]
 
 
 Key = TypeVar("Key")
-PURGE_FLOOR = 1024  # answers a resolver's cache holds before its first purge
+Answer = TypeVar("Answer")
+# Answers a resolver keeps.  Its cache only spares the name server (the engine's
+# pools keep their own addresses), so it needs the names of recent rows, not of
+# the whole list: four times the engine's pool limit (POOL_LIMIT), ~0.5 KB each
+# (~8 MB).  Bounded by count, not only by TTL: a list over millions of hosts
+# meets ~2,000 new names a second, and 300 s TTLs alone kept 600,000 of them.
+ANSWERS_CACHED: Final = 16384
 
 
-def unexpired(cache: dict[Key, Any], now: float) -> tuple[dict[Key, Any], int]:
-    """A resolver cache (values start with their expiry time) without the answers
-    that expired by ``now``, and the size at which to purge it next: twice what
-    is left, so the purges cost O(1) per answer and a run over a million hosts
-    keeps what its TTLs keep, not every name it ever resolved."""
-    kept = {key: entry for key, entry in cache.items() if entry[0] > now}
-    return kept, max(PURGE_FLOOR, 2 * len(kept))
+class AnswerCache(Generic[Key, Answer]):
+    """A resolver's answers, each with the loop time it goes stale; at most
+    ``limit`` of them, the least recently used forgotten first.
+
+    Every call is O(1) (amortised for ``put``): a lookup is on every new row's path.
+    """
+
+    __slots__ = ("_answers", "_limit")
+
+    def __init__(self, limit: int = ANSWERS_CACHED) -> None:
+        self._answers: OrderedDict[Key, tuple[float, Answer]] = OrderedDict()
+        self._limit = max(1, limit)
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def fresh(self, key: Key, now: float) -> Answer | None:
+        """The answer for ``key`` while it is fresh at ``now`` (then it counts as used)."""
+        cached = self._answers.get(key)
+        if cached is None or cached[0] <= now:
+            return None
+        self._answers.move_to_end(key)
+        return cached[1]
+
+    def expires(self, key: Key) -> float:
+        """Loop time at which the answer for ``key`` goes stale (0.0: none kept)."""
+        cached = self._answers.get(key)
+        return cached[0] if cached is not None else 0.0
+
+    def put(self, key: Key, expires: float, answer: Answer, now: float) -> None:
+        """Keep ``answer`` until ``expires``, as the most recently used."""
+        answers = self._answers
+        answers[key] = (expires, answer)
+        answers.move_to_end(key)
+        while len(answers) > self._limit:
+            answers.popitem(last=False)
+        # Stale answers at the least recently used end go too (each goes once, so
+        # O(1) amortised): a run of short TTLs then keeps what is fresh, not the limit.
+        while len(answers) > 1 and next(iter(answers.values()))[0] <= now:
+            answers.popitem(last=False)
 
 
 def bare_host(host: str) -> str:

@@ -33,8 +33,9 @@ again after 1 s.
 c-ares reads ``/etc/hosts`` before asking DNS, or the file named by
 ``$CARES_HOSTS`` when that is set (the c-ares convention; tests use it).
 
-Answers are cached per host name, whatever the port; concurrent lookups of one
-name share one query.  Failures (NXDOMAIN, timeouts) are cached for
+Answers are cached per host name, whatever the port, the ``cached`` most recently
+used at most (:data:`~swarmget.net.address.ANSWERS_CACHED`); concurrent lookups
+of one name share one query.  Failures (NXDOMAIN, timeouts) are cached for
 ``negative_ttl``: long enough that a broken host's thousand files do not ask a
 thousand times, short enough that a long run asks again after a DNS blip.
 Two failures are not the name's: a malformed reply (c-ares then fails every
@@ -48,6 +49,14 @@ noticed, as ``--host-failures``
 notices a dead host: after ``DEAD_AFTER`` lookups in a row time out with no
 answer between them, lookups fail at once for ``negative_ttl`` (then one goes
 out again): a list over thousands of hosts no longer crawls at one lookup budget a host.
+
+**c-ares's own cache.**  c-ares 1.34 also keeps every answer it receives, for
+its TTL (up to an hour), and a "no such record" answer (the AAAA of an
+IPv4-only host, most hosts) for an hour whatever its SOA says; pycares 5 has no
+way to turn that cache off (``ARES_OPT_QUERY_CACHE``).  Ours answers repeats
+already, so c-ares's only grew: ~2.6 KB a name, 100,000 names ~260 MB.  So a
+channel serves ``names_per_channel`` names, then a fresh one takes over; the old
+one is closed, its cache with it, once its last query is answered.
 
 Callbacks never run inside :meth:`AresResolver.resolve`: c-ares answers from
 its hosts file or its own cache synchronously, so delivery goes through
@@ -66,13 +75,13 @@ import pycares
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EVENT_READ, EVENT_WRITE, EventLoop, Timer
 from swarmget.net.address import (
-    PURGE_FLOOR,
+    ANSWERS_CACHED,
     Address,
+    AnswerCache,
     ResolveCallback,
     ip_literal,
     literal_addresses,
     sockaddr,
-    unexpired,
 )
 
 _BAD = pycares.ARES_SOCKET_BAD
@@ -91,9 +100,14 @@ _NODATA = pycares.errno.ARES_ENODATA
 _POISON_WINDOW = 1.0  # seconds after a malformed reply in which "no data" is suspect
 DEAD_AFTER = 20  # lookups timed out in a row: the name server is not answering
 FIRST_WAIT = 1.0  # seconds before c-ares first asks again (a lost UDP packet)
+# Names asked on one c-ares channel before a fresh channel takes them over (see
+# the docstring): c-ares's own cache then holds at most this many names' answers
+# (~1.3 KB a record, two a name: ~2.7 MB), for a channel set up (resolv.conf
+# read, new sockets) every this many names.
+NAMES_PER_CHANNEL = 1024
 
 BareAddress = tuple[int, str]  # (family, ip), before a port is attached
-_CacheEntry = tuple[float, list[BareAddress] | None, TransferError | None]
+_Answer = tuple[list[BareAddress] | None, TransferError | None]
 
 
 def lookup_budget(timeout: float, servers: int = 1) -> tuple[float, int]:
@@ -112,17 +126,72 @@ def lookup_budget(timeout: float, servers: int = 1) -> tuple[float, int]:
 class _AresSocket:
     """Loop handler for one c-ares socket: hand readiness back to c-ares."""
 
-    __slots__ = ("fd", "resolver")
+    __slots__ = ("channel", "fd")
 
-    def __init__(self, resolver: AresResolver, fd: int) -> None:
-        self.resolver = resolver
+    def __init__(self, channel: _Channel, fd: int) -> None:
+        self.channel = channel
         self.fd = fd
 
     def handle_io(self, mask: int) -> None:
         fd = self.fd
-        self.resolver._process(
-            fd if mask & EVENT_READ else _BAD, fd if mask & EVENT_WRITE else _BAD
+        channel = self.channel
+        channel.resolver._process(
+            channel, fd if mask & EVENT_READ else _BAD, fd if mask & EVENT_WRITE else _BAD
         )
+
+
+class _Channel:
+    """A c-ares channel, its sockets on the loop and its queries in flight."""
+
+    __slots__ = ("cares", "closed", "loop", "names", "pending", "resolver", "sockets")
+
+    def __init__(
+        self,
+        resolver: AresResolver,
+        loop: EventLoop,
+        servers: tuple[str, ...] | list[str],
+        timeout: float,
+        tries: int,
+    ) -> None:
+        self.resolver = resolver
+        self.loop = loop
+        self.sockets: dict[int, _AresSocket] = {}
+        self.closed = False
+        self.pending = 0  # queries c-ares has not answered yet
+        self.names = 0  # names asked on it
+        self.cares = pycares.Channel(
+            sock_state_cb=self._sock_state,
+            timeout=timeout,
+            tries=tries,
+            servers=list(servers) or None,
+        )
+
+    def close(self) -> None:
+        # Cancel on the loop thread first, so that c-ares drops its sockets
+        # through _sock_state while we may still touch the loop; the channel is
+        # then destroyed on pycares's shutdown thread, which must find nothing
+        # of ours to call.
+        self.cares.cancel()
+        self.closed = True
+        for fd in self.sockets:
+            self.loop.remove(fd)
+        self.sockets.clear()
+        self.cares.close()
+
+    def _sock_state(self, fd: int, readable: int, writable: int) -> None:
+        if self.closed:
+            return  # pycares's shutdown thread closing the sockets: not ours to touch
+        events = (EVENT_READ if readable else 0) | (EVENT_WRITE if writable else 0)
+        handler = self.sockets.get(fd)
+        if not events:
+            if handler is not None:
+                del self.sockets[fd]
+                self.loop.remove(fd)
+        elif handler is None:
+            handler = self.sockets[fd] = _AresSocket(self, fd)
+            self.loop.add(fd, events, handler)
+        else:
+            self.loop.modify(fd, events, handler)
 
 
 class AresResolver:
@@ -139,17 +208,17 @@ class AresResolver:
         min_ttl: float = 5.0,
         max_ttl: float = 3600.0,
         negative_ttl: float = 10.0,
+        cached: int = ANSWERS_CACHED,
+        names_per_channel: int = NAMES_PER_CHANNEL,
     ) -> None:
         self._loop = loop
         self._min_ttl = min_ttl
         self._max_ttl = max_ttl
         self._negative_ttl = negative_ttl
-        self._sockets: dict[int, _AresSocket] = {}
+        self._names_per_channel = names_per_channel
         self._closed = False
-        self._pending = 0  # queries c-ares has not answered yet
         self._timer: Timer | None = None
-        self._cache: dict[str, _CacheEntry] = {}
-        self._purge_at = PURGE_FLOOR
+        self._cache: AnswerCache[str, _Answer] = AnswerCache(cached)
         self._waiting: dict[str, list[tuple[int, ResolveCallback]]] = {}
         self._asked_again: set[str] = set()  # names given a second query
         self._again: collections.deque[str] = collections.deque()  # ... waiting for it
@@ -157,28 +226,28 @@ class AresResolver:
         self._timeouts = 0  # lookups timed out in a row, with no answer between
         self._dead_until = 0.0  # loop time until which lookups fail at once
         self._poisoned_until = 0.0  # loop time until which "no data" may be a malformed reply's
+        self._retired: list[_Channel] = []  # replaced, answering their last queries
+        self._servers = servers
         if within is not None:  # a lookup's retransmissions fill at most this many seconds
             timeout, tries = lookup_budget(within, len(servers) or 1)
-        self._channel = self._new_channel(servers, timeout, tries)
-        asked = len(self._channel.servers)  # resolv.conf's, when none were given
+        self._budget = (timeout, tries)
+        self._channel = self._first_channel()
+        asked = len(self._channel.cares.servers)  # resolv.conf's, when none were given
         if within is not None and asked > 1 and not servers:
-            timeout, tries = lookup_budget(within, asked)
+            self._budget = lookup_budget(within, asked)
             self._channel.close()
-            self._channel = self._new_channel(servers, timeout, tries)
+            self._channel = self._first_channel()
 
-    def _new_channel(
-        self, servers: tuple[str, ...] | list[str], timeout: float, tries: int
-    ) -> pycares.Channel:
+    def _first_channel(self) -> _Channel:
         try:
-            return pycares.Channel(
-                sock_state_cb=self._sock_state,
-                timeout=timeout,
-                tries=tries,
-                servers=list(servers) or None,
-            )
+            return self._new_channel()
         except pycares.AresError as exc:
             self._closed = True
-            raise UsageError(f"bad DNS server list {list(servers)!r}: {exc}") from None
+            raise UsageError(f"bad DNS server list {list(self._servers)!r}: {exc}") from None
+
+    def _new_channel(self) -> _Channel:
+        timeout, tries = self._budget
+        return _Channel(self, self._loop, self._servers, timeout, tries)
 
     # -- the public interface -------------------------------------------------------
 
@@ -189,9 +258,9 @@ class AresResolver:
         if literal is not None:
             loop.call_soon(callback, literal, None)
             return
-        cached = self._cache.get(host)
-        if cached is not None and cached[0] > loop.now:
-            loop.call_soon(callback, _with_port(cached[1], port), cached[2])
+        cached = self._cache.fresh(host, loop.now)
+        if cached is not None:
+            loop.call_soon(callback, _with_port(cached[0], port), cached[1])
             return
         waiters = self._waiting.get(host)
         if waiters is not None:
@@ -212,26 +281,19 @@ class AresResolver:
         """Loop time at which the cached answer for ``host`` goes stale (0.0: none)."""
         if ip_literal(host) is not None:
             return float("inf")
-        cached = self._cache.get(host)
-        return cached[0] if cached is not None else 0.0
+        return self._cache.expires(host)
 
     def close(self) -> None:
         if self._closed:
             return
-        # Cancel on the loop thread first, so that c-ares drops its sockets
-        # through _sock_state while we may still touch the loop; the channel is
-        # then destroyed on pycares's shutdown thread, which must find nothing
-        # of ours to call.
-        self._channel.cancel()
-        self._closed = True
+        self._closed = True  # first: the queries cancelled now are answered no more
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        for fd in self._sockets:
-            self._loop.remove(fd)
-        self._sockets.clear()
+        for channel in self._channels():
+            channel.close()
+        self._retired.clear()
         self._waiting.clear()
-        self._channel.close()
 
     # -- c-ares plumbing ------------------------------------------------------------
 
@@ -239,30 +301,37 @@ class AresResolver:
         if self._closed:
             return  # asked again after close()
         flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
-        self._pending += 1
+        channel = self._channel_for_a_name()
+        channel.pending += 1
         try:
-            self._channel.getaddrinfo(
+            channel.cares.getaddrinfo(
                 host,
                 None,
                 type=socket.SOCK_STREAM,
                 flags=flags,
-                callback=lambda result, status: self._answered(host, result, status),
+                callback=lambda result, status: self._answered(channel, host, result, status),
             )
         except (ValueError, UnicodeError, RuntimeError) as exc:
-            self._pending -= 1
+            channel.pending -= 1
             error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
         self._arm_timer()
 
     def _answered(
-        self, host: str, result: pycares.AddrInfoResult | None, status: int | None
+        self,
+        channel: _Channel,
+        host: str,
+        result: pycares.AddrInfoResult | None,
+        status: int | None,
     ) -> None:
         # Called by c-ares, on the loop thread, from inside process_fd /
         # getaddrinfo / cancel.
-        self._pending -= 1
+        channel.pending -= 1
         if self._closed:
             return
+        if not channel.pending and channel is not self._channel:
+            self._loop.call_soon(self._close_retired, channel)  # not from inside c-ares
         if status == pycares.errno.ARES_EBADRESP:
             self._poisoned_until = self._loop.now + _POISON_WINDOW
         if status == _NODATA and host not in self._asked_again:
@@ -334,49 +403,74 @@ class AresResolver:
         if host == self._asking_again:
             self._asking_again = None
             self._ask_next_again()
-        cache = self._cache
-        if len(cache) >= self._purge_at:
-            self._purge()
-        cache[host] = (self._loop.now + ttl, bare, error)
+        now = self._loop.now
+        self._cache.put(host, now + ttl, (bare, error), now)
+        # The waiters get this answer, not the cache's: it may be forgotten by
+        # the time they ask (another answer pushed it out).
         for port, callback in self._waiting.pop(host, ()):
             callback(_with_port(bare, port), error)
 
-    def _purge(self) -> None:
-        """Drop expired answers; amortised so a run over a million hosts stays small."""
-        self._cache, self._purge_at = unexpired(self._cache, self._loop.now)
+    # -- channels: a fresh one every names_per_channel names (see the docstring) ------
 
-    def _sock_state(self, fd: int, readable: int, writable: int) -> None:
-        if self._closed:
-            return  # pycares's shutdown thread closing the sockets: not ours to touch
-        events = (EVENT_READ if readable else 0) | (EVENT_WRITE if writable else 0)
-        handler = self._sockets.get(fd)
-        if not events:
-            if handler is not None:
-                del self._sockets[fd]
-                self._loop.remove(fd)
-        elif handler is None:
-            handler = self._sockets[fd] = _AresSocket(self, fd)
-            self._loop.add(fd, events, handler)
-        else:
-            self._loop.modify(fd, events, handler)
+    def _channels(self) -> list[_Channel]:
+        return [self._channel, *self._retired]
 
-    def _process(self, read_fd: int, write_fd: int) -> None:
-        if self._closed:
+    def _channel_for_a_name(self) -> _Channel:
+        channel = self._channel
+        if channel.names >= self._names_per_channel:
+            try:
+                fresh = self._new_channel()
+            except pycares.AresError:
+                # resolv.conf unreadable for a moment: the channel we have still works.
+                channel.names = 0
+                return channel
+            self._channel = fresh
+            if channel.pending:
+                self._retired.append(channel)
+            else:
+                channel.close()
+            channel = fresh
+        channel.names += 1
+        return channel
+
+    def _close_retired(self, channel: _Channel) -> None:
+        if channel in self._retired and not channel.pending:
+            self._retired.remove(channel)
+            channel.close()
+
+    def _process(self, channel: _Channel, read_fd: int, write_fd: int) -> None:
+        if self._closed or channel.closed:
             return
-        self._channel.process_fd(read_fd, write_fd)
+        channel.cares.process_fd(read_fd, write_fd)
         self._arm_timer()
 
     def _on_timer(self) -> None:
         self._timer = None
-        self._process(_BAD, _BAD)  # lets c-ares retransmit or give up on due queries
+        if self._closed:
+            return
+        for channel in self._channels():
+            if channel.pending:  # lets c-ares retransmit or give up on due queries
+                channel.cares.process_fd(_BAD, _BAD)
+        self._arm_timer()
 
     def _arm_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._pending and not self._closed:
-            delay: float = self._channel.timeout(_MAX_TIMER)  # type: ignore[no-untyped-call]
+        if self._closed:
+            return
+        delay = min(
+            (_next_timeout(channel) for channel in self._channels() if channel.pending),
+            default=None,
+        )
+        if delay is not None:
             self._timer = self._loop.call_at(self._loop.time() + delay, self._on_timer)
+
+
+def _next_timeout(channel: _Channel) -> float:
+    """Seconds until c-ares wants to look at ``channel``'s queries (at most _MAX_TIMER)."""
+    delay: float = channel.cares.timeout(_MAX_TIMER)  # type: ignore[no-untyped-call]
+    return delay
 
 
 def _strerror(status: int) -> str:

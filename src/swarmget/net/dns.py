@@ -8,8 +8,8 @@
 runs on a small pool of resolver threads; the answer comes back to the loop
 thread through ``loop.call_soon_threadsafe``.  Answers are cached per
 ``(host, port)`` for ``ttl`` seconds (getaddrinfo does not tell us the record's
-TTL), failures for ``negative_ttl``; concurrent lookups of one name share one
-query.  IP literals skip all of it.
+TTL), failures for ``negative_ttl``, the ``cached`` most recently used at most;
+concurrent lookups of one name share one query.  IP literals skip all of it.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Protocol
 from swarmget.errors import ErrorCode, TransferError, UsageError
 from swarmget.loop import EventLoop
 from swarmget.net.address import (
-    PURGE_FLOOR,
+    ANSWERS_CACHED,
     Address,
+    AnswerCache,
     ResolveCallback,
     ip_literal,
     literal_addresses,
-    unexpired,
 )
 
 if TYPE_CHECKING:
@@ -97,17 +97,22 @@ class LazyResolver:
 
 class ThreadedResolver:
     def __init__(
-        self, loop: EventLoop, *, workers: int = 4, ttl: float = 300.0, negative_ttl: float = 30.0
+        self,
+        loop: EventLoop,
+        *,
+        workers: int = 4,
+        ttl: float = 300.0,
+        negative_ttl: float = 30.0,
+        cached: int = ANSWERS_CACHED,
     ) -> None:
         self._loop = loop
         self._ttl = ttl
         self._negative_ttl = negative_ttl
         self._executor: ThreadPoolExecutor | None = None
         self._workers = workers
-        self._cache: dict[
-            tuple[str, int], tuple[float, list[Address] | None, TransferError | None]
-        ] = {}
-        self._purge_at = PURGE_FLOOR
+        self._cache: AnswerCache[
+            tuple[str, int], tuple[list[Address] | None, TransferError | None]
+        ] = AnswerCache(cached)
         self._waiting: dict[tuple[str, int], list[ResolveCallback]] = {}
 
     def resolve(self, host: str, port: int, callback: ResolveCallback) -> None:
@@ -117,9 +122,9 @@ class ThreadedResolver:
             self._loop.call_soon(callback, literal, None)
             return
         key = (host, port)
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] > self._loop.now:
-            self._loop.call_soon(callback, cached[1], cached[2])
+        cached = self._cache.fresh(key, self._loop.now)
+        if cached is not None:
+            self._loop.call_soon(callback, cached[0], cached[1])
             return
         waiters = self._waiting.get(key)
         if waiters is not None:
@@ -137,8 +142,7 @@ class ThreadedResolver:
     def expires(self, host: str, port: int) -> float:
         if ip_literal(host) is not None:
             return float("inf")
-        cached = self._cache.get((host, port))
-        return cached[0] if cached is not None else 0.0
+        return self._cache.expires((host, port))
 
     def _lookup(self, key: tuple[str, int]) -> None:
         # Runs on a resolver thread: touch nothing but the arguments.
@@ -165,9 +169,8 @@ class ThreadedResolver:
         self, key: tuple[str, int], addresses: list[Address] | None, error: TransferError | None
     ) -> None:
         ttl = self._ttl if error is None else self._negative_ttl
-        if len(self._cache) >= self._purge_at:
-            self._cache, self._purge_at = unexpired(self._cache, self._loop.now)
-        self._cache[key] = (self._loop.now + ttl, addresses, error)
+        now = self._loop.now
+        self._cache.put(key, now + ttl, (addresses, error), now)
         for callback in self._waiting.pop(key, []):
             callback(addresses, error)
 
