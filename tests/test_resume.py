@@ -1172,3 +1172,53 @@ def _until_unlocked(out: Path) -> None:
                 continue
             fcntl.flock(lock, fcntl.LOCK_UN)
             return
+
+
+def test_overwrite_leaves_no_version_of_a_part_it_does_not_continue(
+    server: TestServer, out_dir: Path
+) -> None:
+    # The part of run 1 (ETag "A") is not continued under --overwrite, and the
+    # new body has no validator: the part was replaced, but its version stayed.
+    phase = {"n": 1}
+
+    def handler(request: bytes, conn: ScriptedConnection) -> None:
+        if phase["n"] == 1:
+            _cut_200(conn, _V1, 'ETag: "A"\r\n')
+        else:
+            conn.send(f"HTTP/1.1 200 OK\r\nContent-Length: {len(_V2)}\r\n\r\n".encode() + _V2)
+
+    server.route("/overwritten.bin", handler)
+    try:
+        url = server.url("/overwritten.bin")
+        assert run([url], out_dir).failed == 1
+        assert len(parts(out_dir)) == 2  # the part and its version
+        phase["n"] = 2
+        assert run([url], out_dir, overwrite=True).ok == 1
+    finally:
+        server.unroute("/overwritten.bin")
+    assert (out_dir / "overwritten.bin").read_bytes() == _V2
+    assert parts(out_dir) == []
+
+
+def test_a_version_that_cannot_be_written_closes_the_part(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A failure to record the version (here a directory in its place, which
+    # nothing can take back) failed the row and left its part open for good.
+    url = server.file_url("versioned.bin", size=2 << 20)
+    version = Path(f"{part_for(out_dir, url)}.version")
+    version.mkdir(parents=True)
+    report = run([url], out_dir, workers=1)
+    (failure,) = report.failures
+    assert failure.error == "io" and "version" in (failure.message or "")
+    assert str(part_for(out_dir, url)) not in _open_files()
+    assert parts(out_dir) == [version]  # not the part: it was removed with its row
+
+
+def _open_files() -> set[str]:
+    """What this process's descriptors are open on."""
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+    return found

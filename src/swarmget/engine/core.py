@@ -118,6 +118,10 @@ PARKED_WINDOWS: Final = 4
 # the engine and the driver ~1 KB), and how often they are counted (every pool).
 HELD_BACK_LIMIT: Final = 8192
 HELD_BACK_EVERY: Final = 0.05
+# A host's rows count as held back once the first in its queue came in this
+# long ago: a fast host turns its queue over in milliseconds, and stretching
+# the window for it would only hold more of its rows in memory.
+HELD_BACK_AFTER: Final = 1.0
 CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Requests wait for the end of the loop turn (see engine/connection.py), but no
 # more than this many: a long turn then costs the first of them at most ~3 ms.
@@ -432,7 +436,7 @@ class Engine(ConnectionOwner):
         now = self.loop.now
         if now - self._held_at >= HELD_BACK_EVERY:
             self._held_at = now
-            held = self.scheduler.held_back(self.pools.values())
+            held = self.scheduler.held_back(self.pools.values(), now - HELD_BACK_AFTER)
             if held > self._held and self._rows:
                 # Counted between two refills (the worker's report asks): rows
                 # waiting to come in may come in now, not when a row next ends.
@@ -644,7 +648,11 @@ class Engine(ConnectionOwner):
         length = head.content_length if not head.chunked and not verdict.complete else None
         writer = self.sink.open(job.row, verdict.start, length, self._hashers_for(job.row))
         if verdict.start == 0 and self.sink.resumable:
-            self._note_resumable(job, head, writer)
+            try:
+                self._note_resumable(job, head, writer)
+            except BaseException:
+                writer.abort()  # not the transfer's yet: nothing else would close it
+                raise
         return writer
 
     def released(self, conn: PooledConnection, reusable: bool) -> None:

@@ -438,17 +438,21 @@ class Scheduler:
         (_fail_queue): nothing is sent to it."""
         return self._parked
 
-    def held_back(self, pools: Iterable[HostPool]) -> int:
+    def held_back(self, pools: Iterable[HostPool], since: float) -> int:
         """Rows queued for hosts at their ``per_host`` limit while connections are
-        to spare: each waits for its own host alone, however many others could
-        take it (Engine.parked).  Paused hosts' rows are :meth:`parked` already."""
+        to spare, behind a row that came in before loop time ``since``: each
+        waits for its own slow host alone, however many others could take it
+        (Engine.parked).  Paused hosts' rows are :meth:`parked` already."""
         if self.open - self.closing >= self.concurrency:
             return 0  # every connection is busy: rows wait for any, not for their host
         per_host = self.per_host
         return sum(
             len(pool.queue)
             for pool in pools
-            if pool.queue and not pool.paused_until and pool.open - pool.closing >= per_host
+            if pool.queue
+            and not pool.paused_until
+            and pool.open - pool.closing >= per_host
+            and pool.queue[0].job.admitted < since
         )
 
     def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:

@@ -268,22 +268,27 @@ class PartFile(Writer):
 
     def holds_version(self, validator: str | None) -> None:
         version = version_path(self.part)
-        if validator is None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(version)
-            self.versioned = False
-            return
-        try:
-            fd = _create(version)
+        if validator is not None:
             try:
-                os.write(fd, validator.encode("utf-8", "surrogateescape"))
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(version)  # half a version is none: the part is not continued
-            raise io_error("create", version, exc) from None
-        self.versioned = True
+                fd = _create(version)
+                try:
+                    os.write(fd, validator.encode("utf-8", "surrogateescape"))
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass  # no room, no descriptor: then no version, as for a body without one
+            else:
+                self.versioned = True
+                return
+        # None at all (a half-written one is none): the part is not continued,
+        # which costs a rerun its bytes, never its integrity.  The download goes on.
+        try:
+            os.unlink(version)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:  # a version we cannot take back may vouch for these bytes
+            raise io_error("remove", version, exc) from None
+        self.versioned = False
 
     def abort(self, keep: bool = False) -> None:
         self._close_fd()

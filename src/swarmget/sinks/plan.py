@@ -67,6 +67,7 @@ from swarmget.sinks.files import (
     part_path,
     part_version,
     remove_part,
+    version_path,
 )
 from swarmget.sinks.journal import (
     FAILED,
@@ -376,6 +377,11 @@ class FilePlanner:
                 remove_part(part)  # nothing can continue it: it would be a stray
                 if previous is not None and previous.validator:
                     self._stale_validators.append(key)
+        elif previous is not None:
+            # A version written beside a part before the journal heard of it (a
+            # kill), or of a part --overwrite does not continue: a stray now.
+            with contextlib.suppress(OSError):
+                os.unlink(version_path(part_path(self.root, key)))
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
             total,
