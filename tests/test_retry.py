@@ -459,3 +459,21 @@ def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(
     assert (report.ok, report.error_counts()) == (12, {"http_429": 4}), report.failures
     for i in range(12):
         assert (out_dir / f"once-{i}").read_bytes() == expected_body(f"once-{i}", 10)
+
+
+@pytest.mark.parametrize(
+    ("retry_after", "why"),
+    [(1000, "is more than the 120 s we wait"), (86400, "is past --deadline")],
+)
+def test_a_503_asking_for_more_than_we_wait_is_not_retried(
+    retry_after: int, why: str, server: TestServer, out_dir: Path
+) -> None:
+    # "Retry-After: 86400" ("tomorrow"): the row waited our cap, 120 s, asked
+    # again, and again: 6 minutes for one URL, to fail the same way.
+    url = server.file_url(f"later-{retry_after}", size=10, status=503, retry_after=retry_after)
+    started = time.monotonic()
+    report = swarmget.download([url], out_dir, workers=1, retries=3)
+    assert time.monotonic() - started < 5
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("http_503", 1)
+    assert failure.message == f"HTTP 503; not retried: Retry-After {retry_after} s {why}"

@@ -867,8 +867,32 @@ class Engine(ConnectionOwner):
                 return
             if delay is not None and not said:
                 error = _why_not_retried(error, pool, _asked_wait(retry_after, delay))
+            elif delay is None and self.policy.asks_too_long(error, retry_after):
+                error = self._too_long_asked(error, transfer, retry_after, time_left, pool)
         self._execute(push_back)
         self._record(job, error, status, transfer)
+
+    def _too_long_asked(
+        self,
+        error: TransferError,
+        transfer: Transfer,
+        retry_after: float | None,
+        time_left: float,
+        pool: HostPool | None,
+    ) -> TransferError:
+        """``error``, saying it is not retried because the server asked for a
+        longer wait than swarmget's (when that is why: a retry was left), or
+        than the row's --deadline leaves."""
+        policy = self.policy
+        if not policy.should_retry(error.code, transfer.retry.attempts):
+            return error
+        cap = policy.retry_after_cap
+        asked = _asked_wait(retry_after, cap)
+        if retry_after is not None and retry_after >= time_left:
+            return _why_not_retried(error, pool, asked)
+        return TransferError(
+            error.code, f"{error.message}; not retried: {asked} is more than the {cap:g} s we wait"
+        )
 
     def _retry_later(
         self,

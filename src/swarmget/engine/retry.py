@@ -38,7 +38,7 @@ import datetime
 import random
 import time
 
-from swarmget.errors import ErrorCode, TransferError
+from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.sinks.files import OutOfDescriptors
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -46,6 +46,7 @@ RETRYABLE_CODES = frozenset(
     {ErrorCode.CONNECT, ErrorCode.TIMEOUT, ErrorCode.TRUNCATED}
     | {f"http_{status}" for status in RETRYABLE_STATUS}
 )
+_TOO_MANY = http_code(429)
 # History entries for attempts that did not count against --retries.
 REDIRECT = "redirect"
 RESTART = "restart"
@@ -122,6 +123,16 @@ class RetryPolicy:
         """The longest backoff after ``attempts`` attempts."""
         return min(self.cap, self.base * 2.0 ** max(0, attempts - 1))
 
+    def asks_too_long(self, error: TransferError, retry_after: float | None) -> bool:
+        """Does the server ask this row to wait longer than we ever wait (a 503
+        saying "tomorrow": waiting our cap, then asking again, three times, only
+        delays a failure)?  A 429's wait is the host's (push_back), not the row's."""
+        return (
+            retry_after is not None
+            and retry_after > self.retry_after_cap
+            and error.code != _TOO_MANY
+        )
+
     def push_back(self, status: int, attempts: int, retry_after: float | None) -> float | None:
         """How long the whole host should be sent nothing new after this reply,
         None if it concerns only its own row.  A 429 (too many requests) speaks
@@ -144,6 +155,8 @@ class RetryPolicy:
         if isinstance(error, OutOfDescriptors) and state.attempts <= self.retries:
             return self.delay(state.attempts)  # a moment's shortage, whatever its code
         if not self.should_retry(error.code, state.attempts):
+            return None
+        if self.asks_too_long(error, retry_after):
             return None
         if isinstance(error, Stalled):
             if state.count(STALLED) > self.slow_retries:
