@@ -692,3 +692,18 @@ def test_an_earlier_runs_row_still_in_the_input_keeps_its_path(
         assert report.error_counts() == {"exists": 1} and report.failures[0].index == 0
         assert (out / name).read_bytes() == expected_body("keep-a.bin", 10)
         assert [r["path"] for r in records(out)] == [None, name]
+
+
+def test_a_row_index_beyond_64_bits_is_refused_by_name(tmp_path: Path) -> None:
+    # It raised OverflowError from deep in the journal (SQLite INTEGER).
+    with pytest.raises(swarmget.UsageError, match="must fit in 64 bits"):
+        swarmget.download([Row(2**70, "http://127.0.0.1:9/x")], tmp_path)
+
+
+def test_an_output_dir_too_deep_for_the_journal_says_so(tmp_path: Path) -> None:
+    # SQLite takes paths of 512 bytes at most: "unable to open database file"
+    # alone left the user guessing.
+    deep = tmp_path.joinpath(*["d" * 200] * 3)
+    deep.mkdir(parents=True)
+    with pytest.raises(swarmget.SwarmgetError, match="SQLite takes at most 512"):
+        swarmget.download(["http://127.0.0.1:9/x"], deep)

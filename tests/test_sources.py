@@ -23,7 +23,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from swarmget.errors import UsageError
-from swarmget.sources import Row, read_rows
+from swarmget.sources import Row, read_rows, reader
 from swarmget.sources.reader import Format, check_sources, format_from_name, sniff
 from swarmget.sources.rows import strip_url
 from swarmget.testing import expected_body
@@ -1475,3 +1475,42 @@ def test_cli_bad_rows_end_to_end(tmp_path: Path, workers: str) -> None:
         else:
             assert (record["status"], record["error"]) == ("failed", "bad_row")
             assert f"input '<stdin>', line {line}: " in str(record["message"])
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".csv", ".jsonl"])
+def test_an_endless_line_ends_the_input_instead_of_filling_memory(
+    tmp_path: Path, suffix: str
+) -> None:
+    # /dev/zero, or a binary file without a newline, was read as one line,
+    # whole: 5 GB of memory for a 300 MB line, a MemoryError at the end.
+    first = {
+        ".txt": "http://h/a\n",
+        ".csv": "url\nhttp://h/a\n",
+        ".jsonl": '{"url": "http://h/a"}\n',
+    }
+    source = tmp_path / f"long{suffix}"
+    with source.open("w") as out:
+        out.write(first[suffix])
+        out.write("x" * (reader.MAX_LINE + 10))
+    rows = read_rows([str(source)])
+    assert next(rows).url == "http://h/a"  # what comes before it is read
+    with pytest.raises(UsageError, match=r"line \d+: longer than 16 Mi characters"):
+        next(rows)
+
+
+@pytest.mark.parametrize(
+    ("suffix", "line"),
+    [(".txt", "{url}\r\n"), (".jsonl", '{{"url": "{url}"}}\r\n'), (".csv", "url\r\n{url}\r\n")],
+)
+def test_files_joined_with_their_byte_order_marks_read_whole(
+    tmp_path: Path, suffix: str, line: str
+) -> None:
+    # Two files saved with a BOM each, joined with cat: the second's BOM, mid-
+    # file now, failed its row (bad_url "\ufeffhttp://...", bad_row in JSONL).
+    source = tmp_path / f"joined{suffix}"
+    parts = [line.format(url=f"http://h/{name}") for name in ("a", "b")]
+    if suffix == ".csv":
+        parts[1] = parts[1].partition("\r\n")[2]  # one header: the second file's rows only
+    source.write_bytes(b"".join(b"\xef\xbb\xbf" + part.encode() for part in parts))
+    rows = list(read_rows([str(source)]))
+    assert [(row.url, row.problem) for row in rows] == [("http://h/a", None), ("http://h/b", None)]

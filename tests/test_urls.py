@@ -292,3 +292,17 @@ def test_a_row_that_is_a_url_without_its_scheme_keeps_its_password_out_of_every_
     assert "secret" not in (failure.message or "")
     manifest = (tmp_path / "out" / ".swarmget" / "manifest.jsonl").read_text()
     assert "secret" not in manifest and "user:***@host.example/x" in manifest
+
+
+def test_a_url_too_long_to_be_served_is_bad_url_and_said_briefly(out_dir: Path) -> None:
+    # A 50 MB line went out as a request four times (connect), and its
+    # message and record repeated all of it.
+    url = "http://127.0.0.1:9/" + "a" * 1_000_000
+    with pytest.raises(TransferError) as caught:
+        UrlSplitter().split(url)
+    assert caught.value.code == "bad_url"
+    assert "URL is 1,000,019 characters long (at most 65,536)" in caught.value.message
+    assert len(caught.value.message) < 200
+    report = swarmget.download([url], out_dir)
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("bad_url", 0)

@@ -122,6 +122,9 @@ def _own_index(index: object, position: int, assigned: int | None) -> int:
         raise TypeError(f"swarmget: urls item {position}: a Row's index must be an int")
     # A bool is an int; a compiled Row stores True as 1, and so does this.
     index = int(index)
+    if not -(1 << 63) <= index < 1 << 63:
+        # The journal's column (SQLite INTEGER): it raised OverflowError, raw.
+        raise UsageError(f"urls item {position}: a Row's index must fit in 64 bits, not {index}")
     if assigned is not None and index <= assigned:
         raise UsageError(
             f"urls item {position} is a Row with index {index}, which may be another "

@@ -55,6 +55,9 @@ class Location:
 
 
 ORIGINS_CACHED: Final = 4096  # scheme://authority prefixes a UrlSplitter remembers
+# The longest URL we send: nginx and Apache answer 414 past 8 KB of request
+# line, so a longer one is no URL of a file anyone serves.
+MAX_URL: Final = 1 << 16
 
 
 class UrlSplitter:
@@ -74,7 +77,7 @@ class UrlSplitter:
             # the query's.  Cached under ``http://h?q=``, the next URL with that
             # prefix (``http://h?q=/b``) would be sent as ``GET /b``.
             cut = -1
-        if cut > 0:
+        if cut > 0 and len(url) <= MAX_URL:
             known = self._origins.get(url[:cut])
             if known is not None:
                 target = url[cut:]
@@ -99,6 +102,14 @@ class UrlSplitter:
 
 def split_url(url: str) -> Location:
     """Parse an absolute http(s) URL; raises TransferError ``bad_url``."""
+    if len(url) > MAX_URL:
+        # Servers refuse far shorter ones (414); sent, it went out four times,
+        # and the message repeated all of it.
+        shown = redact(url[:80])
+        raise TransferError(
+            ErrorCode.BAD_URL,
+            f"URL is {len(url):,} characters long (at most {MAX_URL:,}): {shown!r}...",
+        )
     if not url.isascii():
         try:
             url.encode("utf-8")

@@ -158,7 +158,9 @@ class Journal:
             raise OutputError(f"cannot open the journal in {state}: {exc.strerror}", True) from None
         except sqlite3.Error as exc:
             message = f"cannot open the journal in {state}: {exc}"
-            raise OutputError(_with_full_disk_hint(message, exc, state), True) from None
+            raise OutputError(
+                _with_path_limit_hint(_with_full_disk_hint(message, exc, state), state), True
+            ) from None
         self._state = state
         self.path = os.path.join(state, JOURNAL_NAME)
         # This transaction's writes, (sql, parameters, many), until it commits.
@@ -741,6 +743,22 @@ def _with_full_disk_hint(message: str, exc: sqlite3.Error, state: str) -> str:
         return message
     full = disk.f_bavail * disk.f_frsize < (64 << 10)
     return f"{message} (no space left on the disk)" if full else message
+
+
+# SQLite's longest file name (unix VFS MAX_PATHNAME), its "-journal" included.
+_SQLITE_PATH_LIMIT: Final = 512
+
+
+def _with_path_limit_hint(message: str, state: str) -> str:
+    """``message``, saying why when the journal's path is too long for SQLite (a
+    deep output dir: "unable to open database file" said nothing of it)."""
+    length = len(os.fsencode(os.path.join(state, JOURNAL_NAME + "-journal")))
+    if length <= _SQLITE_PATH_LIMIT:
+        return message
+    return (
+        f"{message} (its path is {length} bytes with '-journal', and SQLite takes at most "
+        f"{_SQLITE_PATH_LIMIT}: use an output dir with a shorter absolute path)"
+    )
 
 
 def _disk_full(exc: sqlite3.Error) -> bool:

@@ -90,6 +90,9 @@ STDIN = "-"
 STDIN_NAME = "<stdin>"
 
 _GZIP_MAGIC = b"\x1f\x8b"
+# Characters one line may hold: far above any URL or row (a long caption is a
+# few KB), far below what takes a machine's memory.
+MAX_LINE: Final = 16 << 20
 
 # surrogateescape that also counts the bytes it escapes, so that the text
 # parser knows when it must look for them (see formats.parse_text).
@@ -310,7 +313,7 @@ def _parse(
     counter: Iterator[int],
     byte_errors: int,
 ) -> Iterator[Row]:
-    head, rest = _head(iter(lines))
+    head, rest = _head(_bounded(lines, name))
     if head:
         _check_text(head[-1], len(head), name)
     if fmt is None:
@@ -323,6 +326,33 @@ def _parse(
     if fmt is Format.JSONL:
         return parse_jsonl(lines, name, counter)
     return parse_delimited(lines, name, counter, "\t" if fmt is Format.TSV else ",")
+
+
+def _bounded(lines: Iterable[str], name: str) -> Iterator[str]:
+    """``lines``, none longer than MAX_LINE, none starting with a BOM.
+
+    A file of one endless line (a binary file with no newline in it,
+    /dev/zero) was read whole, until memory ran out.  Such a line ends the
+    input with a UsageError, as other unreadable input does (what was read
+    before it is done)."""
+    readline = getattr(lines, "readline", None)
+    if readline is None:  # a text stdin= given as lines: the caller's, as they are
+        yield from lines
+        return
+    for lineno in itertools.count(1):
+        line = readline(MAX_LINE)
+        if not line:
+            return
+        if len(line) >= MAX_LINE and line[-1] not in "\r\n":
+            raise UsageError(
+                f"input {name!r}, line {lineno}: longer than {MAX_LINE >> 20} Mi characters "
+                "(not a list of URLs or rows)"
+            )
+        if line[:1] == "\ufeff":
+            # Files joined with cat, each saved with a BOM (Windows): a BOM
+            # mid-file failed its row (bad_url, bad_row) though the row was fine.
+            line = line[1:]
+        yield line
 
 
 def _head(lines: Iterator[str]) -> tuple[list[str], Iterator[str]]:
