@@ -100,16 +100,20 @@ class UrlSplitter:
         return location
 
 
+def _too_long(url: str) -> TransferError:
+    """A URL over MAX_URL: servers refuse far shorter ones (414).  Sent, a 50 MB
+    one went out four times, and its message repeated all of it."""
+    shown = redact(url[:80])
+    return TransferError(
+        ErrorCode.BAD_URL,
+        f"URL is {len(url):,} characters long (at most {MAX_URL:,}): {shown!r}...",
+    )
+
+
 def split_url(url: str) -> Location:
     """Parse an absolute http(s) URL; raises TransferError ``bad_url``."""
     if len(url) > MAX_URL:
-        # Servers refuse far shorter ones (414); sent, it went out four times,
-        # and the message repeated all of it.
-        shown = redact(url[:80])
-        raise TransferError(
-            ErrorCode.BAD_URL,
-            f"URL is {len(url):,} characters long (at most {MAX_URL:,}): {shown!r}...",
-        )
+        raise _too_long(url)
     if not url.isascii():
         try:
             url.encode("utf-8")
