@@ -26,6 +26,7 @@ from swarmget.sinks.plan import PlanBatch
 from swarmget.sources.rows import Row
 from swarmget.streaming import Stream
 from swarmget.testing import ProcessServer, TestServer, expected_body, serve_in_subprocess
+from swarmget.testing.process import open_files
 
 
 @pytest.fixture(scope="module")
@@ -339,12 +340,7 @@ def test_level_shares(backlogs: list[int], rows: int, start: int, shares: list[i
 
 
 def _pipes() -> int:
-    fds = os.listdir("/proc/self/fd")
-    links = []
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            links.append(os.readlink(f"/proc/self/fd/{fd}"))
-    return sum(link.startswith("pipe:") for link in links)
+    return sum(link.startswith("pipe:") for link in open_files())
 
 
 def test_runs_with_worker_processes_leave_no_descriptors_for_the_collector(

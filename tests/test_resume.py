@@ -25,7 +25,7 @@ from swarmget.sinks.journal import LOCK_NAME
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import part_for, parts, small_tmpfs
-from swarmget.testing.process import child_env
+from swarmget.testing.process import child_env, open_files
 
 MiB = 1 << 20
 
@@ -1115,9 +1115,7 @@ def test_a_kill_before_the_journal_hears_of_a_new_version_does_not_splice_it(
         else:
             _honest(conn, request, '"A"')
 
-    server.route("/killed.bin", handler)
-    try:
-        url = server.url("/killed.bin")
+    with server.routed("/killed.bin", handler) as url:
         assert run([url], out_dir).failed == 1
         part = part_for(out_dir, url)
         assert part.stat().st_size == len(_V1) // 2
@@ -1147,8 +1145,6 @@ def test_a_kill_before_the_journal_hears_of_a_new_version_does_not_splice_it(
         assert run([url], out_dir).ok == 1
         assert (out_dir / "killed.bin").read_bytes() == _V1
         assert parts(out_dir) == []
-    finally:
-        server.unroute("/killed.bin")
 
 
 def _holds(part: Path, body: bytes) -> bool:
@@ -1187,15 +1183,11 @@ def test_overwrite_leaves_no_version_of_a_part_it_does_not_continue(
         else:
             conn.send(f"HTTP/1.1 200 OK\r\nContent-Length: {len(_V2)}\r\n\r\n".encode() + _V2)
 
-    server.route("/overwritten.bin", handler)
-    try:
-        url = server.url("/overwritten.bin")
+    with server.routed("/overwritten.bin", handler) as url:
         assert run([url], out_dir).failed == 1
         assert len(parts(out_dir)) == 2  # the part and its version
         phase["n"] = 2
         assert run([url], out_dir, overwrite=True).ok == 1
-    finally:
-        server.unroute("/overwritten.bin")
     assert (out_dir / "overwritten.bin").read_bytes() == _V2
     assert parts(out_dir) == []
 
@@ -1211,14 +1203,5 @@ def test_a_version_that_cannot_be_written_closes_the_part(
     report = run([url], out_dir, workers=1)
     (failure,) = report.failures
     assert failure.error == "io" and "version" in (failure.message or "")
-    assert str(part_for(out_dir, url)) not in _open_files()
+    assert str(part_for(out_dir, url)) not in open_files()
     assert parts(out_dir) == [version]  # not the part: it was removed with its row
-
-
-def _open_files() -> set[str]:
-    """What this process's descriptors are open on."""
-    found = set()
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            found.add(os.readlink(f"/proc/self/fd/{fd}"))
-    return found

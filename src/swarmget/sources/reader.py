@@ -335,6 +335,16 @@ def _bounded(lines: Iterable[str], name: str) -> Iterator[str]:
     /dev/zero) was read whole, until memory ran out.  Such a line ends the
     input with a UsageError, as other unreadable input does (what was read
     before it is done)."""
+    for line in _lines_of(lines, name):
+        if line[:1] == "\ufeff":
+            # Files joined with cat, each saved with a BOM (Windows): a BOM
+            # mid-file failed its row (bad_url, bad_row) though the row was fine;
+            # and a text stdin= was not decoded as utf-8-sig at all.
+            line = line.lstrip("\ufeff")
+        yield line
+
+
+def _lines_of(lines: Iterable[str], name: str) -> Iterator[str]:
     readline = getattr(lines, "readline", None)
     if readline is None:  # a text stdin= given as lines: the caller's, as they are
         yield from lines
@@ -348,10 +358,6 @@ def _bounded(lines: Iterable[str], name: str) -> Iterator[str]:
                 f"input {name!r}, line {lineno}: longer than {MAX_LINE >> 20} Mi characters "
                 "(not a list of URLs or rows)"
             )
-        if line[:1] == "\ufeff":
-            # Files joined with cat, each saved with a BOM (Windows): a BOM
-            # mid-file failed its row (bad_url, bad_row) though the row was fine.
-            line = line[1:]
         yield line
 
 
@@ -360,8 +366,6 @@ def _head(lines: Iterator[str]) -> tuple[list[str], Iterator[str]]:
     checked), and the rest; all of it if every line is blank."""
     head: list[str] = []
     for line in lines:
-        if not head:
-            line = line.lstrip("\ufeff")  # a text stdin= was not decoded as utf-8-sig
         head.append(line)
         if line.strip():
             break

@@ -37,6 +37,16 @@ from swarmget.testing.urls import ServerUrls
 _IMPORT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+def open_files() -> list[str]:
+    """What this process's descriptors are open on (``/proc/self/fd`` links:
+    paths, ``pipe:[...]``, ``socket:[...]``), for tests of descriptor leaks."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
 def child_env() -> dict[str, str]:
     """``os.environ`` with PYTHONPATH set so that a child Python imports this
     same copy of swarmget, compiled or not."""
