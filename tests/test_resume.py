@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ import swarmget
 import swarmget.sinks.noreplace
 from swarmget.sinks.journal import LOCK_NAME
 from swarmget.sources.rows import Row
-from swarmget.testing import ScriptedConnection, TestServer, expected_body
+from swarmget.testing import RouteHandler, ScriptedConnection, TestServer, expected_body
 from swarmget.testing.outputs import part_for, parts, small_tmpfs
 from swarmget.testing.process import child_env, open_files
 
@@ -201,6 +201,22 @@ def _cut_short(conn: ScriptedConnection) -> None:
     conn.close()
 
 
+def _cut_first(
+    calls: list[bytes], then: Callable[[bytes, ScriptedConnection], None]
+) -> RouteHandler:
+    """A route that keeps every request in ``calls``, answers the first with
+    :func:`_cut_short` and the others with ``then``."""
+
+    async def handler(head: bytes, conn: ScriptedConnection) -> None:
+        calls.append(head)
+        if len(calls) == 1:
+            _cut_short(conn)
+        else:
+            then(head, conn)
+
+    return handler
+
+
 def _partial(last: int, total: bytes, etag: bytes = b'ETag: "v1"\r\n') -> bytes:
     length = last + 1 - _CUT
     return (
@@ -238,16 +254,10 @@ def test_a_resume_told_another_length_than_the_cut_reply_starts_again_from_zero(
     # spliced on the rest of a file of another length (a 206).
     calls: list[bytes] = []
 
-    async def contradicting(head: bytes, conn: ScriptedConnection) -> None:
-        calls.append(head)
-        if len(calls) == 1:
-            _cut_short(conn)
-        elif b"range:" in head.lower():
-            conn.send(second)
-        else:
-            conn.send(_HEAD + _WHOLE)
+    def contradicting(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(second if b"range:" in head.lower() else _HEAD + _WHOLE)
 
-    with server.routed("/cut.bin", contradicting) as url:
+    with server.routed("/cut.bin", _cut_first(calls, contradicting)) as url:
         if across_runs:
             assert run([url], out_dir).error_counts() == {"truncated": 1}  # the part is kept
         report = run([url], out_dir, retries=2)
@@ -292,18 +302,15 @@ def test_a_200_of_no_length_shorter_than_its_version_was_announced_is_cut(
     # announced: published as a whole file, "ok".  curl -C - refuses it too.
     calls: list[bytes] = []
 
-    async def short_again(head: bytes, conn: ScriptedConnection) -> None:
-        calls.append(head)
-        if len(calls) == 1:
-            _cut_short(conn)
-        elif len(calls) == 2:
+    def short_again(head: bytes, conn: ScriptedConnection) -> None:
+        if len(calls) == 2:
             conn.send(b'HTTP/1.1 200 OK\r\nETag: "v1"\r\nConnection: close\r\n\r\n')
             conn.send(_WHOLE[:1_500_000])
             conn.close()
         else:
             conn.send(_HEAD + _WHOLE)
 
-    with server.routed("/short.bin", short_again) as url:
+    with server.routed("/short.bin", _cut_first(calls, short_again)) as url:
         if across_runs:
             assert run([url], out_dir).error_counts() == {"truncated": 1}
         report = run([url], out_dir, retries=2)
@@ -318,20 +325,16 @@ def test_a_retry_answered_with_the_rest_of_the_same_length_is_spliced(
 ) -> None:
     calls: list[bytes] = []
 
-    async def honest(head: bytes, conn: ScriptedConnection) -> None:
-        calls.append(head)
-        if len(calls) == 1:
-            _cut_short(conn)
-        else:
-            rest = _WHOLE[_CUT:]
-            conn.send(
-                b'HTTP/1.1 206 Partial Content\r\nETag: "v1"\r\n'
-                b"Content-Range: bytes 1572864-2097151/%s\r\nContent-Length: %d\r\n\r\n"
-                % (total, len(rest))
-                + rest
-            )
+    def honest(head: bytes, conn: ScriptedConnection) -> None:
+        rest = _WHOLE[_CUT:]
+        conn.send(
+            b'HTTP/1.1 206 Partial Content\r\nETag: "v1"\r\n'
+            b"Content-Range: bytes 1572864-2097151/%s\r\nContent-Length: %d\r\n\r\n"
+            % (total, len(rest))
+            + rest
+        )
 
-    with server.routed("/honest.bin", honest) as url:
+    with server.routed("/honest.bin", _cut_first(calls, honest)) as url:
         report = run([url], out_dir, retries=2)
     assert (report.ok, report.error_counts()) == (1, {}), [f.message for f in report.failures]
     assert (out_dir / "honest.bin").read_bytes() == _WHOLE
