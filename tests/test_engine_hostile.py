@@ -555,6 +555,12 @@ def test_a_stray_answer_behind_a_response_that_fills_the_buffer_is_not_the_next_
     # b saved, ok, with it.  (The .py build: a 64 KiB buffer.)
     from swarmget.engine import core as engine_core
 
+    if engine_core.__file__.endswith(".so"):
+        # Compiled, the engine keeps its 4 MiB buffer (a monkeypatch reaches only
+        # the .py module): whether the stray is in the kernel before the reuse is
+        # then a race between two loopback segments (4 to 14 failures in 30), as
+        # it is for curl.  The .py build makes the boundary exact.
+        pytest.skip("needs the .py build's patchable receive buffer")
     monkeypatch.setattr(engine_core, "RECV_BUFFER_SIZE", 64 << 10)
     head = b"HTTP/1.1 200 OK\r\nContent-Length: %06d\r\n\r\n"
     body = (bytes(range(256)) * 256)[: (64 << 10) - len(head % 0)]
