@@ -316,7 +316,9 @@ def test_a_journal_of_the_schema_before_gains_the_total_column(tmp_path: Path) -
     planner.finish(interrupted=False)
     (tmp_path / "a.jpg").write_bytes(b"0123456789")  # published, as the engine would have
     journal = tmp_path / ".swarmget" / "journal.sqlite3"
-    with contextlib.closing(sqlite3.connect(journal)) as db:  # the table as schema 2 made it
+    # The table as schema 2 made it, keyed by `key` (journals made before rows
+    # were stored in insertion order still are): both layouts must work.
+    with contextlib.closing(sqlite3.connect(journal)) as db:
         db.executescript(
             "CREATE TABLE old (key INTEGER PRIMARY KEY, run INTEGER NOT NULL, "
             "idx INTEGER NOT NULL, path TEXT, mine INTEGER NOT NULL, status INTEGER NOT NULL, "
