@@ -56,8 +56,9 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.PROTOCOL: "malformed or over-limit HTTP response",
     ErrorCode.TOO_LARGE: "body larger than --max-size",
     ErrorCode.BAD_URL: "not an absolute http(s) URL",
-    ErrorCode.BAD_PATH: "the output path would leave the output directory",
-    ErrorCode.EXISTS: "a file swarmget did not write is at the path (--overwrite)",
+    ErrorCode.BAD_PATH: "the output path would leave the output directory (or enter .swarmget)",
+    ErrorCode.EXISTS: "a file swarmget did not write is at the path (--overwrite), "
+    "or an input list of the run (never replaced)",
     ErrorCode.IO: "writing the output file failed (disk full, permissions)",
     ErrorCode.TLS: "TLS handshake or record-layer failure",
     ErrorCode.TLS_VERIFY: "the server's certificate failed verification",
@@ -367,8 +368,9 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "overwrite",
-        "redo every row and replace files already in DIR, even ones swarmget did not write "
-        "(default: off: rows already done are skipped, foreign files fail with 'exists')",
+        "redo every row and replace files already in DIR, even ones swarmget did not write, "
+        "but never an input list (default: off: rows already done are skipped, foreign "
+        "files fail with 'exists')",
         parse=None,
     ),
     Flag(
