@@ -319,7 +319,10 @@ FLAGS: tuple[Flag, ...] = (
         parse_seconds,
     ),
     Flag(
-        "deadline", "seconds one file may take in total (default: {default:g})", "S", parse_seconds
+        "deadline",
+        "seconds one file may take in total, its name lookup included (default: {default:g})",
+        "S",
+        parse_seconds,
     ),
     Flag(
         "min_speed",
