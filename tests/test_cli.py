@@ -1270,3 +1270,53 @@ def test_a_url_without_its_scheme_is_not_echoed_with_its_password(
         f"swarmget: error: cannot read {shown!r}: no such file (a URL needs http:// or https://)\n"
     )
     assert "s3cret" not in proc.stderr and "pa/ss" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["-o", "a", "-o", "b"], "-o/--output"),
+        (["-o", "a", "--output", "b"], "-o/--output"),
+        (["-o", "a", "--timeout", "3", "--retries", "1", "--timeout", "4"], "--timeout"),
+        (["-o", "a", "--hash", "md5", "--hash", "sha256"], "--hash"),
+        (["-o", "a", "--proxy", "", "--proxy", "http://p:1"], "--proxy"),
+    ],
+)
+def test_a_single_valued_option_given_twice_differently_is_a_usage_error(
+    engine: Callable[..., FakeEngine],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    named: str,
+) -> None:
+    # argparse kept the last -o silently: the files went where the first did not say.
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    assert cli.main([*argv, "http://127.0.0.1:9/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"swarmget: error: {named} given twice with different values")
+    assert err.count("\n") == 1
+    assert fake.calls == []
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_same_value_twice_and_repeatable_options_are_accepted(
+    engine: Callable[..., FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = engine()
+    monkeypatch.chdir(tmp_path)
+    argv = ["-o", "a", "--output", "a", "--max-size", "1k", "--max-size", "1024", "-q", "-q"]
+    argv += ["--header", "X-A: 1", "--header", "X-A: 2", "--overwrite", "--overwrite"]
+    assert cli.main([*argv, "http://127.0.0.1:9/x"]) == 0
+    (call,) = fake.calls
+    assert call["dest"] == "a"
+    assert call["options"]["max_size"] == 1024
+    assert call["options"]["headers"] == {"X-A": "1, 2"}
+
+
+def test_demo_options_given_twice_differently_are_refused_too(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["demo", "--files", "3", "--files", "4"]) == 2
+    assert "--files given twice with different values, 3 and 4" in capsys.readouterr().err

@@ -986,3 +986,74 @@ def test_a_name_without_records_is_asked_once(loop: EventLoop) -> None:
             resolver.close()
     assert addresses is None and error.code == "dns"
     assert server.asked["empty.test."] == 2  # A and AAAA, once each
+
+
+# -- --deadline counts the name lookup (as curl -m does) -------------------------------
+
+
+def test_a_name_server_that_never_answers_ends_the_row_at_its_deadline(
+    web: TestServer, dns: NameServer, out_dir: Path
+) -> None:
+    # The lookup's own limit is --timeout (c-ares: 1 s, then 2 s of 5): the row's
+    # clock started at its first connect, so it ran 3 s past a 1 s deadline.
+    good = named_urls(web, "v4.test", ["dl-g0.bin", "dl-g1.bin"])
+    dead = named_urls(web, "dead.test", [f"dl-d{i}.bin" for i in range(3)])
+    started = time.monotonic()
+    report = swarmget.download(
+        dead + good, out_dir, dns_servers=[dns.address], retries=2, timeout=5, deadline=1
+    )
+    elapsed = time.monotonic() - started
+    assert (report.ok, report.failed) == (2, 3)
+    assert {(f.error, f.message) for f in report.failures} == {
+        ("timeout", "deadline of 1s exceeded during the name resolution")
+    }
+    assert all(900 <= f.elapsed_ms < 2000 for f in report.failures), report.failures
+    assert elapsed < 2.5
+
+
+def test_the_lookup_counts_in_the_deadline_of_a_row_that_then_connects(
+    web: TestServer, dns: NameServer, out_dir: Path
+) -> None:
+    # slow.test answers after 2.5 s: a 4 s deadline leaves the transfer 1.5 s,
+    # not 4 s more; the server's 2 s answer does not fit in them.
+    url = f"http://slow.test:{web.port}/files/late.bin?size=100&latency=2"
+    report = swarmget.download(
+        [url], out_dir, dns_servers=[dns.address], retries=0, timeout=10, deadline=4
+    )
+    (failure,) = report.failures
+    assert failure.error == "timeout"
+    assert failure.message.startswith("deadline of 4s exceeded"), failure.message
+    assert 3800 <= failure.elapsed_ms < 5000
+
+
+def test_the_threaded_resolver_is_cut_by_the_deadline_too(
+    web: TestServer, out_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Without pycares, getaddrinfo on a thread has no limit of ours at all: a
+    # lookup the system's resolver sits on held the row for as long as it did.
+    monkeypatch.setitem(sys.modules, "swarmget.net.ares", None)  # import fails
+    real = socket.getaddrinfo
+
+    def stuck(host: str, *args: Any, **kwargs: Any) -> Any:
+        if host == "stuck.test":
+            time.sleep(4)  # bounded: the thread must end for the process to exit
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    started = time.monotonic()
+    report = swarmget.download(
+        [f"http://stuck.test:{web.port}/files/t.bin", web.file_url("t-ok.bin", size=10)],
+        out_dir,
+        retries=0,
+        deadline=1,
+        workers=1,
+    )
+    elapsed = time.monotonic() - started
+    assert (report.ok, report.failed) == (1, 1)
+    (failure,) = report.failures
+    assert (failure.error, failure.message) == (
+        "timeout",
+        "deadline of 1s exceeded during the name resolution",
+    )
+    assert elapsed < 2.5

@@ -182,13 +182,34 @@ def test_a_huge_field_in_a_column_we_do_not_read_is_no_problem(tmp_path: Path) -
 
 
 def test_jsonl_column_names_in_any_case(tmp_path: Path) -> None:
-    text = '{"URL": "http://h/a", "Path": "p"}\n{"Url": "http://h/b", "url": "http://h/c"}\n'
+    text = '{"URL": "http://h/a", "Path": "p"}\n{"url": "http://h/b", "PATH": "q", "Size": 3}\n'
     got = rows(write(tmp_path / "in.jsonl", text))
     assert got[0] == Row(0, "http://h/a", path="p")
-    assert got[1].url == "http://h/c"  # "url" itself is there: the others are other fields
-    text = '{"URL": "http://h/a", "Url": "http://h/b"}\n'
-    (only,) = rows(write(tmp_path / "two.jsonl", '{"url": "http://h/0"}\n' + text))[1:]
-    assert only.problem is not None and "appears more than once" in only.problem
+    # "url" itself there: the other columns in another case were dropped unsaid.
+    assert got[1] == Row(1, "http://h/b", path="q", size=3)
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        # "url" itself was taken and "URL" ignored: which was meant cannot be told.
+        ('{"url": "http://h/a", "URL": "http://h/b"}', "'url' and 'URL'"),
+        ('{"URL": "http://h/a", "Url": "http://h/b"}', "'URL' and 'Url'"),
+        ('{"url": "http://h/a", "path": "p", "Path": "q"}', "'path' and 'Path'"),
+        ('{"url": "http://h/a", "sha256": null, "SHA256": "x"}', "'sha256' and 'SHA256'"),
+    ],
+)
+def test_jsonl_a_column_spelled_twice_fails_its_row(
+    tmp_path: Path, line: str, problem: str
+) -> None:
+    path = write(tmp_path / "two.jsonl", '{"url": "http://h/0"}\n' + line + "\n")
+    first, only = rows(path)
+    assert first == Row(0, "http://h/0")
+    column = problem.split("'")[1].lower()
+    assert only.problem == (
+        f"input {path!r}, line 2: column {column!r} appears more than once ({problem})"
+    )
+    assert only.url == line  # named by its line, not by one of its two urls
 
 
 def test_csv_without_url_column(tmp_path: Path) -> None:

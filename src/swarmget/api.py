@@ -250,10 +250,21 @@ def download(
     elif progress is False:
         progress = None
     rows = input_rows(urls, sources)
-    report = run_download(rows, dest, opts, progress, known_rows=_known_rows(urls, sources))
+    report = run_download(
+        rows, dest, opts, progress, known_rows=_known_rows(urls, sources), inputs=_inputs(sources)
+    )
     if report.total + report.skipped == 0:
         warn_at_caller("swarmget.download: the input has no rows")
     return report
+
+
+def _inputs(sources: Sequence[str] | None) -> frozenset[tuple[int, int]]:
+    """The files ``sources`` reads, by identity (st_dev, st_ino): no row may replace one."""
+    if not sources or isinstance(sources, str | bytes):
+        return frozenset()  # none, or the TypeError input_rows raised already
+    from swarmget.sources.reader import input_files
+
+    return input_files(sources)
 
 
 def _known_rows(urls: object, sources: Sequence[str] | None) -> int | None:
@@ -280,14 +291,17 @@ def run_download(
     progress: ProgressListener | None = None,
     *,
     known_rows: int | None = None,
+    inputs: frozenset[tuple[int, int]] = frozenset(),
 ) -> Report:
     """Plan ``rows`` into ``dest`` and download them with one engine per worker
-    (``known_rows``: how many rows there are, when the caller knows)."""
+    (``known_rows``: how many rows there are, when the caller knows; ``inputs``:
+    the (st_dev, st_ino) of the files the rows are read from, which no row may
+    replace or remove)."""
     root = os.fsdecode(os.fspath(dest))  # a bytes path too, as os functions take
     check_output_dir(root)
     if os.path.exists(root) and not os.path.isdir(root):
         raise UsageError(f"the output directory {root!r} exists and is not a directory")
-    planner = FilePlanner(root, options)
+    planner = FilePlanner(root, options, inputs=inputs)
     try:
         make_sink = functools.partial(file_sink, planner.root, replace=options.overwrite)
         workers = worker_count(options, known_rows)

@@ -248,6 +248,9 @@ class Engine(ConnectionOwner):
         self.events = sink.events_for(events, self.loop)
         self.scheduler = Scheduler(options.concurrency, options.per_host, options.host_failures)
         self.pools: dict[Origin, HostPool] = {}
+        # Pools whose queued transfers wait for the host's name: the sweep ends
+        # those past their --deadline (_expire_unnamed).
+        self._unnamed: dict[HostPool, None] = {}
         self.connections: set[HTTPConnection] = set()
         # Connects racing several addresses, and the pool each is for.
         self.dialing: dict[HappyEyeballs, HostPool] = {}
@@ -467,6 +470,13 @@ class Engine(ConnectionOwner):
         pool = self.pools.get(job.origin)
         if pool is None:
             pool = self._add_pool(job.origin, job.host_header)
+        if pool.addresses is None:
+            # The row's clock starts now, not at its first connect: a name server
+            # that never answers kept a row a whole --timeout past its --deadline
+            # (curl -m counts the lookup too).  A retry's clock runs already.
+            if job.first_start == 0.0 and job.naming_since == 0.0:
+                job.naming_since = self.loop.now
+            self._unnamed[pool] = None
         self._execute(self.scheduler.submit(pool, transfer, self.loop.now, front))
 
     def _add_pool(self, origin: Origin, host_header: str) -> HostPool:
@@ -548,7 +558,8 @@ class Engine(ConnectionOwner):
     def _count_attempt(self, transfer: Transfer) -> None:
         job = transfer.job
         if job.first_start == 0.0:
-            job.first_start = self.loop.now
+            _named(job, self.loop.now)
+            job.first_start = self.loop.now - job.named_for  # the lookup counts
         transfer.retry = transfer.retry.started()
 
     def _resolve(self, pool: HostPool) -> None:
@@ -559,6 +570,10 @@ class Engine(ConnectionOwner):
         self, pool: HostPool, addresses: list[Address] | None, error: TransferError | None
     ) -> None:
         host, port = pool.connect_to
+        now = self.loop.now
+        for transfer in pool.queue:
+            _named(transfer.job, now)  # a wait for a connection from here on: not counted
+        self._unnamed.pop(pool, None)
         # Ask again when the answer's TTL runs out.
         refresh_at = max(self.resolver.expires(host, port), self.loop.now + 1.0)
         self._execute(self.scheduler.resolved(pool, addresses, error, refresh_at, self.loop.now))
@@ -1058,7 +1073,48 @@ class Engine(ConnectionOwner):
         now = self.loop.now
         for conn in list(self.connections):
             conn.check(now)
+        if self._unnamed:
+            self._expire_unnamed(now)
         self.loop.call_later(self._sweep_interval, self._sweep)
+
+    def _expire_unnamed(self, now: float) -> None:
+        """Fail the transfers whose --deadline ran out while their host's name
+        was looked up (or waited for a lookup): the resolver's own limit is
+        --timeout, and a thread's getaddrinfo has none of ours at all.  The
+        lookup goes on; its answer serves the host's later rows."""
+        deadline = self.options.deadline
+        for pool in list(self._unnamed):
+            if pool.addresses is not None or not pool.queue:
+                del self._unnamed[pool]
+                continue
+            late = [t for t in pool.queue if now - _clock_start(t.job, now) > deadline]
+            if not late:
+                continue
+            self.scheduler.unqueue(pool, late)
+            error = deadline_exceeded(deadline, "name resolution")
+            for transfer in late:
+                job = transfer.job
+                if job.first_start == 0.0:
+                    _named(job, now)
+                    job.first_start = now - job.named_for  # what its elapsed time counts from
+                self._failed(transfer, error)
+
+
+def _named(job: Job, now: float) -> None:
+    """``job`` waits for a name no longer (if it did): the wait is added up."""
+    if job.naming_since != 0.0:
+        job.named_for += now - job.naming_since
+        job.naming_since = 0.0
+
+
+def _clock_start(job: Job, now: float) -> float:
+    """When the row's --deadline clock started: its first attempt, less the time
+    it waited for names before it; ``now`` if it neither started nor waits."""
+    if job.first_start != 0.0:
+        return job.first_start
+    if job.naming_since != 0.0:
+        return job.naming_since - job.named_for
+    return now
 
 
 def _redacted(url: str | None) -> str | None:

@@ -25,6 +25,8 @@ class Job:
         "cross_origin",
         "first_start",
         "host_header",
+        "named_for",
+        "naming_since",
         "origin",
         "redirect_to",
         "redirects",
@@ -46,6 +48,11 @@ class Job:
         self.host_header = location.host_header
         self.authorization = location.authorization  # from user:password@ in the URL
         self.first_start = 0.0  # loop time of the first attempt (--deadline counts from it)
+        # Before it: waiting for the host's name counts in --deadline too, as in
+        # curl -m (engine/core.py): since when it waits (0.0: it does not), and
+        # for how long it waited before.  Not the wait for a free connection.
+        self.naming_since = 0.0
+        self.named_for = 0.0
         self.admitted = 0.0  # loop time the engine took the row (waiting for DNS counts)
         self.validator: str | None = row.validator  # ETag / Last-Modified for If-Range
         # Bytes of the file that an earlier run kept (its part) and this row still

@@ -218,6 +218,16 @@ class Scheduler:
             self._parked += 1
         return self._dispatched(pool, now)
 
+    def unqueue(self, pool: HostPool, transfers: list[Transfer]) -> None:
+        """Take ``transfers`` out of ``pool``'s queue: the engine fails them (their
+        --deadline ran out while the host's name was looked up)."""
+        gone = {id(transfer) for transfer in transfers}
+        kept = [transfer for transfer in pool.queue if id(transfer) not in gone]
+        if pool.paused_until and pool in self.paused:
+            self._parked -= len(pool.queue) - len(kept)
+        pool.queue.clear()
+        pool.queue.extend(kept)
+
     def dispatch_deferred(self, now: float) -> list[Action]:
         deferred, self._deferred = self._deferred, {}
         actions: list[Action] = []

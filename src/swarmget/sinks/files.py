@@ -510,10 +510,20 @@ class OutputDir:
             return False
 
     def _check_inside(self, directory: str) -> None:
-        """A directory (or a symlink) that already existed could point elsewhere."""
+        """A directory (or a symlink) that already existed could point elsewhere:
+        out of the output dir, or into our own state directory, whose journal
+        and manifest a row's file must never replace (the planner refuses the
+        name .swarmget, but a symlink of the user's, out/s -> .swarmget, made
+        s/journal.sqlite3 a path a row could be given)."""
         real = os.path.realpath(directory)
         if real != self.root and not real.startswith(self.root + "/"):
             raise TransferError(ErrorCode.BAD_PATH, f"{directory} resolves outside the output dir")
+        state = f"{self.root}/{STATE_DIR}"
+        if real == state or real.startswith(state + "/"):
+            raise TransferError(
+                ErrorCode.BAD_PATH,
+                f"{directory} resolves into swarmget's own {STATE_DIR} directory",
+            )
 
 
 class FileSink(Sink):

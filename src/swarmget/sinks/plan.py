@@ -236,7 +236,9 @@ class JournalNames(NameStore):
 class FilePlanner:
     """Plans rows for the file sink and keeps the journal (see the module docstring)."""
 
-    def __init__(self, root: str, options: Options) -> None:
+    def __init__(
+        self, root: str, options: Options, inputs: frozenset[tuple[int, int]] = frozenset()
+    ) -> None:
         self.output = OutputDir(root)
         self.root = self.output.root
         self.options = options
@@ -246,6 +248,11 @@ class FilePlanner:
         # In an output dir that starts empty, every file is ours: no need to look
         # for foreign files before each download (one syscall less per file).
         self.fresh = self.journal.empty_at_start and not _has_files(self.root)
+        # The files the rows are read from (st_dev, st_ino), which no row may
+        # replace or remove: `swarmget out/urls.txt -o out --overwrite` wrote the
+        # file of http://h/urls.txt over its own list.  None can be in an output
+        # dir that starts empty: then nothing is looked at.
+        self._inputs = frozenset() if self.fresh else inputs
         self._split = UrlSplitter().split
         self._occurrences: dict[tuple[str, str | None], int] = {}
         # Rows planned and dealt out whose outcome is not in the table yet.
@@ -339,7 +346,7 @@ class FilePlanner:
             if recovered is not None:
                 batch.results.append(recovered)
                 return
-            message = self._foreign_file(path, url)
+            message = self._input_file(path) or self._foreign_file(path, url)
             # The name stays claimed (not ours): later rows are named around it.
             self._foreign[key] = path
             batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
@@ -356,8 +363,16 @@ class FilePlanner:
                 return
             # What an earlier run left at the path (a file whose record the
             # kill lost, or one changed since) goes now: the download is
-            # published only where nothing is (sinks/files.py).
+            # published only where nothing is (sinks/files.py).  Not an input.
             self._unpublish(previous)
+        if self._inputs and (overwrite or ours):
+            # The download would be published over the file at the path: one
+            # syscall a row, only with --overwrite or to redo a row of ours.
+            message = self._input_file(path)
+            if message:
+                self._foreign[key] = path  # claimed, not ours: never removed later
+                batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
+                return
         plans.append((key, row.index, url, path, True))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
@@ -557,6 +572,25 @@ class FilePlanner:
             key=key,
             reused=previous.bytes,
         )
+
+    def _input_file(self, path: str) -> str:
+        """Why the row cannot have ``path`` when the file there is one its run
+        reads rows from (compared as files, not as names), else ``""``."""
+        if not self._is_input(path):
+            return ""
+        return (
+            f"{path} is an input list of this run (swarmget never writes over or removes "
+            "its input, even with --overwrite; give the row another path)"
+        )
+
+    def _is_input(self, path: str) -> bool:
+        if not self._inputs:
+            return False
+        try:
+            found = os.stat(f"{self.root}/{path}")  # through a symlink too: it may lead there
+        except (OSError, ValueError):
+            return False
+        return (found.st_dev, found.st_ino) in self._inputs
 
     def _foreign_file(self, path: str, url: str) -> str:
         """Why the file at ``path`` is not this row's (``exists``)."""
@@ -945,7 +979,7 @@ class FilePlanner:
     def _remove(self, path: str) -> None:
         """Remove our file at ``path``, if any, never through a directory that
         leads out of the output dir (one replaced by a symlink since)."""
-        if self.output.resolves_inside(path):
+        if self.output.resolves_inside(path) and not self._is_input(path):
             with contextlib.suppress(OSError):
                 os.unlink(f"{self.root}/{path}")
 

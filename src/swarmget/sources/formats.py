@@ -136,25 +136,34 @@ def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iter
         first = False
         assert isinstance(value, dict)
         index = next(counter)
+        known: dict[str, object] | None = None
         try:
-            if "url" not in value:
-                value = _lower_keys(value)  # "URL", as a CSV header may say it too
-            row = build_row(index, value)
+            # Always, not only without "url": {"url": a, "URL": b} went to a, and
+            # {"url": a, "PATH": p} lost its path, neither said.
+            known = _lower_keys(value)  # "URL", as a CSV header may say it too
+            row = build_row(index, known)
         except FieldError as bad_field:  # not `exc`: mypyc gives a name one type per function
-            row = bad_row(index, name, lineno, str(bad_field), usable_url(value), line)
+            # Two urls: the row is named by its line, not by one of them.
+            url = usable_url(known) if known is not None else None
+            row = bad_row(index, name, lineno, str(bad_field), url, line)
         yield row
 
 
 def _lower_keys(fields: dict[str, object]) -> dict[str, object]:
-    """``fields`` with the names of the known columns in lower case (``URL``,
-    ``Path``); two spellings of one column are an error, as in a CSV header."""
+    """The known columns of ``fields``, named in lower case (``URL``, ``Path``).
+    Two spellings of one column (``url`` and ``URL``) are an error, as in a CSV
+    header: which one was meant cannot be told, and taking either is a guess."""
     lowered: dict[str, object] = {}
+    spelled: dict[str, str] = {}
     for key, value in fields.items():
         column = key.lower()
         if column in COLUMNS:
             if column in lowered:
-                raise FieldError(f"column {column!r} appears more than once ({key!r})")
+                raise FieldError(
+                    f"column {column!r} appears more than once ({spelled[column]!r} and {key!r})"
+                )
             lowered[column] = value
+            spelled[column] = key
     return lowered
 
 

@@ -205,6 +205,33 @@ def is_url(source: object) -> TypeGuard[str]:
     return isinstance(source, str) and "://" in source
 
 
+def input_files(
+    sources: Iterable[str | os.PathLike[str]], stdin: TextIO | BinaryIO | None = None
+) -> frozenset[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of every file the run reads its rows from: the list
+    files (what opening the path opens, through any symlink), and stdin when
+    it is a file (``swarmget - < out/urls.txt``).  The planner never writes
+    over or removes one of these (sinks/plan.py): by identity, as the same
+    file may be named ``out/urls.txt``, ``./out/../out/urls.txt``, through a
+    symlink, or by a hard link of another name.  A source that cannot be
+    stat'ed is left out: reading it fails with its own message."""
+    found: set[tuple[int, int]] = set()
+    for source in sources:
+        try:
+            if isinstance(source, str) and source == STDIN:
+                stream = sys.stdin if stdin is None else stdin
+                info = os.fstat(stream.fileno()) if stream is not None else None
+            elif is_url(source):
+                continue
+            else:
+                info = os.stat(source)
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            continue  # closed, or no descriptor (a list of lines in a test)
+        if info is not None and stat.S_ISREG(info.st_mode):
+            found.add((info.st_dev, info.st_ino))
+    return frozenset(found)
+
+
 def check_sources(sources: Iterable[str | os.PathLike[str]]) -> None:
     """Raise UsageError now for any source that is certain to fail later.
 
