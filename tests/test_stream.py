@@ -354,6 +354,37 @@ def test_leaving_a_one_process_stream_does_not_wait_for_a_running_map(
     assert time.monotonic() - started < 5
 
 
+def _leaves_a_thread_or_a_child(item: Item) -> int:
+    if item.index == 0:
+        threading.Thread(target=time.sleep, args=(30,)).start()  # not a daemon
+        return 0
+    if item.index == 1:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child only sleeps
+            time.sleep(30)
+            os._exit(0)
+        return pid
+    return -1
+
+
+def test_a_map_that_leaves_a_thread_or_a_child_behind_does_not_delay_the_end(
+    server: TestServer,
+) -> None:
+    # A worker that had sent its last report still joined the thread map had
+    # started (multiprocessing's exit), and a child map forked held the worker's
+    # sentinel open: the driver waited its whole 1.5 s for either, every stream.
+    urls = [server.file_url(f"lt{i}.bin", size=10) for i in range(4)]
+    started = time.monotonic()
+    with swarmget.stream(urls, map=_leaves_a_thread_or_a_child, workers=2) as items:
+        values = {item.index: item.value for item in items}
+    took = time.monotonic() - started
+    child = values[1]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGKILL)
+    assert took < 1.2, took
+    assert not multiprocessing.active_children()
+
+
 def test_map_runs_in_the_worker_processes(server: TestServer) -> None:
     urls = [server.file_url(f"m{i}.bin", size=2000, latency=0.02) for i in range(80)]
     with swarmget.stream(urls, map=_pid_of, workers=2, concurrency=20) as items:
