@@ -354,6 +354,37 @@ def test_leaving_a_one_process_stream_does_not_wait_for_a_running_map(
     assert time.monotonic() - started < 5
 
 
+def _leaves_a_thread_or_a_child(item: Item) -> int:
+    if item.index == 0:
+        threading.Thread(target=time.sleep, args=(30,)).start()  # not a daemon
+        return 0
+    if item.index == 1:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child only sleeps
+            time.sleep(30)
+            os._exit(0)
+        return pid
+    return -1
+
+
+def test_a_map_that_leaves_a_thread_or_a_child_behind_does_not_delay_the_end(
+    server: TestServer,
+) -> None:
+    # A worker that had sent its last report still joined the thread map had
+    # started (multiprocessing's exit), and a child map forked held the worker's
+    # sentinel open: the driver waited its whole 1.5 s for either, every stream.
+    urls = [server.file_url(f"lt{i}.bin", size=10) for i in range(4)]
+    started = time.monotonic()
+    with swarmget.stream(urls, map=_leaves_a_thread_or_a_child, workers=2) as items:
+        values = {item.index: item.value for item in items}
+    took = time.monotonic() - started
+    child = values[1]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signal.SIGKILL)
+    assert took < 1.2, took
+    assert not multiprocessing.active_children()
+
+
 def test_map_runs_in_the_worker_processes(server: TestServer) -> None:
     urls = [server.file_url(f"m{i}.bin", size=2000, latency=0.02) for i in range(80)]
     with swarmget.stream(urls, map=_pid_of, workers=2, concurrency=20) as items:
@@ -463,7 +494,55 @@ def test_bodies_beyond_the_budget_spill_and_their_files_go(
         assert first is not None and first.exists()
         spilled[0].close()  # dropping an item (or close) removes its file
         assert not first.exists()
-    assert list(spill.iterdir()) == []  # and closing the stream removes the rest
+    # The items still held keep their files past the stream's close; the folder
+    # goes with the last of them.
+    assert all(item.read() for item in spilled[1:])
+    del kept, spilled, item
+    gc.collect()
+    assert list(spill.iterdir()) == []
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_spilled_item_keeps_its_file_until_it_is_dropped(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    # Closing the stream removed every spill file, those of items the caller
+    # still held too: `list(swarmget.stream(...))` drops the stream at once,
+    # and every spilled item's read() failed.
+    size = 100_000
+    urls = [server.file_url(f"keep{i}.bin", size=size) for i in range(6)]
+    got = list(
+        swarmget.stream(urls, max_buffer_bytes=1, spill_dir=tmp_path, workers=workers, ordered=True)
+    )
+    gc.collect()
+    assert all(item.path is not None for item in got)
+    assert [item.read() for item in got] == [expected_body(f"keep{i}.bin", size) for i in range(6)]
+    first = got.pop(0).path  # dropped: its file goes, the others stay
+    assert first is not None and not first.exists()
+    assert all(item.read() for item in got)
+    del got
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []  # the last item takes the folder with it
+
+
+def test_closing_removes_the_files_of_items_never_handed_out(
+    server: TestServer, tmp_path: Path
+) -> None:
+    urls = [server.file_url(f"q{i}.bin", size=100_000) for i in range(40)]
+    with swarmget.stream(
+        urls, max_buffer_bytes=1, spill_dir=tmp_path, workers=2, prefetch=40, ordered=True
+    ) as items:
+        held = next(items)
+        (folder,) = tmp_path.iterdir()
+        deadline = time.monotonic() + 10
+        while len(list(folder.iterdir())) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)  # items spill and wait ahead of the caller
+    assert held.path is not None
+    assert sorted(p.name for p in folder.iterdir()) == [".owner", held.path.name]
+    assert held.read() == expected_body("q0.bin", 100_000)
+    del held
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("framing", [{"chunked": 1, "chunk": 3000}, {"close": 1}])
@@ -481,6 +560,8 @@ def test_bodies_of_unknown_length_stay_in_memory_unless_they_outgrow_their_share
             size = sizes[item.index % len(sizes)]
             assert item.ok and item.read() == expected_body(f"u{item.index % 5}.bin", size)
             assert (item.path is not None) == (size == 3_000_000), item.index
+    del got, item
+    gc.collect()
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
@@ -503,9 +584,10 @@ def test_a_body_larger_than_the_whole_budget_always_spills(server: TestServer) -
         (item,) = list(items)
         assert item.data is None and item.path is not None
         assert item.read() == expected_body("huge.bin", 200_000)
-    # Kept past the stream's end, its spill file is gone: said so, not a bare
-    # FileNotFoundError.
-    with pytest.raises(ValueError, match="removed when the stream closes"):
+    assert item.read() == expected_body("huge.bin", 200_000)  # kept past the stream's end
+    assert item.path is not None
+    item.path.unlink()  # removed by someone else: said so, not a bare FileNotFoundError
+    with pytest.raises(ValueError, match="which is gone"):
         item.read()
 
 
@@ -570,7 +652,7 @@ def test_breaking_out_stops_everything_and_leaves_nothing(
     spill = tmp_path / "spill"
     started = time.monotonic()
     with swarmget.stream(urls, workers=2, spill_dir=spill, max_buffer_bytes=200_000) as items:
-        for i, _ in enumerate(items):
+        for i, _item in enumerate(items):
             if i == 20:
                 break
         children = [p.pid for p in __import__("multiprocessing").active_children()]
@@ -579,6 +661,8 @@ def test_breaking_out_stops_everything_and_leaves_nothing(
     time.sleep(0.2)
     for pid in children:
         assert not _alive(pid), pid
+    del _item  # the one item still held kept its spill file (if it had one)
+    gc.collect()
     assert list(spill.iterdir()) == []
     assert "Traceback" not in capfd.readouterr().err
 

@@ -82,6 +82,23 @@ def _exited(process: BaseProcess) -> bool:
         return True
 
 
+def _wait_for(process: BaseProcess, within: float) -> None:
+    """Wait up to ``within`` seconds for ``process`` to end.  Not ``join``: it
+    waits on the sentinel alone, and a child the worker forked (a stream's
+    ``map`` may) holds a copy of it open, so join waited the whole time for a
+    worker long dead.  :func:`_exited` also asks waitpid."""
+    deadline = time.monotonic() + within
+    while process.exitcode is None and time.monotonic() < deadline:
+        try:
+            if select.select([process.sentinel], [], [], 0.01)[0]:
+                # Ended: join reaps it now (a zombie unreaped, close() could not
+                # free its descriptors).
+                process.join(within)
+                return
+        except (OSError, ValueError):  # closed already
+            return
+
+
 def _close(process: BaseProcess) -> None:
     """Free ``process``'s descriptors now (it sits in a reference cycle: a
     program with the collector off got four more descriptors every run)."""
@@ -325,7 +342,7 @@ class ForkBackend:
         for worker, slot in enumerate(self._slots):
             if slot is None:
                 continue
-            slot.process.join(self._stop_wait)
+            _wait_for(slot.process, self._stop_wait)
             _kill(slot.process)
             self._ended(slot)
             slot.conn.close()

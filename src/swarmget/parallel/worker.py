@@ -203,6 +203,21 @@ def worker_main(
     _send_last(conn, events, message)
     if engine is not None:
         engine.close()
+    _leave()
+
+
+def _leave() -> None:
+    """End this worker now that its last report is sent.  Returning would end it
+    as multiprocessing does, which first joins every non-daemon thread: one a
+    stream's ``map`` had started (a library's, a forgotten timer) kept the
+    worker alive until the driver killed it, and every stream whose map did so
+    ended 1.5 s late.  Nothing of ours is left to run (there are no atexit
+    hooks in a forked child; only the output buffers to write out)."""
+    for out in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            if out is not None:
+                out.flush()
+    os._exit(0)
 
 
 # The signals the driver stops a worker with (see ForkBackend.stop).

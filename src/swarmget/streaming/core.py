@@ -20,7 +20,9 @@ fork never copies a half-held lock of ours.
 
 Ending early is as safe as finishing: leaving the ``with``, :meth:`Stream.close`,
 dropping the iterator, Ctrl-C, or the interpreter exiting all stop the run,
-end the workers, and remove the spill files, within a second or two.
+end the workers, and remove the spill files, within a second or two -- but
+those of items the caller still holds, which go with their items
+(:mod:`swarmget.streaming.spill`).
 """
 
 from __future__ import annotations
@@ -159,8 +161,8 @@ class Stream(Iterator[Item]):
     downloading or waiting ahead of the caller, ``max_buffer_bytes`` the bytes
     they hold in memory, all processes together; bodies beyond it go to files
     under ``spill_dir`` (a temporary directory by default), removed when the
-    item is dropped or the stream closed.  ``on_error``: ``"yield"`` failed
-    items (``item.ok`` False), ``"skip"`` them, or ``"raise"``
+    item is dropped (closing the stream removes those it never handed out).
+    ``on_error``: ``"yield"`` failed items (``item.ok`` False), ``"skip"`` them, or ``"raise"``
     :class:`~swarmget.TransferError` when the loop reaches one.  ``workers``:
     processes, one per CPU by default.  Every option of
     :func:`swarmget.download` applies (concurrency, per_host, retries,
@@ -262,7 +264,7 @@ class Stream(Iterator[Item]):
             backend, budget, arenas = self._backend()
             self._delivery = Delivery(
                 ordered=self._ordered, prefetch=self._prefetch, on_error=self._on_error,
-                budget=budget, arenas=arenas, backend=backend,
+                budget=budget, arenas=arenas, backend=backend, spill=self._spill,
             )  # fmt: skip
             supervisor = self._supervisor(backend)
         except BaseException:
@@ -405,7 +407,10 @@ class Stream(Iterator[Item]):
             return  # a forked copy: the stream is its parent's
         self._end_run()
         if self._spill is not None:
-            self._spill.remove()
+            # Every file but those of the items the caller still holds: each
+            # of those goes when its item is dropped (and the folder with the
+            # last), or at the interpreter's exit.
+            self._spill.close()
 
     def _end_run(self) -> None:
         """Stop the run and wait for its thread (the workers end with it)."""

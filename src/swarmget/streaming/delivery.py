@@ -36,6 +36,7 @@ from swarmget.parallel.backend import Backend
 from swarmget.report import FileResult, Report
 from swarmget.sinks.memory import ARENA, BYTES, SPILL, VALUE, Arena, Budget
 from swarmget.streaming.items import Item
+from swarmget.streaming.spill import SpillDir
 
 ON_ERROR: Final = ("yield", "skip", "raise")
 FAST_POLL: Final = 0.005  # seconds, while bodies wait for room
@@ -72,8 +73,10 @@ class Delivery:
         budget: Budget,
         arenas: list[Arena] | None,
         backend: Backend,
+        spill: SpillDir | None = None,
     ) -> None:
         self._ordered = ordered
+        self._spill = spill  # a spilled item's file is the item's (spill.adopt)
         self._prefetch = prefetch
         self._on_error = on_error
         self._budget = budget  # bytes held here (and, inline, in flight) ahead of the caller
@@ -144,6 +147,8 @@ class Delivery:
                     result.index, result.url, True, http_status=result.http_status,
                     path=Path(payload[1]),
                 )  # fmt: skip
+                if self._spill is not None:
+                    self._spill.adopt(item, payload[1])
             elif kind == VALUE:
                 item.value = payload[1]
         return item
@@ -192,6 +197,12 @@ class Delivery:
 
     def _queue_locked(self, items: list[tuple[int, Item]]) -> None:
         if not items:
+            return
+        if self._closing:
+            # Nobody will take them (take() returns None once closing): their
+            # files go now, not when this Delivery is collected.
+            for _, item in items:
+                item.close()
             return
         if self._ordered:
             for key, item in items:
@@ -257,4 +268,11 @@ class Delivery:
     def close(self) -> None:
         with self._cond:
             self._closing = True
+            # Items still queued are not the caller's (take() returns None from
+            # now on): their spill files go now.  Those handed out stay theirs.
+            dropped = list(self._ready) + list(self._by_key.values())
+            self._ready.clear()
+            self._by_key.clear()
             self._cond.notify_all()
+        for item in dropped:
+            item.close()

@@ -19,7 +19,8 @@ class Item:
     failed); ``value`` is what ``map`` returned (then neither the body nor its
     file comes along).  An item is always true, whatever its length: test
     ``item.ok`` for success.  A spilled item's file is removed when the item is
-    dropped or :meth:`close`\\ d, or when the stream closes.
+    dropped or :meth:`close`\\ d (or at the interpreter's exit): closing the
+    stream removes only the files of items it never handed out.
     """
 
     __slots__ = (
@@ -73,8 +74,8 @@ class Item:
                 return self.path.read_bytes()
             except FileNotFoundError:
                 raise ValueError(
-                    f"this item's body was spilled to {self.path}, which is gone: spill "
-                    "files are removed when the stream closes (read() the body first)"
+                    f"this item's body was spilled to {self.path}, which is gone "
+                    "(removed by something other than this item)"
                 ) from None
         # Not b"": an empty body is data == b"".  Silence here was a wrong answer.
         raise ValueError(

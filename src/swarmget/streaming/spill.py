@@ -16,6 +16,13 @@ another PID namespace sharing the temporary directory (containers) sees other
 numbers.  Folders without an owner file (another version's, anyone's) are
 never touched, and nor is one younger than :data:`SWEEP_AFTER` (its maker may
 not have taken the lock yet).
+
+A spilled item the caller holds keeps its file (and so the folder, and its
+lock) past the stream's close, until the item is dropped or closed:
+``items = list(swarmget.stream(urls))`` drops the stream at once, and every
+spilled item's ``read()`` failed.  :meth:`SpillDir.adopt` ties a file to its
+item; :meth:`SpillDir.close` removes every other file at once, and the folder
+goes with the last adopted item.
 """
 
 from __future__ import annotations
@@ -26,8 +33,10 @@ import os
 import shutil
 import stat
 import tempfile
+import threading
 import time
-from typing import Final
+import weakref
+from typing import Any, Final
 
 from swarmget.errors import UsageError
 
@@ -39,7 +48,8 @@ SWEEP_AFTER: Final = 60.0  # seconds: a folder younger than this may be in the m
 class SpillDir:
     """``SpillDir(parent)``: a new spill folder under ``parent`` (the temporary
     directory when None; made if missing and then left, as the caller's), its
-    owner lock taken.  ``path`` is the folder; ``remove()`` deletes it."""
+    owner lock taken.  ``path`` is the folder; ``adopt()`` ties a file to the
+    item that holds it, ``close()`` removes the rest, ``remove()`` all."""
 
     def __init__(self, parent: str | None) -> None:
         try:
@@ -49,14 +59,68 @@ class SpillDir:
         except OSError as exc:  # a file there, no permission
             raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
         self._owner = _take_owner_lock(self.path)
+        self._pid = os.getpid()  # a forked copy removes nothing (see _unlink in items.py)
+        self._lock = threading.Lock()  # adopt/dropped come from any thread (the GC's too)
+        self._kept: set[str] = set()  # files of items that are still around
+        self._closed = False
         sweep_abandoned(os.path.dirname(self.path))
+
+    def adopt(self, item: Any, path: str) -> None:
+        """``path`` is ``item``'s file from now on: removed when the item is dropped
+        or closed (``item._remove``), not when the stream closes before that."""
+        with self._lock:
+            if self._closed:
+                # Made after the close (a run's last moments): nobody will read it.
+                _unlink(path)
+                return
+            self._kept.add(path)
+        if item._remove is not None:
+            item._remove.detach()
+        # The finaliser holds this SpillDir: the folder and its lock last as
+        # long as any item that has a file in it.
+        item._remove = weakref.finalize(item, self.dropped, path)
+
+    def dropped(self, path: str) -> None:
+        """An adopted item was dropped or closed: its file goes (the folder too,
+        after the stream's close, with the last such file)."""
+        if os.getpid() != self._pid:
+            return
+        _unlink(path)
+        with self._lock:
+            self._kept.discard(path)
+            last = self._closed and not self._kept
+        if last:
+            self.remove()
+
+    def close(self) -> None:
+        """The stream has closed: remove every file no item holds (those of items
+        never handed out, half-written bodies), and the folder if no item holds
+        one.  Safe to repeat."""
+        with self._lock:
+            self._closed = True
+            kept = set(self._kept)
+        if not kept:
+            self.remove()
+            return
+        with contextlib.suppress(OSError), os.scandir(self.path) as entries:
+            for entry in entries:
+                if entry.name != OWNER and entry.path not in kept:
+                    _unlink(entry.path)
 
     def remove(self) -> None:
         """Delete the folder and what is in it (safe to repeat)."""
+        if os.getpid() != self._pid:
+            return
         shutil.rmtree(self.path, ignore_errors=True)
-        if self._owner is not None:
-            os.close(self._owner)
-            self._owner = None
+        with self._lock:
+            owner, self._owner = self._owner, None
+        if owner is not None:
+            os.close(owner)
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _take_owner_lock(path: str) -> int | None:
