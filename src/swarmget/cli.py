@@ -150,50 +150,14 @@ class _Exit(Exception):
         self.status = status
 
 
-class _Once(argparse._StoreAction):
-    """An option that takes one value (argparse's plain store).  Given twice with
-    different values it is a usage error naming it: argparse kept the last one
-    silently, so ``-o a ... -o b`` wrote into b, wherever the first one was
-    meant to win.  The same value twice is harmless and is accepted."""
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        if self.option_strings:  # a positional (SOURCE) collects its arguments: not ours
-            given: dict[str, object] = namespace.__dict__.setdefault(_GIVEN, {})
-            if self.dest in given and given[self.dest] != values:
-                name = "/".join(self.option_strings)
-                raise UsageError(
-                    f"{name} given twice with different values, {given[self.dest]!r} and "
-                    f"{values!r}: give it once"
-                )
-            given[self.dest] = values
-        setattr(namespace, self.dest, values)
-
-
-_GIVEN = "_given_once"  # the namespace's record of what _Once options were given
-
-
 class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and calling ``sys.exit``.
 
     ``main`` turns the exception into the one-line error and exit status 2, and
-    tests can call ``main`` in-process without catching ``SystemExit``.  Every
-    single-valued option of it is a :class:`_Once` (repeatable ones say
-    ``action="append"``).
+    tests can call ``main`` in-process without catching ``SystemExit``.
     """
 
     lost: str | None = None  # what could not be written to stdout (--help, --version)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # The registry is shared with the argument groups: their options too.
-        self.register("action", None, _Once)
-        self.register("action", "store", _Once)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message)
@@ -245,9 +209,9 @@ sources:
   A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv or .jsonl),
   "-" to read such a list from standard input, or a URL given directly.
   Sources and options may come in any order; after "--" every argument is a
-  source.  An option that takes one value may be given once (twice only with
-  the same value; --header and --dns-server repeat).  To download a URL list
-  file literally named "demo", write ./demo.
+  source.  An option given twice counts as last given, as in curl (a wrapper's
+  defaults can be overridden); --header and --dns-server add up.  To download
+  a URL list file literally named "demo", write ./demo.
 
 sizes:
   --max-size and --min-speed take a number of bytes with an optional suffix
