@@ -1270,3 +1270,14 @@ def test_a_url_without_its_scheme_is_not_echoed_with_its_password(
         f"swarmget: error: cannot read {shown!r}: no such file (a URL needs http:// or https://)\n"
     )
     assert "s3cret" not in proc.stderr and "pa/ss" not in proc.stderr
+
+
+def test_an_option_given_again_overrides_the_earlier_one() -> None:
+    # As in curl and wget: a wrapper's defaults (an alias, a script) can be
+    # overridden on the command line; repeatable options add up instead.
+    argv = ["l.txt", "-o", "a", "--concurrency", "16", "--header", "X-A: 1"]
+    argv += ["--concurrency", "4", "-o", "b", "--header", "X-B: 2"]
+    args = cli.parse_command_line(cli.build_parser(), argv)
+    options = cli.options_from_args(args)
+    assert (args.output, options["concurrency"]) == ("b", 4)
+    assert options["headers"] == {"X-A": "1", "X-B": "2"}
