@@ -443,3 +443,40 @@ def test_a_row_whose_path_is_a_directory_on_disk_takes_no_other_rows_with_it(
         report = swarmget.download([], out, sources=[str(listing)], retries=0)
     assert report.error_counts() == {"exists": 1}
     assert (out / "existdir" / "in.bin").stat().st_size == 10
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_path_no_file_can_take_fails_before_its_download(tmp_path: Path, overwrite: bool) -> None:
+    # A file of the user's where a row's directory must go ("a" for a/b.bin),
+    # and a directory of the user's at a row's path under --overwrite (which
+    # replaces files only): each row downloaded its body, then failed as `io`
+    # ("cannot create directory", "Is a directory"), the body thrown away.
+    import swarmget
+    from swarmget.testing import TestServer
+
+    out = tmp_path / "out"
+    (out / "d").mkdir(parents=True)
+    (out / "d" / "mine.txt").write_text("kept")
+    (out / "a").write_text("the user's")
+    listing = tmp_path / "list.csv"
+    with TestServer() as server:
+        listing.write_text(
+            "url,path\n"
+            f"{server.file_url('x.bin', size=10)},a/b.bin\n"
+            f"{server.file_url('y.bin', size=10)},d\n"
+            f"{server.file_url('z.bin', size=10)},z.bin\n"
+        )
+        report = swarmget.download([], out, sources=[str(listing)], retries=0, overwrite=overwrite)
+        asked = b"".join(server.requests)
+    assert report.error_counts() == {"exists": 2}
+    assert b"x.bin" not in asked and b"y.bin" not in asked  # nothing fetched to be lost
+    messages = sorted(str(r.message) for r in report.failures)
+    assert messages[0].startswith("a file is where a directory of a/b.bin must go")
+    assert messages[1] == (
+        "d is a directory"
+        + ("" if overwrite else ", not swarmget's")
+        + " (--overwrite replaces files, not directories)"
+    )
+    assert (out / "a").read_text() == "the user's"
+    assert (out / "d" / "mine.txt").read_text() == "kept"
+    assert (out / "z.bin").stat().st_size == 10

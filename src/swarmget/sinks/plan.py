@@ -365,6 +365,15 @@ class FilePlanner:
             # kill lost, or one changed since) goes now: the download is
             # published only where nothing is (sinks/files.py).  Not an input.
             self._unpublish(previous)
+        if not self.fresh and (overwrite or "/" in path):
+            # Checked here, not found at the download's end (as `io`, the body
+            # thrown away): a directory at the path, which --overwrite does not
+            # remove, or a file where one of the path's directories must go.
+            message = self._blocked(path)
+            if message:
+                self._foreign[key] = path  # claimed, not ours: never removed later
+                batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
+                return
         if self._inputs and (overwrite or ours):
             # The download would be published over the file at the path: one
             # syscall a row, only with --overwrite or to redo a row of ours.
@@ -595,6 +604,9 @@ class FilePlanner:
     def _foreign_file(self, path: str, url: str) -> str:
         """Why the file at ``path`` is not this row's (``exists``)."""
         earlier = self.journal.recovered(path) if self._recovering else None
+        blocked = self._blocked(path)  # a directory: --overwrite would not help
+        if blocked:
+            return blocked.replace(" (--overwrite", ", not swarmget's (--overwrite", 1)
         if earlier is None:
             what = "already exists and was not downloaded by swarmget"
         elif earlier.get("url") == url:
@@ -753,6 +765,23 @@ class FilePlanner:
         except OSError:
             return False
         return stat.S_ISREG(found.st_mode) and found.st_size == previous.bytes
+
+    def _blocked(self, path: str) -> str:
+        """Why no file can be published at ``path`` whatever ``--overwrite`` says
+        (a directory is there, or a file is where one of its directories must
+        be), else ``""``.  One lstat: ENOTDIR tells the second case."""
+        try:
+            found = os.lstat(f"{self.root}/{path}")
+        except NotADirectoryError:
+            return (
+                f"a file is where a directory of {path} must go "
+                "(swarmget replaces files, never turns one into a directory)"
+            )
+        except (OSError, ValueError):
+            return ""
+        if stat.S_ISDIR(found.st_mode):
+            return f"{path} is a directory (--overwrite replaces files, not directories)"
+        return ""
 
     def _occupied(self, path: str) -> bool:
         return os.path.lexists(f"{self.root}/{path}")  # per row: not os.path.join
