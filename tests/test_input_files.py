@@ -161,3 +161,30 @@ def test_a_symlink_into_the_state_directory_leads_no_row_to_the_journal(
     assert sorted(os.listdir(out / ".swarmget")) == state
     assert (out / ".swarmget" / "journal.sqlite3").stat().st_ino == journal.st_ino
     assert {r["index"] for r in records(out)} == {0, 1, 2, 3}
+
+
+def test_only_lists_a_path_in_the_output_dir_can_lead_to_are_compared(tmp_path: Path) -> None:
+    # A list kept outside the output dir, the usual case, costs no stat a row.
+    from swarmget.sources.reader import input_files
+
+    out = tmp_path / "out"
+    out.mkdir()
+    outside = tmp_path / "outside.txt"
+    inside = out / "inside.txt"
+    linked = tmp_path / "linked.txt"  # outside, with a hard link in out
+    for path in (outside, inside, linked):
+        path.write_text("http://h/a\n")
+    os.link(linked, out / "other-name.txt")
+    os.symlink(inside, tmp_path / "to-inside.txt")
+
+    def identity(path: Path) -> tuple[int, int]:
+        info = path.stat()
+        return info.st_dev, info.st_ino
+
+    sources = [str(p) for p in (outside, linked, tmp_path / "to-inside.txt")]
+    assert input_files(sources, within=str(out)) == {identity(linked), identity(inside)}
+    assert input_files(sources) == {identity(outside), identity(linked), identity(inside)}
+    with open(inside, "rb") as stdin:
+        assert input_files(["-"], stdin, within=str(out)) == {identity(inside)}
+    with open(outside, "rb") as stdin:
+        assert input_files(["-"], stdin, within=str(out)) == frozenset()

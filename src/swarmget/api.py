@@ -251,20 +251,28 @@ def download(
         progress = None
     rows = input_rows(urls, sources)
     report = run_download(
-        rows, dest, opts, progress, known_rows=_known_rows(urls, sources), inputs=_inputs(sources)
+        rows,
+        dest,
+        opts,
+        progress,
+        known_rows=_known_rows(urls, sources),
+        inputs=_inputs(sources, dest),
     )
     if report.total + report.skipped == 0:
         warn_at_caller("swarmget.download: the input has no rows")
     return report
 
 
-def _inputs(sources: Sequence[str] | None) -> frozenset[tuple[int, int]]:
-    """The files ``sources`` reads, by identity (st_dev, st_ino): no row may replace one."""
+def _inputs(
+    sources: Sequence[str] | None, dest: str | bytes | os.PathLike[str] | os.PathLike[bytes]
+) -> frozenset[tuple[int, int]]:
+    """The files ``sources`` reads that a path in ``dest`` may lead to, by
+    identity (st_dev, st_ino): no row may replace one."""
     if not sources or isinstance(sources, str | bytes):
         return frozenset()  # none, or the TypeError input_rows raised already
     from swarmget.sources.reader import input_files
 
-    return input_files(sources)
+    return input_files(sources, within=os.fsdecode(dest))
 
 
 def _known_rows(urls: object, sources: Sequence[str] | None) -> int | None:

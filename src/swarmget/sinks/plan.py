@@ -60,6 +60,7 @@ from swarmget.sinks.bloom import Bloom
 from swarmget.sinks.files import (
     PARTS_DIR,
     STATE_DIR,
+    VERSION_SUFFIX,
     AppearedMeanwhile,
     OutputDir,
     OutputError,
@@ -284,6 +285,11 @@ class FilePlanner:
         self._names_store.recovering = self._recovering
         if self.journal.empty_at_start:
             _remove_parts(self.root)  # no row knows them: nothing can continue them
+        # Versions a kill left beside (or without) their parts: looked for row by
+        # row (_plan_row) only if the parts folder holds any at the start, as
+        # only workers of this run write them, for rows planned already.  An
+        # unlink a row was a tenth of a rerun's cost per row.
+        self._stray_versions = not self.journal.empty_at_start and _has_versions(self.root)
         self._lines = ManifestLines(manifest) if self.journal.empty_at_start else None
 
     # -- planning --------------------------------------------------------------------
@@ -401,7 +407,7 @@ class FilePlanner:
                 remove_part(part)  # nothing can continue it: it would be a stray
                 if previous is not None and previous.validator:
                     self._stale_validators.append(key)
-        elif previous is not None:
+        elif previous is not None and self._stray_versions:
             # A version written beside a part before the journal heard of it (a
             # kill), or of a part --overwrite does not continue: a stray now.
             with contextlib.suppress(OSError):
@@ -1088,6 +1094,16 @@ def _failed_follower(
         index=follower.index,
         key=follower.key,
     )
+
+
+def _has_versions(root: str) -> bool:
+    """Does ``root``'s parts folder hold a part's version (see sinks/files.py)?"""
+    parts = os.path.join(root, STATE_DIR, PARTS_DIR)
+    try:
+        with os.scandir(parts) as entries:
+            return any(entry.name.endswith(VERSION_SUFFIX) for entry in entries)
+    except OSError:
+        return False
 
 
 def _remove_parts(root: str) -> None:

@@ -206,7 +206,9 @@ def is_url(source: object) -> TypeGuard[str]:
 
 
 def input_files(
-    sources: Iterable[str | os.PathLike[str]], stdin: TextIO | BinaryIO | None = None
+    sources: Iterable[str | os.PathLike[str]],
+    stdin: TextIO | BinaryIO | None = None,
+    within: str | os.PathLike[str] | None = None,
 ) -> frozenset[tuple[int, int]]:
     """``(st_dev, st_ino)`` of every file the run reads its rows from: the list
     files (what opening the path opens, through any symlink), and stdin when
@@ -214,22 +216,52 @@ def input_files(
     over or removes one of these (sinks/plan.py): by identity, as the same
     file may be named ``out/urls.txt``, ``./out/../out/urls.txt``, through a
     symlink, or by a hard link of another name.  A source that cannot be
-    stat'ed is left out: reading it fails with its own message."""
+    stat'ed is left out: reading it fails with its own message.
+
+    ``within``: only the files a path under that directory can lead to: one
+    that lies in it, or one with other hard links (they may be anywhere).  A
+    list kept elsewhere, the usual case, then costs the planner nothing per
+    row (it compares each row's file against these, sinks/plan.py)."""
     found: set[tuple[int, int]] = set()
+    inside = _real_dir(within) if within is not None else None
     for source in sources:
         try:
             if isinstance(source, str) and source == STDIN:
                 stream = sys.stdin if stdin is None else stdin
-                info = os.fstat(stream.fileno()) if stream is not None else None
+                if stream is None:
+                    continue
+                descriptor = stream.fileno()
+                info = os.fstat(descriptor)
+                where = f"/proc/self/fd/{descriptor}"  # Linux names the file it is
             elif is_url(source):
                 continue
             else:
                 info = os.stat(source)
+                where = os.fspath(source)
         except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
             continue  # closed, or no descriptor (a list of lines in a test)
-        if info is not None and stat.S_ISREG(info.st_mode):
-            found.add((info.st_dev, info.st_ino))
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        if inside is not None and info.st_nlink == 1 and not _lies_in(where, inside):
+            continue
+        found.add((info.st_dev, info.st_ino))
     return frozenset(found)
+
+
+def _real_dir(path: str | os.PathLike[str]) -> str:
+    return os.path.realpath(os.fsdecode(os.fspath(path)))
+
+
+def _lies_in(path: str, directory: str) -> bool:
+    """Is the file ``path`` opens inside ``directory`` (a real path)?  When it
+    cannot be told (no /proc), say yes: the check then runs as before."""
+    try:
+        real = os.path.realpath(path, strict=True)
+    except (OSError, ValueError):
+        return True
+    if not real.startswith("/"):
+        return True  # /proc/self/fd of a pipe or socket: "pipe:[...]", not a file
+    return real == directory or real.startswith(directory.rstrip("/") + "/")
 
 
 def check_sources(sources: Iterable[str | os.PathLike[str]]) -> None:
