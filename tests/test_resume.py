@@ -391,6 +391,22 @@ def test_a_full_mount_point_fails_its_rows_and_the_rest_of_the_run_goes_on(
         ]
 
 
+def test_a_copy_a_kill_left_under_a_mount_point_goes_when_its_row_is_done_again(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A kill during the copy beside the final name left it there; the copy's
+    # name was new each time, so nothing ever removed it.  It is the row's own
+    # name now, and the row's next copy takes its place.
+    url = server.file_url("again.bin", size=300_000)
+    with small_tmpfs(out_dir / "mnt", "4m") as mnt:
+        leftover = mnt / f".swarmget-{part_for(out_dir, url, 'mnt/again.bin').name}"
+        leftover.write_bytes(b"half a copy")
+        report = run([Row(0, url, path="mnt/again.bin")], out_dir)
+        assert (report.ok, report.error_counts()) == (1, {})
+        assert (mnt / "again.bin").read_bytes() == expected_body("again.bin", 300_000)
+        assert sorted(p.name for p in mnt.iterdir()) == ["again.bin"]
+
+
 def test_a_file_that_appears_under_a_mount_point_is_not_replaced(
     server: TestServer, out_dir: Path
 ) -> None:

@@ -39,8 +39,8 @@ planner found the path free) fails the row with ``exists``, as a file there
 before the run would have, rather than being replaced.  On file systems
 without hard links it is a rename after a look.  A final name on another
 file system than the parts (a mount point inside the output dir) is reached
-by a copy beside it (``.swarmget-<part>-<random>``), moved into place the
-same way.
+by a copy beside it (``.swarmget-<part>``, the row's own name: a kill's
+leftover goes when the row is done again), moved into place the same way.
 
 The state directory (``.swarmget``) and what is in it are ours alone: a
 symlink there (planted, or left by a tool) would take the journal, the
@@ -62,6 +62,7 @@ from swarmget.sinks.noreplace import rename_noreplace
 STATE_DIR: Final = ".swarmget"
 PARTS_DIR: Final = "parts"
 VERSION_SUFFIX: Final = ".version"  # beside a part: the validator of its bytes
+COPY_PREFIX: Final = ".swarmget-"  # a part's copy beside its final name (another file system)
 _VERSION_LIMIT: Final = 1 << 20  # more than a response head may hold (protocol/http11.py)
 _OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -356,33 +357,43 @@ class PartFile(Writer):
         os.unlink(self.part)
 
     def _copy_beside(self) -> str:
-        """A copy of the part in the final name's directory, under a new name.
+        """A copy of the part in the final name's directory, named after the part.
 
-        A new name each time (never over a file there: not ours to remove), so
-        that a copy a kill left behind cannot block the row on later runs.  A
-        failure is this row's (``io``), not the run's: that file system being
-        full says nothing of the one the other rows go to.
+        The name is the row's own (its part's: the row's identity), so a copy
+        that a kill left there is this row's, and goes when the row is done
+        again; with a new name each time, every kill during a copy left one
+        behind for good.  A failure is this row's (``io``), not the run's: that
+        file system being full says nothing of the one the other rows go to.
         """
         head, _, _ = self.final.rpartition("/")
-        prefix = f"{head}/.swarmget-{os.path.basename(self.part)}"
-        for _ in range(8):
-            temp = f"{prefix}-{os.urandom(4).hex()}"
+        temp = f"{head}/{COPY_PREFIX}{os.path.basename(self.part)}"
+        for _ in range(2):
             try:
                 _copy_file(self.part, temp)
+                return temp
             except FileExistsError:
-                continue
+                # A kill's leftover (a symlink there: the link goes, not what
+                # it names).  A directory there is not ours: the row fails.
+                _unlink_leftover(temp)
             except OSError as exc:
                 raise OutputError(
                     f"cannot copy the download to {temp} (the final name is on another "
                     f"file system than {os.path.dirname(self.part)}): {exc.strerror}"
                 ) from None
-            return temp
-        raise OutputError(f"cannot copy the download beside {self.final}: every name was taken")
+        raise OutputError(f"cannot copy the download beside {self.final}: {temp} stays there")
 
     def _close_fd(self) -> None:
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
             os.close(fd)
+
+
+def _unlink_leftover(path: str) -> None:
+    """Remove the copy a kill left at ``path``.  A directory there (not ours),
+    or one that cannot be removed, stays: the next attempt meets it again,
+    and the row fails with ``io``."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _copy_file(source: str, target: str) -> None:

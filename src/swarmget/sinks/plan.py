@@ -109,8 +109,9 @@ def _requested(url: str) -> str:
 def row_key(url: str, path: str | None, occurrence: int) -> int:
     """The identity of the ``occurrence``-th row with this URL and path column.
 
-    62 bits of a hash: SQLite's own row id (one B-tree, not two), and an integer
-    mypyc keeps unboxed.  Two rows of a ten-million-row list share one with odds
+    62 bits of a hash: an integer SQLite indexes compactly (the journal's rows
+    are stored in arrival order, found by it: sinks/journal.py) and mypyc keeps
+    unboxed.  Two rows of a ten-million-row list share one with odds
     of about 1 in 10^4.
     """
     if "\x00" in url:
