@@ -34,7 +34,8 @@ OUT = os.path.abspath("/srv/out")
         ("https://h:8080/c.jpg?x=1/2&y=../z#frag/x", "c.jpg"),
         ("http://h/a#b?c/d", "a"),
         ("http://h/a%20b%C3%A9.jpg", "a bé.jpg"),
-        ("http://h/bad%FFutf8", "bad\ufffdutf8"),
+        ("http://h/bad%FFutf8", "bad%FFutf8"),  # not UTF-8: kept as written
+        ("http://h/a%fe%C3%A9%ff.jpg", "a%FE\u00e9%FF.jpg"),
         ("http://h/%zz", "%zz"),
         ("http://h/a%2Fb", "a_b"),
         ("http://h/a%2F..%2F..%2Fetc", "a_.._.._etc"),

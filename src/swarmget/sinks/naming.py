@@ -36,7 +36,7 @@ import re
 import stat
 import sys
 from typing import Final
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.sources.rows import Row
@@ -74,7 +74,7 @@ def default_name(url: str) -> str:
         # A raw tab or line break is not part of the URL: the request leaves it
         # out (urlsplit, as browsers do), and so does the name.
         segment = segment.replace("\t", "").replace("\n", "").replace("\r", "")
-    name = unquote(segment, errors="replace") if "%" in segment else segment
+    name = _unquoted(segment) if "%" in segment else segment
     # isprintable() is a cheap pre-check: it is False for every character
     # _UNSAFE matches except the two separators.
     if not name.isprintable() or "/" in name or "\\" in name:
@@ -87,6 +87,25 @@ def default_name(url: str) -> str:
         name = "".join(ch if _spelled(ch) else "_" for ch in name)
     name = _truncate_name(name, MAX_NAME_BYTES)
     return name or FALLBACK_NAME
+
+
+def _unquoted(segment: str) -> str:
+    """``segment`` with its %-escapes decoded as UTF-8, but those that are not
+    UTF-8 (``%ff``) kept as they are written: decoded to U+FFFD they made
+    ``a%fe.jpg`` and ``a%ff.jpg`` one name, and the name said nothing of
+    either (curl -O keeps every escape; browsers keep the ones that are not
+    UTF-8, as here)."""
+    try:  # an undecodable byte of the list (surrogateescape'd) stays that byte
+        raw = segment.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # any other lone surrogate
+        raw = segment.encode("utf-8", "surrogatepass")
+    text = unquote_to_bytes(raw).decode("utf-8", "surrogateescape")
+    if not _UNDECODED.search(text):
+        return text
+    return _UNDECODED.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", text)
+
+
+_UNDECODED = re.compile("[\udc80-\udcff]")  # bytes surrogateescape kept undecoded
 
 
 def _spelled(text: str) -> bool:
