@@ -105,7 +105,7 @@ def _unquoted(segment: str) -> str:
     return _UNDECODED.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", text)
 
 
-_UNDECODED = re.compile("[\udc80-\udcff]")  # bytes surrogateescape kept undecoded
+_UNDECODED = re.compile(r"[\udc80-\udcff]")  # bytes surrogateescape kept undecoded
 
 
 def _spelled(text: str) -> bool:
