@@ -76,6 +76,16 @@ _SHM_MIN_FREE = 1 << 30
 
 def pytest_configure(config: pytest.Config) -> None:
     _raise_nofile_limit()
+    if os.environ.get("SWARMGET_EXPECT_BUILD") == "compiled":
+        # setup.py never fails an install: a module mypyc cannot compile makes the
+        # whole build pure Python, and the compiled pass would test the .py files.
+        import swarmget
+
+        if not swarmget.compiled():
+            raise pytest.UsageError(
+                "SWARMGET_EXPECT_BUILD=compiled, but swarmget runs from .py files "
+                f"({swarmget.__file__}): the mypyc build fell back (pip install -v . says why)"
+            )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
