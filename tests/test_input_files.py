@@ -188,3 +188,19 @@ def test_only_lists_a_path_in_the_output_dir_can_lead_to_are_compared(tmp_path: 
         assert input_files(["-"], stdin, within=str(out)) == {identity(inside)}
     with open(outside, "rb") as stdin:
         assert input_files(["-"], stdin, within=str(out)) == frozenset()
+
+
+def test_sources_given_as_a_generator_are_read_and_guarded(
+    server: TestServer, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    listed = out / "urls.txt"
+    listed.write_text(
+        f"{server.file_url('urls.txt', size=50)}\n{server.file_url('g.bin', size=7)}\n"
+    )
+    before = listed.read_bytes()
+    report = swarmget.download(None, out, sources=(s for s in [str(listed)]), overwrite=True)
+    assert listed.read_bytes() == before
+    assert (report.ok, report.failed) == (1, 1)
+    _input_failure(report, "urls.txt")

@@ -29,7 +29,7 @@ from swarmget.sinks.journal import Journal, _logged_plans, encode, plan_log_line
 from swarmget.sinks.plan import FilePlanner, PlanBatch, row_key
 from swarmget.sources.rows import Row
 from swarmget.testing.outputs import small_tmpfs
-from swarmget.testing.process import child_env
+from swarmget.testing.process import child_env, open_files
 
 
 def rows(*urls: str) -> list[Row]:
@@ -291,6 +291,7 @@ def test_a_journal_opened_on_a_nearly_full_disk_opens_or_says_the_disk_is_full(
     # redone in a transaction left open, and the run failed with "cannot start
     # a transaction within a transaction" (about 400 KiB free, the reserve taken).
     opened = 0
+    descriptors = len(open_files())
     for left in range(300, 540, 20):
         with small_tmpfs(tmp_path / f"small{left}", "2m") as mount:
             out = mount / "out"
@@ -308,6 +309,28 @@ def test_a_journal_opened_on_a_nearly_full_disk_opens_or_says_the_disk_is_full(
             finally:
                 planner.finish(interrupted=True)
     assert opened
+    assert len(open_files()) == descriptors  # an open that failed left none open
+
+
+def test_a_new_journal_appends_its_rows_and_finds_them_by_key(tmp_path: Path) -> None:
+    # Stored by key (a hash, the row id of schemas 1-3), each row went to a
+    # random page: past the page cache, every row read and wrote a page of its
+    # own (sinks/journal.py).  Rows are appended now (row ids 1, 2, ...).
+    planner = FilePlanner(str(tmp_path), Options())
+    urls = [f"http://h/{i}.jpg" for i in range(300)]
+    planner.record([ok(a) for a in planner.plan(rows(*urls)).assignments])
+    planner.finish(interrupted=False)
+    journal = tmp_path / ".swarmget" / "journal.sqlite3"
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        ids = [rowid for (rowid,) in db.execute("SELECT rowid FROM rows ORDER BY rowid")]
+    assert ids == list(range(1, 301))
+    for i in range(300):
+        (tmp_path / f"{i}.jpg").write_bytes(b"0123456789")  # published, as the engine would
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        assert planner.plan(rows(*urls)).skipped == 300  # each found by its key
+    finally:
+        planner.finish(interrupted=True)
 
 
 def test_a_journal_of_the_schema_before_gains_the_total_column(tmp_path: Path) -> None:

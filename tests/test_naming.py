@@ -35,7 +35,9 @@ OUT = os.path.abspath("/srv/out")
         ("http://h/a#b?c/d", "a"),
         ("http://h/a%20b%C3%A9.jpg", "a bé.jpg"),
         ("http://h/bad%FFutf8", "bad%FFutf8"),  # not UTF-8: kept as written
-        ("http://h/a%fe%C3%A9%ff.jpg", "a%FE\u00e9%FF.jpg"),
+        ("http://h/a%fe%C3%A9%ff.jpg", "a%fe\u00e9%ff.jpg"),
+        ("http://h/%e6%97%a5%E6%9C%AC.jpg", "\u65e5\u672c.jpg"),
+        ("http://h/x%C3", "x%C3"),  # cut short
         ("http://h/%zz", "%zz"),
         ("http://h/a%2Fb", "a_b"),
         ("http://h/a%2F..%2F..%2Fetc", "a_.._.._etc"),

@@ -249,6 +249,8 @@ def download(
         progress = make_progress(sys.stderr)
     elif progress is False:
         progress = None
+    if sources is not None and not isinstance(sources, str | bytes):
+        sources = list(sources)  # read twice below: a generator would be empty the second time
     rows = input_rows(urls, sources)
     report = run_download(
         rows,

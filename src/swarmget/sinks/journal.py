@@ -179,16 +179,7 @@ class Journal:
         self._uncommitted: list[tuple[str, Any, bool]] = []
         self._reserve = Reserve(state)  # after the lock: the output dir is ours
         try:
-            reserved = self._reserve.size > 0
             self._open(state)
-            if reserved and not self._reserve.size:
-                # Opening took the room kept for the run's last commit: rows
-                # would download, and their records then fail to be written.
-                raise OutputError(
-                    f"cannot open the journal in {state}: no room left for its records "
-                    "(no space left on the disk)",
-                    True,
-                )
         except BaseException:
             self._db.close()  # a journal that could not open leaves nothing open
             self._reserve.free()
@@ -196,6 +187,7 @@ class Journal:
             raise
 
     def _open(self, state: str) -> None:
+        reserved = self._reserve.size > 0
         with self._guard("open"):
             db = self._db
             # A new journal gets 16 KiB pages (an existing one keeps its own): a
@@ -215,6 +207,15 @@ class Journal:
             db.executescript(f"BEGIN; {_SCHEMA} COMMIT;")
             _add_total_column(db)
             self.run = self._next_run()
+        if reserved and not self._reserve.size:
+            # Opening took the room kept for the run's last commit (a write met
+            # the full disk): rows would download, and their records then fail
+            # to be written.  Said before anything else is opened.
+            raise OutputError(
+                f"cannot open the journal in {state}: no room left for its records "
+                "(no space left on the disk)",
+                True,
+            )
         self._plan_log_path = os.path.join(state, PLAN_LOG_NAME)
         self._fold_plan_log()
         with self._guard("open"):

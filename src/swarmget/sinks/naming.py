@@ -36,7 +36,6 @@ import re
 import stat
 import sys
 from typing import Final
-from urllib.parse import unquote_to_bytes
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.sources.rows import Row
@@ -94,18 +93,28 @@ def _unquoted(segment: str) -> str:
     UTF-8 (``%ff``) kept as they are written: decoded to U+FFFD they made
     ``a%fe.jpg`` and ``a%ff.jpg`` one name, and the name said nothing of
     either (curl -O keeps every escape; browsers keep the ones that are not
-    UTF-8, as here)."""
-    try:  # an undecodable byte of the list (surrogateescape'd) stays that byte
-        raw = segment.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:  # any other lone surrogate
-        raw = segment.encode("utf-8", "surrogatepass")
-    text = unquote_to_bytes(raw).decode("utf-8", "surrogateescape")
-    if not _UNDECODED.search(text):
-        return text
-    return _UNDECODED.sub(lambda m: f"%{ord(m.group()) - 0xDC00:02X}", text)
+    UTF-8, as here).  The rest of the segment is left as it is."""
+    return _ESCAPES.sub(_decoded_run, segment)
 
 
-_UNDECODED = re.compile(r"[\udc80-\udcff]")  # bytes surrogateescape kept undecoded
+_ESCAPES = re.compile("(?:%[0-9A-Fa-f]{2})+")  # a run of escapes: one UTF-8 text
+
+
+def _decoded_run(match: re.Match[str]) -> str:
+    written = match.group()
+    raw = bytes.fromhex(written.replace("%", ""))  # byte i is written[3i:3i+3]
+    parts: list[str] = []
+    start = 0
+    while start < len(raw):
+        try:
+            parts.append(raw[start:].decode("utf-8"))
+            break
+        except UnicodeDecodeError as exc:
+            bad, end = start + exc.start, start + exc.end
+            parts.append(raw[start:bad].decode("utf-8"))
+            parts.append(written[3 * bad : 3 * end])
+            start = end
+    return "".join(parts)
 
 
 def _spelled(text: str) -> bool:

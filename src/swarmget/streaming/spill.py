@@ -60,7 +60,9 @@ class SpillDir:
             raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
         self._owner = _take_owner_lock(self.path)
         self._pid = os.getpid()  # a forked copy removes nothing (see _unlink in items.py)
-        self._lock = threading.Lock()  # adopt/dropped come from any thread (the GC's too)
+        # adopt/dropped come from any thread, and dropped from the collector too,
+        # which may run it on a thread that holds the lock already (in close()).
+        self._lock = threading.RLock()
         self._kept: set[str] = set()  # files of items that are still around
         self._closed = False
         sweep_abandoned(os.path.dirname(self.path))
