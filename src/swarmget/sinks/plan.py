@@ -82,7 +82,7 @@ from swarmget.sinks.journal import (
     storable,
 )
 from swarmget.sinks.manifest_lines import ManifestLines, remove_stale
-from swarmget.sinks.naming import NameAllocator, NameStore, is_directory, parents_of
+from swarmget.sinks.naming import NameAllocator, NameStore, parents_of
 from swarmget.sources.rows import Row
 
 _MAX_CACHED = 65536  # bounded caches: a list's length must not cost memory
@@ -362,21 +362,16 @@ class FilePlanner:
             if self._done(previous):
                 skips.append((key, row.index))
                 return
-            if is_directory(f"{self.root}/{path}"):
-                # Someone made a directory where this row's file was: it is not
-                # ours to remove, and a download would fail at its very end.
-                message = f"{path} is a directory now (it held this row's file)"
-                batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
-                return
             # What an earlier run left at the path (a file whose record the
             # kill lost, or one changed since) goes now: the download is
             # published only where nothing is (sinks/files.py).  Not an input.
             self._unpublish(previous)
-        if not self.fresh and (overwrite or "/" in path):
+        if not self.fresh and (ours or overwrite or "/" in path):
             # Checked here, not found at the download's end (as `io`, the body
-            # thrown away): a directory at the path, which --overwrite does not
-            # remove, or a file where one of the path's directories must go.
-            message = self._blocked(path)
+            # thrown away): a directory at the path (someone's, made where this
+            # row's file was, or one --overwrite does not remove either), or a
+            # file where one of the path's directories must go.  One lstat.
+            message = self._blocked(path, ours)
             if message:
                 self._foreign[key] = path  # claimed, not ours: never removed later
                 batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
@@ -773,10 +768,11 @@ class FilePlanner:
             return False
         return stat.S_ISREG(found.st_mode) and found.st_size == previous.bytes
 
-    def _blocked(self, path: str) -> str:
+    def _blocked(self, path: str, ours: bool = False) -> str:
         """Why no file can be published at ``path`` whatever ``--overwrite`` says
         (a directory is there, or a file is where one of its directories must
-        be), else ``""``.  One lstat: ENOTDIR tells the second case."""
+        be), else ``""``.  One lstat: ENOTDIR tells the second case.  ``ours``:
+        the path held this row's file in an earlier run."""
         try:
             found = os.lstat(f"{self.root}/{path}")
         except NotADirectoryError:
@@ -787,6 +783,8 @@ class FilePlanner:
         except (OSError, ValueError):
             return ""
         if stat.S_ISDIR(found.st_mode):
+            if ours:  # not ours to remove; someone made it since
+                return f"{path} is a directory now (it held this row's file)"
             return f"{path} is a directory (--overwrite replaces files, not directories)"
         return ""
 
