@@ -1281,3 +1281,42 @@ def test_an_option_given_again_overrides_the_earlier_one() -> None:
     options = cli.options_from_args(args)
     assert (args.output, options["concurrency"]) == ("b", 4)
     assert options["headers"] == {"X-A": "1", "X-B": "2"}
+
+
+def test_a_header_of_one_value_given_twice_is_sent_once_with_the_last_value(
+    tmp_path: Path,
+) -> None:
+    """Joined, "Host: a, b" was a Host every server must refuse (RFC 9112 3.2)
+    and "Authorization: Bearer x, Bearer y" credentials no scheme reads; names
+    that differ only in case in ``headers`` sent two Host lines.  List fields
+    are still joined, whichever way they came."""
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        url = srv.file_url("one.bin", size=5)
+        seen = len(srv.requests)
+        argv = ["-q", "-o", str(tmp_path / "cli"), url, "--workers", "1"]
+        for header in [
+            "Host: first.test",
+            "host: second.test",
+            "Authorization: Bearer x",
+            "Authorization: Bearer y",
+            "User-Agent: a/1",
+            "user-agent: b/2",
+        ]:
+            argv += ["--header", header]
+        assert cli.main(argv) == 0
+        given = {"host": "first.test", "Host": "second.test", "X-A": "1", "x-a": "2"}
+        report = swarmget.download([url], tmp_path / "api", workers=1, headers=given)
+        assert report.ok == 1
+        cli_head, api_head = srv.requests[seen:]
+    lines = header_lines_sent(cli_head)
+    names = [line.partition(":")[0].lower() for line in lines if line]
+    assert "Host: second.test" in lines and names.count("host") == 1
+    assert "Authorization: Bearer y" in lines and names.count("authorization") == 1
+    assert "User-Agent: b/2" in lines and names.count("user-agent") == 1
+    lines = header_lines_sent(api_head)
+    names = [line.partition(":")[0].lower() for line in lines if line]
+    assert "host: second.test" in lines and names.count("host") == 1
+    assert "X-A: 1, 2" in lines and names.count("x-a") == 1
+    assert Options(headers={"Host": "a", "HOST": "b"}).headers == {"Host": "b"}

@@ -33,7 +33,13 @@ from typing import IO, Any, NoReturn
 import swarmget
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
-from swarmget.options import Options, check_header, check_output_dir
+from swarmget.options import (
+    EMPTY_FIELD,
+    Options,
+    check_header,
+    check_output_dir,
+    combine_headers,
+)
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -107,12 +113,6 @@ def parse_seconds(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}")
     return value
-
-
-# What curl's -H "K;" sends: K with an empty value.  Written "K:  ", which is
-# that (RFC 9110 5.5: the blank is not part of the value); an empty value
-# would send nothing (protocol/request.py).
-EMPTY_FIELD = " "
 
 
 def parse_header(text: str) -> tuple[str, str]:
@@ -316,8 +316,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "headers",
         "send this request header; repeat for more (a name given twice is sent once, "
-        "its values joined by ', '). As with curl, 'K:' sends no K, not even swarmget's "
-        "own (User-Agent, Accept), and 'K;' sends K empty (default: none)",
+        "its values joined by ', ', or the last one for a field of one value: Host, "
+        "Authorization, User-Agent, Referer...). As with curl, 'K:' sends no K, not even "
+        "swarmget's own (User-Agent, Accept), and 'K;' sends K empty (default: none)",
         '"K: V"',
         parse_header,
         repeat=True,
@@ -455,26 +456,6 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     # Raises UsageError naming the flag, or the environment variable, or the file.
     Options.from_kwargs(options).check_environment()
     return options
-
-
-def combine_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """One field per name (any case; the first spelling) from repeated --header:
-    a dict kept only the last of "X-Dup: 1" "X-Dup: 2".  The values are joined
-    with ", ", which RFC 9110 5.3 makes the same as sending each on a line of
-    its own, as curl does ("; " for Cookie, RFC 6265 5.4: one Cookie line).
-    A "K:" (take K away) adds no value; only a K given no other way stays away."""
-    values: dict[str, list[str]] = {}
-    spelling: dict[str, str] = {}
-    for name, value in pairs:
-        values.setdefault(spelling.setdefault(name.lower(), name), []).append(value)
-    return {name: _joined(name, given) for name, given in values.items()}
-
-
-def _joined(name: str, given: list[str]) -> str:
-    sent = [value for value in given if value.strip()]
-    if sent:
-        return ("; " if name.lower() == "cookie" else ", ").join(sent)
-    return EMPTY_FIELD if EMPTY_FIELD in given else ""
 
 
 def check_sources(sources: Sequence[str]) -> None:
