@@ -105,6 +105,9 @@ def urls_file(tmp_path: Path) -> str:
         ("10M", 10 * 1024**2),
         ("10MB", 10 * 1024**2),
         ("10MiB", 10 * 1024**2),
+        ("10Mi", 10 * 1024**2),  # the IEC prefix alone: 1GiB passed and 1Gi was refused
+        ("1Gi", 1024**3),
+        ("3ki", 3 * 1024),
         ("1.5G", 3 * 1024**3 // 2),
         ("2t", 2 * 1024**4),
         (".5k", 512),
@@ -127,7 +130,23 @@ def test_parse_size(text: str, value: int) -> None:
 @pytest.mark.parametrize(
     "text",
     # 0.5 was read as 0 (--max-size 0.5 failed every file with too_large).
-    ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan", "0.5", "1.5", "0.5b", "0.0001k"],
+    [
+        "",
+        "k",
+        "10X",
+        "-5",
+        "1e6",
+        "1.2.3M",
+        "10 MBs",
+        "nan",
+        "0.5",
+        "1.5",
+        "0.5b",
+        "0.0001k",
+        "5ib",
+        "5i",
+        "5kbi",
+    ],
 )
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(Exception, match="invalid size"):

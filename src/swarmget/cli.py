@@ -81,7 +81,9 @@ ERROR_CODE_HELP: dict[str, str] = {
     "(http_407: the proxy wants user:password)",
 }
 
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+# A unit as 10M, 10MB, 10MiB or 10Mi (the IEC prefix alone, as Kubernetes writes
+# it: "1GiB" passed and "1Gi" was an invalid size); "ib" without a unit is none.
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])i?)?b?\s*", re.IGNORECASE)
 _SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -94,7 +96,7 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
         )
-    number, suffix = match.groups()
+    number, suffix = match.groups("")
     exact = Fraction(number) * _SIZE_SCALE[suffix.lower()]  # exact: no float rounding
     if exact.denominator != 1 and not suffix:
         raise argparse.ArgumentTypeError(
@@ -296,7 +298,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "max_size",
-        "fail files larger than this with too_large (default: no limit)",
+        "fail files larger than this with too_large; k, M, G, T are powers of 1024 "
+        "(10M, 10MB, 10MiB, 10Mi) (default: no limit)",
         "BYTES",
         parse_size,
     ),
