@@ -573,6 +573,7 @@ def test_json_output_shape(
         assert data["failures"][0]["error"] == "http_404"
         assert data["manifest"] == "out/.swarmget/manifest.jsonl"
         assert set(data) >= {"bytes", "elapsed_s", "files_per_s", "mb_per_s"}
+        assert data["stopped"] is None  # the run went to its end
 
 
 def test_quiet_prints_nothing(
@@ -1062,6 +1063,8 @@ def test_json_after_sigterm_says_what_finished(out_dir: Path) -> None:
     summary = json.loads(out)
     assert (summary["ok"], summary["failed"]) == (1, 0)
     assert summary["manifest"] == str(out_dir / ".swarmget" / "manifest.jsonl")
+    # "failed": 0 read as a whole run done, to a script that sees only stdout.
+    assert summary["stopped"] == "SIGTERM"
 
 
 def test_a_later_source_without_a_url_column_fails_before_any_download(tmp_path: Path) -> None:
@@ -1095,6 +1098,7 @@ def test_input_that_breaks_midway_still_gives_the_json_of_what_was_done(
     assert "cannot read input" in err and "the rows read before it are done" in err
     summary = json.loads(out)
     assert summary["ok"] == 300
+    assert summary["stopped"] == "input"
     assert len(swarmget.read_manifest(tmp_path / "out")) == 300
 
 

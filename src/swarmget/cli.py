@@ -539,11 +539,23 @@ def download_with_display(
 
 
 def print_outcome(
-    report: Report, dest: str, *, quiet: bool, as_json: bool, stdout: IO[str] | None
+    report: Report,
+    dest: str,
+    *,
+    quiet: bool,
+    as_json: bool,
+    stdout: IO[str] | None,
+    stopped: str | None = None,
 ) -> bool:
-    """The summary (or ``--json``) on ``stdout``; False if it could not be written."""
+    """The summary (or ``--json``) on ``stdout``; False if it could not be written.
+
+    ``stopped``: why the run ended before its last row ("SIGINT", "SIGTERM",
+    "SIGHUP", "error", "input"), None when it ran to the end.  The JSON says it:
+    without it, a run stopped by Ctrl-C after one good row read ``"failed": 0``,
+    the same as a whole run done, to a script that reads stdout through a pipe
+    (where the exit status is the last command's)."""
     if as_json:
-        return say(json.dumps(report.to_json()) + "\n", stdout)
+        return say(json.dumps({**report.to_json(), "stopped": stopped}) + "\n", stdout)
     if not quiet:
         manifest = os.path.join(dest, MANIFEST)
         return say("\n".join(summary_lines(report, manifest=manifest)) + "\n", stdout)
@@ -637,7 +649,10 @@ def _download_command(argv: list[str]) -> int:
         finished = getattr(exc, "report", None)
         if args.json and isinstance(finished, Report):
             # A script reading stdout gets what finished, as after a full disk.
-            print_outcome(finished, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+            print_outcome(
+                finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+                stopped=signal.Signals(signum or signal.SIGINT).name,
+            )  # fmt: skip
         return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
@@ -652,7 +667,10 @@ def _download_command(argv: list[str]) -> int:
         if args.json and isinstance(exc.report, Report):
             if exc.report.manifest and not os.path.exists(exc.report.manifest):
                 exc.report.manifest = None  # the full disk left no room for it
-            print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+            print_outcome(
+                exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+                stopped="error",
+            )  # fmt: skip
         return EXIT_FAILED
     except UsageError as exc:
         # The input went bad midway (a truncated .gz): the rows read before it
@@ -662,7 +680,10 @@ def _download_command(argv: list[str]) -> int:
             say(f"swarmget: error: {exc}; the rows read before it are done, "
                 f"{_where_listed(args.output)}\n", sys.stderr)  # fmt: skip
             if args.json:
-                print_outcome(finished, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+                print_outcome(
+                    finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+                    stopped="input",
+                )  # fmt: skip
             return EXIT_USAGE
         raise
     if report.total + report.skipped == 0:
