@@ -105,6 +105,9 @@ def urls_file(tmp_path: Path) -> str:
         ("10M", 10 * 1024**2),
         ("10MB", 10 * 1024**2),
         ("10MiB", 10 * 1024**2),
+        ("10Mi", 10 * 1024**2),  # the IEC prefix alone: 1GiB passed and 1Gi was refused
+        ("1Gi", 1024**3),
+        ("3ki", 3 * 1024),
         ("1.5G", 3 * 1024**3 // 2),
         ("2t", 2 * 1024**4),
         (".5k", 512),
@@ -127,7 +130,23 @@ def test_parse_size(text: str, value: int) -> None:
 @pytest.mark.parametrize(
     "text",
     # 0.5 was read as 0 (--max-size 0.5 failed every file with too_large).
-    ["", "k", "10X", "-5", "1e6", "1.2.3M", "10 MBs", "nan", "0.5", "1.5", "0.5b", "0.0001k"],
+    [
+        "",
+        "k",
+        "10X",
+        "-5",
+        "1e6",
+        "1.2.3M",
+        "10 MBs",
+        "nan",
+        "0.5",
+        "1.5",
+        "0.5b",
+        "0.0001k",
+        "5ib",
+        "5i",
+        "5kbi",
+    ],
 )
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(Exception, match="invalid size"):
@@ -554,6 +573,7 @@ def test_json_output_shape(
         assert data["failures"][0]["error"] == "http_404"
         assert data["manifest"] == "out/.swarmget/manifest.jsonl"
         assert set(data) >= {"bytes", "elapsed_s", "files_per_s", "mb_per_s"}
+        assert data["stopped"] is None  # the run went to its end
 
 
 def test_quiet_prints_nothing(
@@ -1043,6 +1063,8 @@ def test_json_after_sigterm_says_what_finished(out_dir: Path) -> None:
     summary = json.loads(out)
     assert (summary["ok"], summary["failed"]) == (1, 0)
     assert summary["manifest"] == str(out_dir / ".swarmget" / "manifest.jsonl")
+    # "failed": 0 read as a whole run done, to a script that sees only stdout.
+    assert summary["stopped"] == "SIGTERM"
 
 
 def test_a_later_source_without_a_url_column_fails_before_any_download(tmp_path: Path) -> None:
@@ -1076,6 +1098,7 @@ def test_input_that_breaks_midway_still_gives_the_json_of_what_was_done(
     assert "cannot read input" in err and "the rows read before it are done" in err
     summary = json.loads(out)
     assert summary["ok"] == 300
+    assert summary["stopped"] == "input"
     assert len(swarmget.read_manifest(tmp_path / "out")) == 300
 
 
@@ -1281,3 +1304,42 @@ def test_an_option_given_again_overrides_the_earlier_one() -> None:
     options = cli.options_from_args(args)
     assert (args.output, options["concurrency"]) == ("b", 4)
     assert options["headers"] == {"X-A": "1", "X-B": "2"}
+
+
+def test_a_header_of_one_value_given_twice_is_sent_once_with_the_last_value(
+    tmp_path: Path,
+) -> None:
+    """Joined, "Host: a, b" was a Host every server must refuse (RFC 9112 3.2)
+    and "Authorization: Bearer x, Bearer y" credentials no scheme reads; names
+    that differ only in case in ``headers`` sent two Host lines.  List fields
+    are still joined, whichever way they came."""
+    from swarmget.testing import TestServer
+
+    with TestServer() as srv:
+        url = srv.file_url("one.bin", size=5)
+        seen = len(srv.requests)
+        argv = ["-q", "-o", str(tmp_path / "cli"), url, "--workers", "1"]
+        for header in [
+            "Host: first.test",
+            "host: second.test",
+            "Authorization: Bearer x",
+            "Authorization: Bearer y",
+            "User-Agent: a/1",
+            "user-agent: b/2",
+        ]:
+            argv += ["--header", header]
+        assert cli.main(argv) == 0
+        given = {"host": "first.test", "Host": "second.test", "X-A": "1", "x-a": "2"}
+        report = swarmget.download([url], tmp_path / "api", workers=1, headers=given)
+        assert report.ok == 1
+        cli_head, api_head = srv.requests[seen:]
+    lines = header_lines_sent(cli_head)
+    names = [line.partition(":")[0].lower() for line in lines if line]
+    assert "Host: second.test" in lines and names.count("host") == 1
+    assert "Authorization: Bearer y" in lines and names.count("authorization") == 1
+    assert "User-Agent: b/2" in lines and names.count("user-agent") == 1
+    lines = header_lines_sent(api_head)
+    names = [line.partition(":")[0].lower() for line in lines if line]
+    assert "host: second.test" in lines and names.count("host") == 1
+    assert "X-A: 1, 2" in lines and names.count("x-a") == 1
+    assert Options(headers={"Host": "a", "HOST": "b"}).headers == {"Host": "b"}

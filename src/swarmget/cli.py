@@ -33,7 +33,13 @@ from typing import IO, Any, NoReturn
 import swarmget
 from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
-from swarmget.options import Options, check_header, check_output_dir
+from swarmget.options import (
+    EMPTY_FIELD,
+    Options,
+    check_header,
+    check_output_dir,
+    combine_headers,
+)
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -75,7 +81,9 @@ ERROR_CODE_HELP: dict[str, str] = {
     "(http_407: the proxy wants user:password)",
 }
 
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+# A unit as 10M, 10MB, 10MiB or 10Mi (the IEC prefix alone, as Kubernetes writes
+# it: "1GiB" passed and "1Gi" was an invalid size); "ib" without a unit is none.
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])i?)?b?\s*", re.IGNORECASE)
 _SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
 
 
@@ -88,7 +96,7 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
         )
-    number, suffix = match.groups()
+    number, suffix = match.groups("")
     exact = Fraction(number) * _SIZE_SCALE[suffix.lower()]  # exact: no float rounding
     if exact.denominator != 1 and not suffix:
         raise argparse.ArgumentTypeError(
@@ -107,12 +115,6 @@ def parse_seconds(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}")
     return value
-
-
-# What curl's -H "K;" sends: K with an empty value.  Written "K:  ", which is
-# that (RFC 9110 5.5: the blank is not part of the value); an empty value
-# would send nothing (protocol/request.py).
-EMPTY_FIELD = " "
 
 
 def parse_header(text: str) -> tuple[str, str]:
@@ -296,7 +298,8 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "max_size",
-        "fail files larger than this with too_large (default: no limit)",
+        "fail files larger than this with too_large; k, M, G, T are powers of 1024 "
+        "(10M, 10MB, 10MiB, 10Mi) (default: no limit)",
         "BYTES",
         parse_size,
     ),
@@ -316,8 +319,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag(
         "headers",
         "send this request header; repeat for more (a name given twice is sent once, "
-        "its values joined by ', '). As with curl, 'K:' sends no K, not even swarmget's "
-        "own (User-Agent, Accept), and 'K;' sends K empty (default: none)",
+        "its values joined by ', ', or the last one for a field of one value: Host, "
+        "Authorization, User-Agent, Referer...). As with curl, 'K:' sends no K, not even "
+        "swarmget's own (User-Agent, Accept), and 'K;' sends K empty (default: none)",
         '"K: V"',
         parse_header,
         repeat=True,
@@ -457,26 +461,6 @@ def options_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
-def combine_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
-    """One field per name (any case; the first spelling) from repeated --header:
-    a dict kept only the last of "X-Dup: 1" "X-Dup: 2".  The values are joined
-    with ", ", which RFC 9110 5.3 makes the same as sending each on a line of
-    its own, as curl does ("; " for Cookie, RFC 6265 5.4: one Cookie line).
-    A "K:" (take K away) adds no value; only a K given no other way stays away."""
-    values: dict[str, list[str]] = {}
-    spelling: dict[str, str] = {}
-    for name, value in pairs:
-        values.setdefault(spelling.setdefault(name.lower(), name), []).append(value)
-    return {name: _joined(name, given) for name, given in values.items()}
-
-
-def _joined(name: str, given: list[str]) -> str:
-    sent = [value for value in given if value.strip()]
-    if sent:
-        return ("; " if name.lower() == "cookie" else ", ").join(sent)
-    return EMPTY_FIELD if EMPTY_FIELD in given else ""
-
-
 def check_sources(sources: Sequence[str]) -> None:
     """Fail fast on a source file that cannot be read; URLs and ``-`` are the reader's."""
     for source in sources:
@@ -555,11 +539,23 @@ def download_with_display(
 
 
 def print_outcome(
-    report: Report, dest: str, *, quiet: bool, as_json: bool, stdout: IO[str] | None
+    report: Report,
+    dest: str,
+    *,
+    quiet: bool,
+    as_json: bool,
+    stdout: IO[str] | None,
+    stopped: str | None = None,
 ) -> bool:
-    """The summary (or ``--json``) on ``stdout``; False if it could not be written."""
+    """The summary (or ``--json``) on ``stdout``; False if it could not be written.
+
+    ``stopped``: why the run ended before its last row ("SIGINT", "SIGTERM",
+    "SIGHUP", "error", "input"), None when it ran to the end.  The JSON says it:
+    without it, a run stopped by Ctrl-C after one good row read ``"failed": 0``,
+    the same as a whole run done, to a script that reads stdout through a pipe
+    (where the exit status is the last command's)."""
     if as_json:
-        return say(json.dumps(report.to_json()) + "\n", stdout)
+        return say(json.dumps({**report.to_json(), "stopped": stopped}) + "\n", stdout)
     if not quiet:
         manifest = os.path.join(dest, MANIFEST)
         return say("\n".join(summary_lines(report, manifest=manifest)) + "\n", stdout)
@@ -653,7 +649,10 @@ def _download_command(argv: list[str]) -> int:
         finished = getattr(exc, "report", None)
         if args.json and isinstance(finished, Report):
             # A script reading stdout gets what finished, as after a full disk.
-            print_outcome(finished, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+            print_outcome(
+                finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+                stopped=signal.Signals(signum or signal.SIGINT).name,
+            )  # fmt: skip
         return 128 + signum if signum else EXIT_INTERRUPTED
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
@@ -668,7 +667,10 @@ def _download_command(argv: list[str]) -> int:
         if args.json and isinstance(exc.report, Report):
             if exc.report.manifest and not os.path.exists(exc.report.manifest):
                 exc.report.manifest = None  # the full disk left no room for it
-            print_outcome(exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+            print_outcome(
+                exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+                stopped="error",
+            )  # fmt: skip
         return EXIT_FAILED
     except UsageError as exc:
         # The input went bad midway (a truncated .gz): the rows read before it
@@ -678,7 +680,10 @@ def _download_command(argv: list[str]) -> int:
             say(f"swarmget: error: {exc}; the rows read before it are done, "
                 f"{_where_listed(args.output)}\n", sys.stderr)  # fmt: skip
             if args.json:
-                print_outcome(finished, args.output, quiet=True, as_json=True, stdout=sys.stdout)
+                print_outcome(
+                    finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+                    stopped="input",
+                )  # fmt: skip
             return EXIT_USAGE
         raise
     if report.total + report.skipped == 0:

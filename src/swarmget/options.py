@@ -77,6 +77,9 @@ class Options:
             raise UsageError("headers must be a mapping of names to values")
         for name, value in (*self.headers.items(), ("User-Agent", self.user_agent)):
             check_header(name, value)
+        # One field per name, whatever the case: {"host": .., "Host": ..} sent
+        # two Host lines (a 400 by RFC 9112 3.2), {"X-A": .., "x-a": ..} only one.
+        object.__setattr__(self, "headers", combine_headers(self.headers.items()))
         for flag, number in (
             ("--timeout", self.timeout),
             ("--deadline", self.deadline),
@@ -245,6 +248,58 @@ def check_header(name: str, value: str) -> None:
         # An empty value takes the header away (curl's "Name:"); an HTTP/1.1
         # request without Host is refused by every server (400).
         raise UsageError(f"header {shown!r} cannot be given: HTTP/1.1 requires a Host")
+
+
+# What curl's -H "K;" sends: K with an empty value.  Written "K:  ", which is
+# that (RFC 9110 5.5: the blank is not part of the value); an empty value
+# would send nothing (protocol/request.py).
+EMPTY_FIELD = " "
+
+# Request fields that hold one value, not a list (RFC 9110 5.3: they may not be
+# sent twice, nor their values joined): given twice, the last one given is
+# sent, as an option given twice counts as last given.  Joined, "Host: a, b"
+# was a Host every server must refuse (400), "Authorization: Bearer x, Bearer
+# y" credentials no scheme reads.
+SINGLE_VALUED: Final = frozenset(
+    {
+        "host",
+        "authorization",
+        "proxy-authorization",
+        "user-agent",
+        "referer",
+        "from",
+        "origin",
+        "content-type",
+        "date",
+        "max-forwards",
+        "if-modified-since",
+        "if-unmodified-since",
+    }
+)
+
+
+def combine_headers(pairs: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """One field per name (any case; the first spelling) from repeated headers
+    (``--header`` given twice, or names in ``headers`` that differ in case).
+    The values of a list field are joined with ", ", which RFC 9110 5.3 makes
+    the same as sending each on a line of its own, as curl does ("; " for
+    Cookie, RFC 6265 5.4: one Cookie line); a field of one value
+    (:data:`SINGLE_VALUED`) keeps the last value given.  A "K:" (take K away)
+    adds no value; only a K given no other way stays away."""
+    values: dict[str, list[str]] = {}
+    spelling: dict[str, str] = {}
+    for name, value in pairs:
+        values.setdefault(spelling.setdefault(name.lower(), name), []).append(value)
+    return {name: _joined(name, given) for name, given in values.items()}
+
+
+def _joined(name: str, given: list[str]) -> str:
+    sent = [value for value in given if value.strip()]
+    if sent:
+        if name.lower() in SINGLE_VALUED:
+            return sent[-1]
+        return ("; " if name.lower() == "cookie" else ", ").join(sent)
+    return EMPTY_FIELD if EMPTY_FIELD in given else ""
 
 
 def check_output_dir(root: str) -> None:
