@@ -366,53 +366,64 @@ class FilePlanner:
             # kill lost, or one changed since) goes now: the download is
             # published only where nothing is (sinks/files.py).  Not an input.
             self._unpublish(previous)
-        if not self.fresh and (ours or overwrite or "/" in path):
-            # Checked here, not found at the download's end (as `io`, the body
-            # thrown away): a directory at the path (someone's, made where this
-            # row's file was, or one --overwrite does not remove either), or a
-            # file where one of the path's directories must go.  One lstat.
-            message = self._blocked(path, ours)
-            if message:
-                self._foreign[key] = path  # claimed, not ours: never removed later
-                batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
-                return
-        if self._inputs and (overwrite or ours):
-            # The download would be published over the file at the path: one
-            # syscall a row, only with --overwrite or to redo a row of ours.
-            message = self._input_file(path)
-            if message:
-                self._foreign[key] = path  # claimed, not ours: never removed later
-                batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, message))
-                return
+        blocked = self._cannot_take(path, ours, overwrite)
+        if blocked:
+            self._foreign[key] = path  # claimed, not ours: never removed later
+            batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, blocked))
+            return
         plans.append((key, row.index, url, path, True))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
-        resume_from, validator, total = 0, None, None
-        carried = self._carried.pop(key, None) if self._carried else None
-        if ours and not overwrite and previous is not None and previous.validator:
-            carried = (previous.validator, previous.total)
-        if carried is not None:
-            part = part_path(self.root, key)
-            # The part's own record of its version must agree: the journal may
-            # not have heard of a new one yet when a kill came (sinks/files.py).
-            if part_version(part) == carried[0]:
-                resume_from = _part_size(part)
-            if resume_from:
-                validator, total = carried
-            else:
-                remove_part(part)  # nothing can continue it: it would be a stray
-                if previous is not None and previous.validator:
-                    self._stale_validators.append(key)
-        elif previous is not None and self._stray_versions:
-            # A version written beside a part before the journal heard of it (a
-            # kill), or of a part --overwrite does not continue: a stray now.
-            with contextlib.suppress(OSError):
-                os.unlink(version_path(part_path(self.root, key)))
+        resume_from, validator, total = self._resume_point(key, previous, ours and not overwrite)
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
             total,
         )  # fmt: skip
         batch.assignments.append(assignment)
+
+    def _cannot_take(self, path: str, ours: bool, overwrite: bool) -> str:
+        """Why the row's file cannot go at ``path``, else ``""``.  Checked before
+        the download, not found at its end (as ``io``, the body thrown away): a
+        directory there (someone's, made where this row's file was, or one
+        --overwrite does not remove either), a file where one of the path's
+        directories must go (one lstat for both), or an input list of the run
+        (compared only where the file could be replaced: with --overwrite, or
+        to redo a row of ours)."""
+        if not self.fresh and (ours or overwrite or "/" in path):
+            message = self._blocked(path, ours)
+            if message:
+                return message
+        if self._inputs and (overwrite or ours):
+            return self._input_file(path)
+        return ""
+
+    def _resume_point(
+        self, key: int, previous: Previous | None, continuing: bool
+    ) -> tuple[int, str | None, int | None]:
+        """Where the row's download starts: (the bytes of the part kept for it,
+        the validator they need, the file's length then), or (0, None, None).
+        ``continuing``: the row is ours and done again, not overwritten."""
+        carried = self._carried.pop(key, None) if self._carried else None
+        if continuing and previous is not None and previous.validator:
+            carried = (previous.validator, previous.total)
+        if carried is None:
+            if previous is not None and self._stray_versions:
+                # A version written beside a part before the journal heard of it
+                # (a kill), or of a part --overwrite does not continue: a stray.
+                with contextlib.suppress(OSError):
+                    os.unlink(version_path(part_path(self.root, key)))
+            return 0, None, None
+        part = part_path(self.root, key)
+        # The part's own record of its version must agree: the journal may not
+        # have heard of a new one yet when a kill came (sinks/files.py).
+        if part_version(part) == carried[0]:
+            resume_from = _part_size(part)
+            if resume_from:
+                return resume_from, carried[0], carried[1]
+        remove_part(part)  # nothing can continue it: it would be a stray
+        if previous is not None and previous.validator:
+            self._stale_validators.append(key)
+        return 0, None, None
 
     def _path_or_result(
         self, row: Row, key: int, url: str, previous: Previous | None, candidate: str | None
