@@ -639,52 +639,14 @@ def _download_command(argv: list[str]) -> int:
                 stderr=sys.stderr,
             )
     except KeyboardInterrupt as exc:
-        signum = interrupts.stopped_by
-        how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
-        say(
-            f"swarmget: {how}; {_where_listed(args.output)}; "
-            "run the same command again to resume\n",
-            sys.stderr,
-        )
-        finished = getattr(exc, "report", None)
-        if args.json and isinstance(finished, Report):
-            # A script reading stdout gets what finished, as after a full disk.
-            print_outcome(
-                finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
-                stopped=signal.Signals(signum or signal.SIGINT).name,
-            )  # fmt: skip
-        return 128 + signum if signum else EXIT_INTERRUPTED
+        return _stopped_by_signal(exc, args)
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
-        if exc.report is None:  # before the run began (the output dir refused)
-            say(f"swarmget: error: {exc.message}\n", sys.stderr)
-            return EXIT_FAILED
-        say(
-            f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
-            "fix the cause and run the same command again to resume\n",
-            sys.stderr,
-        )
-        if args.json and isinstance(exc.report, Report):
-            if exc.report.manifest and not os.path.exists(exc.report.manifest):
-                exc.report.manifest = None  # the full disk left no room for it
-            print_outcome(
-                exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout,
-                stopped="error",
-            )  # fmt: skip
-        return EXIT_FAILED
+        return _stopped_by_error(exc, args)
     except UsageError as exc:
-        # The input went bad midway (a truncated .gz): the rows read before it
-        # were downloaded and recorded; a script reading stdout gets them too.
         finished = getattr(exc, "report", None)
         if isinstance(finished, Report):
-            say(f"swarmget: error: {exc}; the rows read before it are done, "
-                f"{_where_listed(args.output)}\n", sys.stderr)  # fmt: skip
-            if args.json:
-                print_outcome(
-                    finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
-                    stopped="input",
-                )  # fmt: skip
-            return EXIT_USAGE
+            return _stopped_by_input(exc, finished, args)
         raise
     if report.total + report.skipped == 0:
         say("swarmget: warning: the input has no rows: nothing to download\n", sys.stderr)
@@ -696,6 +658,58 @@ def _download_command(argv: list[str]) -> int:
         what = "the JSON summary" if args.json else "the summary"
         return fail(f"cannot write {what} to stdout", EXIT_FAILED)
     return EXIT_OK if report.failed == 0 else EXIT_FAILED
+
+
+def _stopped_by_signal(exc: KeyboardInterrupt, args: argparse.Namespace) -> int:
+    """Ctrl-C, SIGTERM or SIGHUP stopped the run: say how to resume; --json
+    gets what finished, as after a full disk."""
+    signum = interrupts.stopped_by
+    how = f"stopped by {signal.Signals(signum).name}" if signum else "interrupted"
+    say(
+        f"swarmget: {how}; {_where_listed(args.output)}; run the same command again to resume\n",
+        sys.stderr,
+    )
+    finished = getattr(exc, "report", None)
+    if args.json and isinstance(finished, Report):
+        print_outcome(
+            finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+            stopped=signal.Signals(signum or signal.SIGINT).name,
+        )  # fmt: skip
+    return 128 + signum if signum else EXIT_INTERRUPTED
+
+
+def _stopped_by_error(exc: TransferError, args: argparse.Namespace) -> int:
+    """A run-stopping error (a full disk, a read-only output dir)."""
+    if exc.report is None:  # before the run began (the output dir refused)
+        say(f"swarmget: error: {exc.message}\n", sys.stderr)
+        return EXIT_FAILED
+    say(
+        f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
+        "fix the cause and run the same command again to resume\n",
+        sys.stderr,
+    )
+    if args.json and isinstance(exc.report, Report):
+        if exc.report.manifest and not os.path.exists(exc.report.manifest):
+            exc.report.manifest = None  # the full disk left no room for it
+        print_outcome(
+            exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout,
+            stopped="error",
+        )  # fmt: skip
+    return EXIT_FAILED
+
+
+def _stopped_by_input(exc: UsageError, finished: Report, args: argparse.Namespace) -> int:
+    """The input went bad midway (a truncated .gz): the rows read before it were
+    downloaded and recorded; a script reading stdout gets them too."""
+    say(
+        f"swarmget: error: {exc}; the rows read before it are done, {_where_listed(args.output)}\n",
+        sys.stderr,
+    )
+    if args.json:
+        print_outcome(
+            finished, args.output, quiet=True, as_json=True, stdout=sys.stdout, stopped="input"
+        )
+    return EXIT_USAGE
 
 
 def _default_child_signal() -> None:
