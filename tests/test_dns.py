@@ -1057,3 +1057,34 @@ def test_the_threaded_resolver_is_cut_by_the_deadline_too(
         "deadline of 1s exceeded during the name resolution",
     )
     assert elapsed < 2.5
+
+
+def test_an_ipv6_only_answer_is_not_held_up_by_a_lost_a_query(loop: EventLoop) -> None:
+    """A name server that answers AAAA but never A: c-ares held the AAAA answer
+    until its A query had used up every retransmission (11 s of the default
+    --timeout), while a lost AAAA query cost one first wait.  Now the AAAA
+    answer is used after the first wait (c-ares's cache gives it: not asked
+    again), and it stays cached when the A query finally times out."""
+
+    def aaaa_only(query: DNSRecord, data: bytes) -> bytes | None:
+        if QTYPE[query.q.qtype] == "A":
+            return None
+        reply = query.reply()
+        reply.add_answer(RR(query.q.qname, QTYPE.AAAA, rdata=AAAA("::1"), ttl=60))
+        return bytes(reply.pack())
+
+    with RawNameServer(aaaa_only, delay=0.0) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=0.3, tries=3)
+        try:
+            started = time.monotonic()
+            addresses, error = resolve(resolver, loop, "v6only.test")
+            took = time.monotonic() - started
+            assert error is None and addresses == [(V6, ("::1", 80, 0, 0))]
+            assert took < 0.9  # 1.5 first waits (0.45 s), not the A query's 2.1 s
+            run_until(loop, lambda: server.asked["v6only.test."] >= 4, within=5.0)
+            time.sleep(2.2)  # the A query gives up
+            for _ in range(5):
+                loop.run_once(0.05)
+            assert resolve(resolver, loop, "v6only.test") == (addresses, None)
+        finally:
+            resolver.close()

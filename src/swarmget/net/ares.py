@@ -58,6 +58,19 @@ already, so c-ares's only grew: ~2.6 KB a name, 100,000 names ~260 MB.  So a
 channel serves ``names_per_channel`` names, then a fresh one takes over; the old
 one is closed, its cache with it, once its last query is answered.
 
+**An IPv6-only answer.**  c-ares asks A and AAAA together and answers when
+both are done.  When the AAAA query is lost but the A one answered, it gives up
+on the AAAA after the first wait; the other way round, it kept the AAAA answer
+until its A query had used every retransmission (11 s of the default
+``--timeout``).  So a name still unanswered one and a half first waits on
+(c-ares is done with a lost AAAA query by then) is asked for its IPv6 addresses
+alone, and when c-ares's cache has them (the AAAA answer is in: no packet goes
+out) they are used; the full answer, or the A query's timeout, comes later and
+does not replace them.  Only a cached answer counts: one that took a trip to a
+slow name server would leave a dual-stack name with its IPv6 addresses only.
+(That trip, one AAAA lookup more, its retransmissions included, is what a name
+still unanswered then costs.)
+
 Callbacks never run inside :meth:`AresResolver.resolve`: c-ares answers from
 its hosts file or its own cache synchronously, so delivery goes through
 ``loop.call_soon``, as in the threaded resolver.
@@ -227,6 +240,11 @@ class AresResolver:
         self._dead_until = 0.0  # loop time until which lookups fail at once
         self._poisoned_until = 0.0  # loop time until which "no data" may be a malformed reply's
         self._retired: list[_Channel] = []  # replaced, answering their last queries
+        # Names asked, with the loop time from which their IPv6 addresses alone
+        # are asked for (see the docstring), in query order: due ones first.
+        self._v6_due: collections.deque[tuple[float, str]] = collections.deque()
+        self._v6_answered: set[str] = set()  # ... and given to the waiters that way
+        self._v6_asking: str | None = None  # the name asked so, during that call
         self._servers = servers
         if within is not None:  # a lookup's retransmissions fill at most this many seconds
             timeout, tries = lookup_budget(within, len(servers) or 1)
@@ -316,7 +334,55 @@ class AresResolver:
             error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
+        self._v6_due.append((self._loop.now + 1.5 * self._budget[0], host))
         self._arm_timer()
+
+    def _ask_v6_alone(self) -> None:
+        """Ask for the IPv6 addresses alone of the names waiting that long (see the docstring)."""
+        due, now = self._v6_due, self._loop.now
+        while due and due[0][0] <= now:
+            host = due.popleft()[1]
+            if host in self._waiting and host not in self._v6_answered:
+                self._ask_v6(host)
+
+    def _ask_v6(self, host: str) -> None:
+        channel = self._channel
+        channel.pending += 1
+        flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
+        self._v6_asking = host  # c-ares answers from its cache within the call
+        try:
+            channel.cares.getaddrinfo(
+                host,
+                None,
+                family=socket.AF_INET6,
+                type=socket.SOCK_STREAM,
+                flags=flags,
+                callback=lambda result, status: self._v6_alone(channel, host, result, status),
+            )
+        except (ValueError, UnicodeError, RuntimeError):
+            channel.pending -= 1
+        finally:
+            self._v6_asking = None
+
+    def _v6_alone(
+        self,
+        channel: _Channel,
+        host: str,
+        result: pycares.AddrInfoResult | None,
+        status: int | None,
+    ) -> None:
+        channel.pending -= 1
+        if self._closed:
+            return
+        if not channel.pending and channel is not self._channel:
+            self._loop.call_soon(self._close_retired, channel)
+        cached = host == self._v6_asking
+        if not cached or status is not None or result is None or host not in self._waiting:
+            return
+        bare, ttl = self._addresses(result)
+        if bare:
+            self._v6_answered.add(host)
+            self._loop.call_soon(self._done, host, bare, None, ttl)
 
     def _answered(
         self,
@@ -342,12 +408,22 @@ class AresResolver:
         if status in _ASK_AGAIN and host not in self._asked_again:
             self._loop.call_soon(self._ask_again, host)  # not from inside c-ares
             return
-        self._count_timeout(status == pycares.errno.ARES_ETIMEOUT)
+        # An A query lost when the AAAA one was answered: the server answers.
+        self._count_timeout(status == pycares.errno.ARES_ETIMEOUT and host not in self._v6_answered)
         if status is not None or result is None:
             reason = _strerror(status) if status is not None else "no answer"
             error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {reason}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
+        bare, ttl = self._addresses(result)
+        if not bare:
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: no addresses")
+            self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
+            return
+        self._loop.call_soon(self._done, host, bare, None, ttl)
+
+    def _addresses(self, result: pycares.AddrInfoResult) -> tuple[list[BareAddress], float]:
+        """An answer's distinct addresses, and how long to keep them."""
         bare: list[BareAddress] = []
         ttl = self._max_ttl
         for node in result.nodes:
@@ -358,12 +434,7 @@ class AresResolver:
             ttl = min(ttl, node.ttl)
         for cname in result.cnames:
             ttl = min(ttl, cname.ttl)
-        if not bare:
-            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: no addresses")
-            self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
-            return
-        ttl = max(self._min_ttl, ttl)
-        self._loop.call_soon(self._done, host, bare, None, ttl)
+        return bare, max(self._min_ttl, ttl)
 
     def _no_data(self, host: str) -> None:
         if self._closed:
@@ -403,6 +474,11 @@ class AresResolver:
         if host == self._asking_again:
             self._asking_again = None
             self._ask_next_again()
+        if host not in self._waiting and host in self._v6_answered:
+            # Answered already with its IPv6 addresses alone (see the docstring).
+            self._v6_answered.discard(host)
+            if error is not None:  # the A query's timeout: keep those addresses
+                return
         now = self._loop.now
         self._cache.put(host, now + ttl, (bare, error), now)
         # The waiters get this answer, not the cache's: it may be forgotten by
@@ -451,6 +527,7 @@ class AresResolver:
         for channel in self._channels():
             if channel.pending:  # lets c-ares retransmit or give up on due queries
                 channel.cares.process_fd(_BAD, _BAD)
+        self._ask_v6_alone()
         self._arm_timer()
 
     def _arm_timer(self) -> None:
@@ -463,6 +540,8 @@ class AresResolver:
             (_next_timeout(channel) for channel in self._channels() if channel.pending),
             default=None,
         )
+        if delay is not None and self._v6_due:
+            delay = min(delay, max(0.0, self._v6_due[0][0] - self._loop.now))
         if delay is not None:
             self._timer = self._loop.call_at(self._loop.time() + delay, self._on_timer)
 
