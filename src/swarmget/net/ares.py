@@ -82,6 +82,7 @@ import collections
 import math
 import os
 import socket
+from collections.abc import Callable
 
 import pycares
 
@@ -318,19 +319,10 @@ class AresResolver:
     def _query(self, host: str) -> None:
         if self._closed:
             return  # asked again after close()
-        flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
         channel = self._channel_for_a_name()
-        channel.pending += 1
         try:
-            channel.cares.getaddrinfo(
-                host,
-                None,
-                type=socket.SOCK_STREAM,
-                flags=flags,
-                callback=lambda result, status: self._answered(channel, host, result, status),
-            )
+            self._getaddrinfo(channel, host, socket.AF_UNSPEC, self._answered)
         except (ValueError, UnicodeError, RuntimeError) as exc:
-            channel.pending -= 1
             error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
@@ -346,23 +338,47 @@ class AresResolver:
                 self._ask_v6(host)
 
     def _ask_v6(self, host: str) -> None:
-        channel = self._channel
-        channel.pending += 1
-        flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
         self._v6_asking = host  # c-ares answers from its cache within the call
+        try:
+            self._getaddrinfo(self._channel, host, socket.AF_INET6, self._v6_alone)
+        except (ValueError, UnicodeError, RuntimeError):
+            pass  # the full lookup answers for it
+        finally:
+            self._v6_asking = None
+
+    def _getaddrinfo(
+        self,
+        channel: _Channel,
+        host: str,
+        family: socket.AddressFamily,
+        answered: Callable[[_Channel, str, pycares.AddrInfoResult | None, int | None], None],
+    ) -> None:
+        """Ask ``channel`` for ``host``'s addresses of ``family``; ``answered`` gets
+        the result (raises what c-ares raises for a name it cannot ask for)."""
+        flags = _ENVHOSTS if os.environ.get("CARES_HOSTS") else 0
+        channel.pending += 1
         try:
             channel.cares.getaddrinfo(
                 host,
                 None,
-                family=socket.AF_INET6,
+                family=family,
                 type=socket.SOCK_STREAM,
                 flags=flags,
-                callback=lambda result, status: self._v6_alone(channel, host, result, status),
+                callback=lambda result, status: answered(channel, host, result, status),
             )
-        except (ValueError, UnicodeError, RuntimeError):
+        except BaseException:
             channel.pending -= 1
-        finally:
-            self._v6_asking = None
+            raise
+
+    def _settled(self, channel: _Channel) -> bool:
+        """A query of ``channel`` was answered: False once the resolver is closed.
+        A retired channel is closed after its last answer."""
+        channel.pending -= 1
+        if self._closed:
+            return False
+        if not channel.pending and channel is not self._channel:
+            self._loop.call_soon(self._close_retired, channel)  # not from inside c-ares
+        return True
 
     def _v6_alone(
         self,
@@ -371,11 +387,8 @@ class AresResolver:
         result: pycares.AddrInfoResult | None,
         status: int | None,
     ) -> None:
-        channel.pending -= 1
-        if self._closed:
+        if not self._settled(channel):
             return
-        if not channel.pending and channel is not self._channel:
-            self._loop.call_soon(self._close_retired, channel)
         cached = host == self._v6_asking
         if not cached or status is not None or result is None or host not in self._waiting:
             return
@@ -393,11 +406,8 @@ class AresResolver:
     ) -> None:
         # Called by c-ares, on the loop thread, from inside process_fd /
         # getaddrinfo / cancel.
-        channel.pending -= 1
-        if self._closed:
+        if not self._settled(channel):
             return
-        if not channel.pending and channel is not self._channel:
-            self._loop.call_soon(self._close_retired, channel)  # not from inside c-ares
         if status == pycares.errno.ARES_EBADRESP:
             self._poisoned_until = self._loop.now + _POISON_WINDOW
         if status == _NODATA and host not in self._asked_again:
