@@ -43,7 +43,10 @@ sends, timeouts and the pool are shared.
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import sys
+import termios
 from collections.abc import Callable
 from typing import Final
 
@@ -85,6 +88,9 @@ _SETUP_STATES: Final = {
 
 
 PEEK: Final = socket.MSG_PEEK | socket.MSG_DONTWAIT
+# The ioctl that tells how many bytes a TCP socket still holds to send or to see
+# acknowledged (Linux's SIOCOUTQ, which is TIOCOUTQ); 0 where there is none.
+_OUTQ: Final = getattr(termios, "TIOCOUTQ", 0)
 
 
 def peer_closed(sock: socket.socket, *, unasked_bytes_end_it: bool) -> bool:
@@ -122,6 +128,7 @@ class HTTPConnection(PooledConnection):
     __slots__ = (
         "_pending_out",
         "_queued",
+        "_unsent",
         "discarded",
         "fd",
         "last_activity",
@@ -155,6 +162,7 @@ class HTTPConnection(PooledConnection):
         self.served = 0  # responses completed on this connection
         self._pending_out: memoryview | None = None
         self._queued: bytes | None = None  # a request start() made, sent at the end of the turn
+        self._unsent = 0  # request bytes the kernel held at the last sweep (_note_draining)
         now = owner.loop.now
         self.started = now  # when the current connect or request began
         self.last_activity = now
@@ -468,6 +476,8 @@ class HTTPConnection(PooledConnection):
             if now - self.started > MAX_DISCARD_SECONDS:
                 self._end(verdict)  # a body read only to be dropped: not worth the wait
             return
+        if verdict is None and _OUTQ:
+            self._note_draining(now)
         if now - self.last_activity > options.timeout:
             self._fail(self._stalled(options.timeout))
             return
@@ -515,6 +525,20 @@ class HTTPConnection(PooledConnection):
     def _setup_error(self, message: str) -> TransferError:
         """The ``timeout`` a connection still being set up fails with (HTTPS adds a hint)."""
         return TransferError(ErrorCode.TIMEOUT, message)
+
+    def _note_draining(self, now: float) -> None:
+        """A server still taking our request in is not silent either: the bytes
+        the kernel holds for it went down since the last sweep.  Once the last
+        send() returns, the kernels' buffers still hold megabytes of a big
+        request, which a slow reader takes a while to drain, and meanwhile no
+        writable event comes to say so (_flush_out)."""
+        try:
+            held = int.from_bytes(fcntl.ioctl(self.fd, _OUTQ, bytes(4)), sys.byteorder)
+        except OSError:
+            return
+        if 0 < held < self._unsent:
+            self.last_activity = now
+        self._unsent = held
 
     def abandon_unanswered(self, error: TransferError) -> None:
         """Fail the transfer of a connection still being set up (connecting,
