@@ -556,10 +556,7 @@ class Engine(ConnectionOwner):
         self._execute(self.scheduler.dispatch_deferred(self.loop.now))
 
     def _count_attempt(self, transfer: Transfer) -> None:
-        job = transfer.job
-        if job.first_start == 0.0:
-            _named(job, self.loop.now)
-            job.first_start = self.loop.now - job.named_for  # the lookup counts
+        _start_clock(transfer.job, self.loop.now)
         transfer.retry = transfer.retry.started()
 
     def _resolve(self, pool: HostPool) -> None:
@@ -1093,10 +1090,7 @@ class Engine(ConnectionOwner):
             self.scheduler.unqueue(pool, late)
             error = deadline_exceeded(deadline, "name resolution")
             for transfer in late:
-                job = transfer.job
-                if job.first_start == 0.0:
-                    _named(job, now)
-                    job.first_start = now - job.named_for  # what its elapsed time counts from
+                _start_clock(transfer.job, now)  # what its elapsed time counts from
                 self._failed(transfer, error)
 
 
@@ -1105,6 +1099,14 @@ def _named(job: Job, now: float) -> None:
     if job.naming_since != 0.0:
         job.named_for += now - job.naming_since
         job.naming_since = 0.0
+
+
+def _start_clock(job: Job, now: float) -> None:
+    """Start the row's --deadline clock if it has not started: at ``now``, less
+    the time it waited for names before (the lookup counts, as with curl -m)."""
+    if job.first_start == 0.0:
+        _named(job, now)
+        job.first_start = now - job.named_for
 
 
 def _clock_start(job: Job, now: float) -> float:
