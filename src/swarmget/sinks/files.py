@@ -527,14 +527,18 @@ class OutputDir:
         name .swarmget, but a symlink of the user's, out/s -> .swarmget, made
         s/journal.sqlite3 a path a row could be given)."""
         real = os.path.realpath(directory)
-        if real != self.root and not real.startswith(self.root + "/"):
+        if not _within(real, self.root):
             raise TransferError(ErrorCode.BAD_PATH, f"{directory} resolves outside the output dir")
-        state = f"{self.root}/{STATE_DIR}"
-        if real == state or real.startswith(state + "/"):
+        if _within(real, f"{self.root}/{STATE_DIR}"):
             raise TransferError(
                 ErrorCode.BAD_PATH,
                 f"{directory} resolves into swarmget's own {STATE_DIR} directory",
             )
+
+
+def _within(real: str, directory: str) -> bool:
+    """Is the real path ``real`` ``directory`` itself or under it?"""
+    return real == directory or real.startswith(directory + "/")
 
 
 class FileSink(Sink):

@@ -617,9 +617,9 @@ class FilePlanner:
     def _foreign_file(self, path: str, url: str) -> str:
         """Why the file at ``path`` is not this row's (``exists``)."""
         earlier = self.journal.recovered(path) if self._recovering else None
-        blocked = self._blocked(path)  # a directory: --overwrite would not help
+        blocked = self._blocked(path, foreign=True)  # a directory: --overwrite would not help
         if blocked:
-            return blocked.replace(" (--overwrite", ", not swarmget's (--overwrite", 1)
+            return blocked
         if earlier is None:
             what = "already exists and was not downloaded by swarmget"
         elif earlier.get("url") == url:
@@ -779,11 +779,12 @@ class FilePlanner:
             return False
         return stat.S_ISREG(found.st_mode) and found.st_size == previous.bytes
 
-    def _blocked(self, path: str, ours: bool = False) -> str:
+    def _blocked(self, path: str, ours: bool = False, foreign: bool = False) -> str:
         """Why no file can be published at ``path`` whatever ``--overwrite`` says
         (a directory is there, or a file is where one of its directories must
         be), else ``""``.  One lstat: ENOTDIR tells the second case.  ``ours``:
-        the path held this row's file in an earlier run."""
+        the path held this row's file in an earlier run; ``foreign``: what is
+        there is known not to be swarmget's."""
         try:
             found = os.lstat(f"{self.root}/{path}")
         except NotADirectoryError:
@@ -796,7 +797,8 @@ class FilePlanner:
         if stat.S_ISDIR(found.st_mode):
             if ours:  # not ours to remove; someone made it since
                 return f"{path} is a directory now (it held this row's file)"
-            return f"{path} is a directory (--overwrite replaces files, not directories)"
+            whose = ", not swarmget's" if foreign else ""
+            return f"{path} is a directory{whose} (--overwrite replaces files, not directories)"
         return ""
 
     def _occupied(self, path: str) -> bool:
