@@ -61,7 +61,7 @@ class Item:
         self.value = value
         self._remove: weakref.finalize | None = None  # type: ignore[type-arg]
         if path is not None:
-            self._remove = weakref.finalize(self, _unlink, str(path), os.getpid())
+            self._remove = weakref.finalize(self, remove_spill_file, str(path), os.getpid())
 
     def read(self) -> bytes:
         """The body, from memory or from the spill file; a failed item raises its error."""
@@ -108,7 +108,7 @@ class Item:
         return f"<Item {self.index} {state} {self.url}>"
 
 
-def _unlink(path: str, owner: int) -> None:
+def remove_spill_file(path: str, owner: int) -> None:
     """Remove a spill file, in the process that made the item only: a copy of it in
     a child forked from the caller's program is not the file's owner."""
     if os.getpid() != owner:

@@ -39,6 +39,7 @@ import weakref
 from typing import Any, Final
 
 from swarmget.errors import UsageError
+from swarmget.streaming.items import remove_spill_file
 
 PREFIX: Final = "swarmget-stream-"
 OWNER: Final = ".owner"  # the file whose lock says the folder's stream is alive
@@ -59,7 +60,7 @@ class SpillDir:
         except OSError as exc:  # a file there, no permission
             raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
         self._owner = _take_owner_lock(self.path)
-        self._pid = os.getpid()  # a forked copy removes nothing (see _unlink in items.py)
+        self._pid = os.getpid()  # a forked copy removes nothing (remove_spill_file)
         # adopt/dropped come from any thread, and dropped from the collector too,
         # which may run it on a thread that holds the lock already (in close()).
         self._lock = threading.RLock()
@@ -73,7 +74,7 @@ class SpillDir:
         with self._lock:
             if self._closed:
                 # Made after the close (a run's last moments): nobody will read it.
-                _unlink(path)
+                remove_spill_file(path, self._pid)
                 return
             self._kept.add(path)
         if item._remove is not None:
@@ -87,7 +88,7 @@ class SpillDir:
         after the stream's close, with the last such file)."""
         if os.getpid() != self._pid:
             return
-        _unlink(path)
+        remove_spill_file(path, self._pid)
         with self._lock:
             self._kept.discard(path)
             last = self._closed and not self._kept
@@ -107,7 +108,7 @@ class SpillDir:
         with contextlib.suppress(OSError), os.scandir(self.path) as entries:
             for entry in entries:
                 if entry.name != OWNER and entry.path not in kept:
-                    _unlink(entry.path)
+                    remove_spill_file(entry.path, self._pid)
 
     def remove(self) -> None:
         """Delete the folder and what is in it (safe to repeat)."""
@@ -118,11 +119,6 @@ class SpillDir:
             owner, self._owner = self._owner, None
         if owner is not None:
             os.close(owner)
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
 
 
 def _take_owner_lock(path: str) -> int | None:
