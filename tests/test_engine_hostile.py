@@ -798,50 +798,26 @@ def test_a_request_the_server_never_reads_is_said_to_be_unsent(out_dir: Path) ->
     assert failure.message == "the request could not be sent: the server read nothing for 1s"
 
 
-def test_a_request_the_server_drains_in_drips_is_not_silence(out_dir: Path) -> None:
-    # The server reads 64 KiB every 20 ms through a small receive buffer: our
-    # kernel's send queue (megabytes, autotuned) drains steadily, but the
-    # socket turns writable only when a third of it is free, 0.4 s apart here.
-    # That was "the server read nothing for 0.3s"; the queue going down counts.
-    def read_in_drips(listener: socket.socket) -> None:
-        raw, _ = listener.accept()
-        with raw:
-            data = bytearray()
-            while not data.endswith(b"\r\n\r\n"):
-                data += raw.recv(64 << 10)
-                time.sleep(0.02)
-            raw.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+def _send_to_a_slow_reader(
+    out_dir: Path, header_bytes: int, chunk: int, pause: float, timeout: float
+) -> tuple[swarmget.Report, float]:
+    """A request with an ``header_bytes`` header to a server that reads it
+    ``chunk`` bytes every ``pause`` seconds, through a receive buffer of
+    ``chunk`` (bytes its kernel took in but it did not read yet are silence to
+    us: with loopback's autotuned megabytes, past --timeout now and then),
+    then answers.  The report, and the seconds it took."""
 
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
-        reader = threading.Thread(target=read_in_drips, args=(listener,), daemon=True)
-        reader.start()
-        port = listener.getsockname()[1]
-        report = run(
-            [f"http://127.0.0.1:{port}/f"], out_dir, headers={"X-Big": "a" * 4_000_000}, timeout=0.3
-        )
-        reader.join(5)
-    assert report.ok == 1, report.failures
-
-
-def test_a_request_the_server_reads_slowly_is_not_silence(out_dir: Path) -> None:
-    # Read steadily but for longer than --timeout: the socket taking our
-    # request is the server at work, not a stall.  (Large enough that the
-    # reading goes on well after the kernel's buffers are full.)
     def read_slowly(listener: socket.socket) -> None:
         raw, _ = listener.accept()
         with raw:
             data = bytearray()
             while not data.endswith(b"\r\n\r\n"):
-                data += raw.recv(256 << 10)
-                time.sleep(0.01)
+                data += raw.recv(chunk)
+                time.sleep(pause)
             raw.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 
     with socket.create_server(("127.0.0.1", 0)) as listener:
-        # A small receive buffer: bytes the server's kernel has taken in (and
-        # acknowledged) but the server not yet read are silence to us, and with
-        # loopback's autotuned megabytes that took past --timeout 1 run in 6.
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256 << 10)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, chunk)
         reader = threading.Thread(target=read_slowly, args=(listener,), daemon=True)
         reader.start()
         port = listener.getsockname()[1]
@@ -849,9 +825,26 @@ def test_a_request_the_server_reads_slowly_is_not_silence(out_dir: Path) -> None
         report = run(
             [f"http://127.0.0.1:{port}/f"],
             out_dir,
-            headers={"X-Big": "a" * 32_000_000},
-            timeout=0.8,
+            headers={"X-Big": "a" * header_bytes},
+            timeout=timeout,
         )
         reader.join(5)
+    return report, time.monotonic() - started
+
+
+def test_a_request_the_server_drains_in_drips_is_not_silence(out_dir: Path) -> None:
+    # The server reads 64 KiB every 20 ms through a small receive buffer: our
+    # kernel's send queue (megabytes, autotuned) drains steadily, but the
+    # socket turns writable only when a third of it is free, 0.4 s apart here.
+    # That was "the server read nothing for 0.3s"; the queue going down counts.
+    report, _ = _send_to_a_slow_reader(out_dir, 4_000_000, 64 << 10, 0.02, timeout=0.3)
     assert report.ok == 1, report.failures
-    assert time.monotonic() - started > 0.8  # longer than --timeout indeed
+
+
+def test_a_request_the_server_reads_slowly_is_not_silence(out_dir: Path) -> None:
+    # Read steadily but for longer than --timeout: the socket taking our
+    # request is the server at work, not a stall.  (Large enough that the
+    # reading goes on well after the kernel's buffers are full.)
+    report, took = _send_to_a_slow_reader(out_dir, 32_000_000, 256 << 10, 0.01, timeout=0.8)
+    assert report.ok == 1, report.failures
+    assert took > 0.8  # longer than --timeout indeed
