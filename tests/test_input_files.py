@@ -32,6 +32,15 @@ def server() -> Iterator[TestServer]:
         yield srv
 
 
+def _list_named_like_its_first_url(server: TestServer, out: Path, other: str) -> tuple[Path, bytes]:
+    """``out/urls.txt``, listing the URL of a ``urls.txt`` (its default name is
+    the list's) and of ``other``; and its bytes, to see it left alone."""
+    out.mkdir()
+    listed = out / "urls.txt"
+    listed.write_text(f"{server.file_url('urls.txt', size=50)}\n{server.file_url(other, size=5)}\n")
+    return listed, listed.read_bytes()
+
+
 def _input_failure(report: Report, path: str) -> None:
     (failure,) = report.failures
     assert failure.error == "exists"
@@ -114,12 +123,7 @@ def test_stdin_from_a_file_in_the_output_dir_is_an_input_too(
     server: TestServer, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    listed = out / "urls.txt"
-    listed.write_text(
-        f"{server.file_url('urls.txt', size=50)}\n{server.file_url('s.bin', size=5)}\n"
-    )
-    before = listed.read_bytes()
+    listed, before = _list_named_like_its_first_url(server, out, "s.bin")
     with open(listed, "rb") as stdin:
         done = subprocess.run(
             [sys.executable, "-m", "swarmget", "-", "-o", str(out), "--overwrite", "-q"],
@@ -194,12 +198,7 @@ def test_sources_given_as_a_generator_are_read_and_guarded(
     server: TestServer, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    out.mkdir()
-    listed = out / "urls.txt"
-    listed.write_text(
-        f"{server.file_url('urls.txt', size=50)}\n{server.file_url('g.bin', size=7)}\n"
-    )
-    before = listed.read_bytes()
+    listed, before = _list_named_like_its_first_url(server, out, "g.bin")
     report = swarmget.download(None, out, sources=(s for s in [str(listed)]), overwrite=True)
     assert listed.read_bytes() == before
     assert (report.ok, report.failed) == (1, 1)
