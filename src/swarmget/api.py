@@ -270,8 +270,8 @@ def _inputs(
 ) -> frozenset[tuple[int, int]]:
     """The files ``sources`` reads that a path in ``dest`` may lead to, by
     identity (st_dev, st_ino): no row may replace one."""
-    if not sources or isinstance(sources, str | bytes):
-        return frozenset()  # none, or the TypeError input_rows raised already
+    if not sources:
+        return frozenset()
     from swarmget.sources.reader import input_files
 
     return input_files(sources, within=os.fsdecode(dest))
