@@ -686,14 +686,15 @@ class _External:
     within the final 10 ms).  A tool that forks helpers is counted as the largest
     sum of VmRSS over its process tree seen in any sample."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.argv = argv
+        self.env = env
         self.peak_kb = 0
 
     def __call__(self) -> list[str]:
         proc = subprocess.Popen(
             self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=self.env,
         )  # fmt: skip
         stop = threading.Event()
         sampler = threading.Thread(target=self._sample, args=(proc.pid, stop), daemon=True)
@@ -780,8 +781,8 @@ def _process_tree(pid: int) -> list[int]:
     return tree
 
 
-def _external(argv: list[str]) -> Runner:
-    return _External(argv)
+def _external(argv: list[str], env: dict[str, str] | None = None) -> Runner:
+    return _External(argv, env)
 
 
 def prepare_aria2(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
@@ -832,6 +833,62 @@ def prepare_curl(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Ru
     return _external(argv)
 
 
+# img2dataset lives in a venv of its own (``./dev bench`` makes it): its pins
+# (opencv, albumentations, pandas, wandb) are not ours to mix into .venv.
+IMG2DATASET_VENV = REPO / ".venv-img2dataset"
+IMG2DATASET_SHARD = 1000  # rows per shard: a power of ten, so a key is the row's index
+
+
+class _Img2Dataset(_External):
+    """img2dataset writes ``<shard>/<key>.jpg`` (plus a ``.json`` per sample and a
+    parquet and stats file per shard); :meth:`after` (untimed) moves each body to
+    the path its job names and drops the rest, so run.py checks it like any peer."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], jobs: list[Job], out: Path):
+        super().__init__(argv, env)
+        self.jobs, self.out = jobs, out
+
+    def after(self) -> None:
+        kept = self.out.parent / f".{self.out.name}-img2dataset"
+        self.out.rename(kept)
+        self.out.mkdir()
+        _make_dirs(self.out, self.jobs)
+        for image in kept.glob("*/*.jpg"):
+            # key = 10**3 * shard + row in shard = the row's index (IMG2DATASET_SHARD)
+            image.rename(self.out / self.jobs[int(image.stem)][1])
+        shutil.rmtree(kept)
+
+
+def prepare_img2dataset(jobs: list[Job], out: Path, concurrency: int, work: Path) -> Runner:
+    """``img2dataset --output_format files --resize_mode no --disable_all_reencoding
+    True``: the bodies as served (no decode, no resize, no hash), N threads in all
+    over one process per CPU (its unit of work is a shard of 1,000 rows), no
+    retries; the rest as its defaults.  HTTPS: Python's ssl reads the CA from
+    ``SSL_CERT_FILE`` (img2dataset has no option for it)."""
+    binary = Path(os.environ.get("BENCH_IMG2DATASET") or IMG2DATASET_VENV / "bin" / "img2dataset")
+    if not binary.exists():
+        raise RuntimeError(f"img2dataset not installed ({binary}; ./dev bench installs it)")
+    listing = work / "img2dataset.txt"
+    listing.write_text("".join(f"{url}\n" for url, _ in jobs))
+    processes = os.cpu_count() or 1
+    argv = [
+        str(binary), "--url_list", str(listing), "--input_format", "txt",
+        "--output_format", "files", "--output_folder", str(out),
+        "--processes_count", str(processes),
+        "--thread_count", str(max(1, concurrency // processes)),
+        "--number_sample_per_shard", str(IMG2DATASET_SHARD),
+        "--resize_mode", "no", "--disable_all_reencoding", "True", "--compute_hash", "None",
+        "--retries", "0", "--timeout", "30", "--enable_wandb", "False",
+        "--distributor", "multiprocessing",
+    ]  # fmt: skip
+    # No update check against PyPI at every import (albumentations does one).
+    env = dict(os.environ, NO_ALBUMENTATIONS_UPDATE="1")
+    ca = _ca_file()
+    if ca:
+        env["SSL_CERT_FILE"] = ca
+    return _Img2Dataset(argv, env, jobs, out)
+
+
 TOOLS: dict[str, tuple[Callable[[list[Job], Path, int, Path], Runner], bool]] = {
     # name: (prepare function, runs as an external program)
     "swarmget": (prepare_swarmget, False),
@@ -842,6 +899,7 @@ TOOLS: dict[str, tuple[Callable[[list[Job], Path, int, Path], Runner], bool]] = 
     "aiohttp": (prepare_aiohttp, False),
     "requests": (prepare_requests, False),
     "aria2c": (prepare_aria2, True),
+    "img2dataset": (prepare_img2dataset, True),
     "curl": (prepare_curl, True),
     "swarmget-stream": (prepare_swarmget_stream, False),
     "swarmget-stream-nomap": (prepare_swarmget_stream_nomap, False),
@@ -890,6 +948,9 @@ def measure(tool: str, jobs_file: Path, out: Path, concurrency: int) -> dict[str
         errors = run()
         elapsed = time.perf_counter() - start
         after = _cpu(external)
+        # Untimed: a tool that names its files itself gets them moved where run.py looks.
+        if not errors and hasattr(run, "after"):
+            run.after()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     # Peak RSS of the downloading address space (see _External for why not ru_maxrss).

@@ -39,7 +39,7 @@ from typing import Any
 import servers
 import swarmget
 import workload
-from peers import STREAM_TOOLS
+from peers import IMG2DATASET_VENV, STREAM_TOOLS
 from swarmget.testing.process import child_env
 
 BENCH = Path(__file__).resolve().parent
@@ -237,6 +237,7 @@ FILE_TOOLS = [
     "requests",
     "aria2c",
     "curl",
+    "img2dataset",
 ]
 
 SCENARIOS = {
@@ -251,7 +252,7 @@ SCENARIOS = {
     "nginx-1g": Scenario(
         "nginx-1g",
         "{files:,} x 1 GiB from nginx (1 worker) on loopback, up to 8 at a time",
-        FILE_TOOLS,
+        [tool for tool in FILE_TOOLS if tool != "img2dataset"],  # it holds bodies in memory
         1,
         300.0,
         setup_nginx_big,
@@ -259,7 +260,16 @@ SCENARIOS = {
     "nginx-https-50k": Scenario(
         "nginx-https-50k",
         "{files:,} x 50 KB from nginx (1 worker) over HTTPS on loopback, concurrency 100",
-        ["swarmget", "swarmget-1", "swarmget-cli", "pycurl", "aiohttp", "aria2c", "curl"],
+        [
+            "swarmget",
+            "swarmget-1",
+            "swarmget-cli",
+            "pycurl",
+            "aiohttp",
+            "aria2c",
+            "curl",
+            "img2dataset",
+        ],
         10_000,
         180.0,
         setup_nginx_https,
@@ -333,6 +343,10 @@ NOTES = {
     "curl": "curl: `--parallel --parallel-immediate --parallel-max N` with a config file of "
     "url/output pairs (curl caps --parallel-max at 300).",
     "requests": "requests: ThreadPoolExecutor(N), one Session per thread.",
+    "img2dataset": "img2dataset 1.47: `--output_format files --resize_mode no "
+    "--disable_all_reencoding True --compute_hash None`, one process per CPU with N/CPUs "
+    "threads each, shards of 1,000 rows; timed from exec to exit (its imports: pandas, "
+    "pyarrow, opencv). Its files are moved to the job's names after the clock stops.",
     "swarmget-stream": "swarmget-stream: `with swarmget.stream(urls, concurrency=N, "
     "per_host=N) as items`, every item consumed; in stream-100ms with `map=decode` "
     "(decode runs in the worker process that downloaded the item), elsewhere without "
@@ -921,6 +935,16 @@ def _versions() -> dict[str, str]:
     for line in proc.stdout.splitlines():
         name, _, version = line.partition(" ")
         versions[name] = version
+    i2d_python = Path(os.environ.get("BENCH_IMG2DATASET") or IMG2DATASET_VENV / "bin" / "x")
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        proc = subprocess.run(
+            [str(i2d_python.parent / "python"), "-c", probe.replace("'pycurl', 'aiohttp', "
+             "'requests', 'torch'", "'img2dataset',")],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        for line in proc.stdout.splitlines():
+            name, _, version = line.partition(" ")
+            versions[name] = version
     build = "compiled with mypyc" if swarmget.compiled() else "pure Python"
     versions["swarmget"] = f"{versions.get('swarmget', '?')} ({build})"
     return versions
