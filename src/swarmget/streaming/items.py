@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ class Item:
         self.value = value
         self._remove: weakref.finalize | None = None  # type: ignore[type-arg]
         if path is not None:
-            self._remove = weakref.finalize(self, remove_spill_file, str(path), os.getpid())
+            self.remove_file_with(remove_spill_file, str(path), os.getpid())
 
     def read(self) -> bytes:
         """The body, from memory or from the spill file; a failed item raises its error."""
@@ -81,6 +82,14 @@ class Item:
         raise ValueError(
             "this item has no body: it was closed, or map took it (only map's value comes back)"
         )
+
+    def remove_file_with(self, remove: Callable[..., object] | None, *args: object) -> None:
+        """Who removes this item's spill file: ``remove(*args)`` when the item is
+        dropped or closed (None: nobody here, its owner removes it).  Replaces the
+        remover it had."""
+        if self._remove is not None:
+            self._remove.detach()
+        self._remove = None if remove is None else weakref.finalize(self, remove, *args)
 
     def close(self) -> None:
         """Let go of the body now: the spill file goes, ``data`` and ``path`` are dropped."""
@@ -134,7 +143,5 @@ def body_item(
         elif kind == SPILL:
             path = Path(payload[1])
     item = Item(index, url, True, http_status=http_status, data=data, path=path)
-    if item._remove is not None:
-        item._remove.detach()  # the sink removes the file itself, after map
-        item._remove = None
+    item.remove_file_with(None)  # the sink removes the file itself, after map
     return item

@@ -35,7 +35,6 @@ import stat
 import tempfile
 import threading
 import time
-import weakref
 from typing import Any, Final
 
 from swarmget.errors import UsageError
@@ -70,18 +69,16 @@ class SpillDir:
 
     def adopt(self, item: Any, path: str) -> None:
         """``path`` is ``item``'s file from now on: removed when the item is dropped
-        or closed (``item._remove``), not when the stream closes before that."""
+        or closed, not when the stream closes before that."""
         with self._lock:
             if self._closed:
                 # Made after the close (a run's last moments): nobody will read it.
                 remove_spill_file(path, self._pid)
                 return
             self._kept.add(path)
-        if item._remove is not None:
-            item._remove.detach()
         # The finaliser holds this SpillDir: the folder and its lock last as
         # long as any item that has a file in it.
-        item._remove = weakref.finalize(item, self.dropped, path)
+        item.remove_file_with(self.dropped, path)
 
     def dropped(self, path: str) -> None:
         """An adopted item was dropped or closed: its file goes (the folder too,
