@@ -54,6 +54,8 @@ ZONE: dict[str, list[tuple[str, str, int]]] = {
     "long.test.": [("A", "127.0.0.1", 86400)],
     "shared.test.": [("A", "127.0.0.1", 300)],
     "slow.test.": [("A", "127.0.0.1", 300)],
+    "fqdn.test.": [("A", "127.0.0.1", 300)],
+    "fqdn-shared.test.": [("A", "127.0.0.1", 300)],
 }
 NXDOMAIN = {"nx.test.", "cached-nx.test."}
 DROPPED = {"dead.test."}
@@ -248,6 +250,35 @@ def test_concurrent_lookups_of_one_name_share_one_query(
     run_until(loop, lambda: len(out) == 3, within=5.0)
     assert [a[0][1][1] for a, _ in out if a] == [80, 81, 82]
     assert dns.zone.count("shared.test") == 2  # one A and one AAAA query
+
+
+def test_a_name_with_its_trailing_dot_is_the_name_without_it(
+    loop: EventLoop, dns: NameServer
+) -> None:
+    # "fqdn.test." (fully qualified) and "fqdn.test" are one DNS name, but
+    # were cached and asked apart: every name twice for a list that has both.
+    # A fresh channel for every name asked: c-ares's own cache (sent along
+    # with its channel) would answer a second lookup without asking.
+    res = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=2, names_per_channel=1)
+    try:
+        addresses, error = resolve(res, loop, "fqdn.test.")
+        assert error is None and addresses == [(V4, ("127.0.0.1", 80))]
+        assert dns.zone.count("fqdn.test") == 2  # one A and one AAAA query
+        for again in ("fqdn.test", "FQDN.Test."):
+            addresses, error = resolve(res, loop, again, 443)
+            assert error is None and addresses == [(V4, ("127.0.0.1", 443))]
+        assert dns.zone.count("fqdn.test") == 2
+        assert len(res._cache) == 1
+        assert res.expires("fqdn.test", 80) == res.expires("fqdn.test.", 80) > loop.now
+        # Asked together, they share one query too.
+        out: list[Outcome] = []
+        for name in ("fqdn-shared.test.", "fqdn-shared.test"):
+            res.resolve(name, 80, lambda a, e: out.append((a, e)))
+        run_until(loop, lambda: len(out) == 2, within=5.0)
+        assert [e for _, e in out] == [None, None]
+        assert dns.zone.count("fqdn-shared.test") == 2
+    finally:
+        res.close()
 
 
 def test_the_cache_keeps_the_most_recently_used_names_only(
@@ -476,6 +507,28 @@ def test_threaded_fallback_has_the_same_interface(loop: EventLoop) -> None:
         addresses, error = resolve(res, loop, "localhost", 9)
         assert error is None and addresses
         assert res.expires("localhost", 9) > loop.now
+    finally:
+        res.close()
+
+
+def test_the_threaded_resolver_asks_once_for_a_name_with_and_without_its_dot(
+    loop: EventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: str, port: int, *args: Any, **kwargs: Any) -> Any:
+        asked.append(host)
+        return real("127.0.0.1", port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    res = ThreadedResolver(loop)
+    try:
+        for name in ("host.test.", "host.test", "HOST.test"):
+            addresses, error = resolve(res, loop, name, 9)
+            assert error is None and addresses == [(V4, ("127.0.0.1", 9))]
+        assert asked == ["host.test."]  # as given: only the cache's key is normalized
+        assert res.expires("host.test", 9) == res.expires("host.test.", 9) > loop.now
     finally:
         res.close()
 

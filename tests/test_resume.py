@@ -949,6 +949,33 @@ def test_max_size_refuses_before_and_during_transfer(server: TestServer, out_dir
     assert not parts(out_dir)
 
 
+@pytest.mark.parametrize("norange", [0, 1], ids=["206", "200"])
+def test_a_kept_part_goes_with_its_row_when_the_file_is_over_max_size(
+    server: TestServer, out_dir: Path, norange: int
+) -> None:
+    # A resumed row refused at the head (its 206's Content-Range, or the whole
+    # 200 of a server that ignores Range, says the file is over --max-size)
+    # left its part and the part's version behind for good: nothing had opened
+    # them in this run, so nothing removed them, and the journal still offered
+    # the part to every rerun.
+    size = 3 * MiB
+    name = f"over-{norange}.bin"
+    url = server.file_url(name, size=size, fault="truncate", times=1, norange=norange)
+    assert run([url], out_dir).failures[0].error == "truncated"
+    part = part_for(out_dir, url)
+    assert part.exists() and Path(f"{part}.version").exists()
+    seen = len(server.requests)
+    report = run([url], out_dir, max_size=2 * MiB)
+    assert [f.error for f in report.failures] == ["too_large"]
+    assert len(range_requests(server, seen)) == 1  # it was a resume
+    assert not (out_dir / name).exists()
+    assert [p for p in (out_dir / ".swarmget").rglob("*") if p.name.startswith(part.name)] == []
+    assert parts(out_dir) == []
+    (record,) = journal(out_dir)
+    assert (record["status"], record["error"]) == ("failed", "too_large")
+    assert "validator" not in record  # no part: nothing to continue
+
+
 def test_disk_full_stops_the_run_cleanly(server: TestServer, tmp_path: Path) -> None:
     with small_tmpfs(tmp_path / "small", "1m") as mount:
         urls = [server.file_url(f"d{i}.bin", size=200_000) for i in range(40)]

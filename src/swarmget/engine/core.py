@@ -784,7 +784,10 @@ class Engine(ConnectionOwner):
         assert error is not None
         if isinstance(error, OutputError) and error.fatal:
             self._stop(error)
-        self._keep_or_drop_part(transfer)
+        if error.code == ErrorCode.TOO_LARGE:
+            self._drop_part(transfer)
+        else:
+            self._keep_or_drop_part(transfer)
         if verdict.stale and transfer.retry.count(STALE) <= self.policy.retries:
             # A dead kept-alive connection is not the server's failure: again,
             # on a new connection (so not twice in a row), first in line when a
@@ -968,6 +971,22 @@ class Engine(ConnectionOwner):
         )
         transfer.start = writer.written if keep else 0
         self._drop_writer(transfer, keep)
+
+    def _drop_part(self, transfer: Transfer) -> None:
+        """No part stays for a file over --max-size: a rerun under the same limit
+        is refused it again, and one under a larger limit starts from zero.
+        That includes a part kept from before (an earlier attempt or run) that
+        the refused response never opened, and the validator that offered it
+        for continuing (the journal's, told as a new body's would be)."""
+        job = transfer.job
+        if transfer.writer is not None:
+            self._drop_writer(transfer, keep=False)
+        elif transfer.start:
+            self.sink.drop_part(job.row)
+        transfer.start = 0
+        if job.validator is not None and self.sink.resumable:
+            job.validator = None
+            self.events.partial(job.row, None, None)
 
     def _drop_writer(self, transfer: Transfer, keep: bool) -> None:
         writer = transfer.writer

@@ -70,6 +70,15 @@ class AnswerCache(Generic[Key, Answer]):
             answers.popitem(last=False)
 
 
+def name_key(host: str) -> str:
+    """How a resolver knows ``host`` in its cache and among its lookups in flight:
+    lower-cased, without the one trailing dot of a fully qualified name.
+    ``V4.test.`` and ``v4.test`` are one DNS name, to be asked for once; what
+    goes to the name server is still the name as the first asker gave it."""
+    host = host.lower()
+    return host[:-1] if host.endswith(".") and len(host) > 1 else host
+
+
 def bare_host(host: str) -> str:
     """``host`` without an IPv6 zone id (``fe80::1%eth0`` -> ``fe80::1``): what the
     ``Host`` header, the certificate check and ``inet_pton`` see."""

@@ -35,10 +35,13 @@ c-ares reads ``/etc/hosts`` before asking DNS, or the file named by
 
 Answers are cached per host name, whatever the port, the ``cached`` most recently
 used at most (:data:`~swarmget.net.address.ANSWERS_CACHED`); concurrent lookups
-of one name share one query.  Failures (NXDOMAIN, timeouts) are cached for
-``negative_ttl``: long enough that a broken host's thousand files do not ask a
-thousand times, short enough that a long run asks again after a DNS blip.
-Two failures are not the name's: a malformed reply (c-ares then fails every
+of one name share one query.  A name is known by its
+:func:`~swarmget.net.address.name_key` (``x.test.`` and ``X.test`` are
+``x.test``) and asked for as the lookup's first asker spelled it.  Failures
+(NXDOMAIN, timeouts) are cached for ``negative_ttl``: long enough that a
+broken host's thousand files do not ask a thousand times, short enough that a
+long run asks again after a DNS blip.  Two failures are not the name's: a
+malformed reply (c-ares then fails every
 query pending on that server connection, the other hosts' too) and a refused
 one; and "no data" just after a malformed reply (the culprit failed the A
 query of a name whose AAAA query found no records).  A name that met one is
@@ -95,6 +98,7 @@ from swarmget.net.address import (
     ResolveCallback,
     ip_literal,
     literal_addresses,
+    name_key,
     sockaddr,
 )
 
@@ -233,6 +237,9 @@ class AresResolver:
         self._closed = False
         self._timer: Timer | None = None
         self._cache: AnswerCache[str, _Answer] = AnswerCache(cached)
+        # Below, ``host`` is a name's key (name_key), as in the cache; the name
+        # a lookup in flight sends, as its first asker gave it, is kept here.
+        self._names: dict[str, str] = {}
         self._waiting: dict[str, list[tuple[int, ResolveCallback]]] = {}
         self._asked_again: set[str] = set()  # names given a second query
         self._again: collections.deque[str] = collections.deque()  # ... waiting for it
@@ -277,11 +284,12 @@ class AresResolver:
         if literal is not None:
             loop.call_soon(callback, literal, None)
             return
-        cached = self._cache.fresh(host, loop.now)
+        key = name_key(host)
+        cached = self._cache.fresh(key, loop.now)
         if cached is not None:
             loop.call_soon(callback, _with_port(cached[0], port), cached[1])
             return
-        waiters = self._waiting.get(host)
+        waiters = self._waiting.get(key)
         if waiters is not None:
             waiters.append((port, callback))
             return
@@ -293,14 +301,15 @@ class AresResolver:
             )
             loop.call_soon(callback, None, error)
             return
-        self._waiting[host] = [(port, callback)]
-        self._query(host)
+        self._waiting[key] = [(port, callback)]
+        self._names[key] = host
+        self._query(key)
 
     def expires(self, host: str, port: int) -> float:
         """Loop time at which the cached answer for ``host`` goes stale (0.0: none)."""
         if ip_literal(host) is not None:
             return float("inf")
-        return self._cache.expires(host)
+        return self._cache.expires(name_key(host))
 
     def close(self) -> None:
         if self._closed:
@@ -313,6 +322,7 @@ class AresResolver:
             channel.close()
         self._retired.clear()
         self._waiting.clear()
+        self._names.clear()
 
     # -- c-ares plumbing ------------------------------------------------------------
 
@@ -323,7 +333,7 @@ class AresResolver:
         try:
             self._getaddrinfo(channel, host, socket.AF_UNSPEC, self._answered)
         except (ValueError, UnicodeError, RuntimeError) as exc:
-            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {exc}")
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {exc}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
         self._v6_due.append((self._loop.now + 1.5 * self._budget[0], host))
@@ -359,7 +369,7 @@ class AresResolver:
         channel.pending += 1
         try:
             channel.cares.getaddrinfo(
-                host,
+                self._asked(host),
                 None,
                 family=family,
                 type=socket.SOCK_STREAM,
@@ -422,12 +432,14 @@ class AresResolver:
         self._count_timeout(status == pycares.errno.ARES_ETIMEOUT and host not in self._v6_answered)
         if status is not None or result is None:
             reason = _strerror(status) if status is not None else "no answer"
-            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {reason}")
+            error = TransferError(ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {reason}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
         bare, ttl = self._addresses(result)
         if not bare:
-            error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: no addresses")
+            error = TransferError(
+                ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: no addresses"
+            )
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
         self._loop.call_soon(self._done, host, bare, None, ttl)
@@ -453,7 +465,9 @@ class AresResolver:
             self._ask_again(host)
             return
         self._count_timeout(False)
-        error = TransferError(ErrorCode.DNS, f"cannot resolve {host!r}: {_strerror(_NODATA)}")
+        error = TransferError(
+            ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {_strerror(_NODATA)}"
+        )
         self._done(host, None, error, self._negative_ttl)
 
     def _ask_again(self, host: str) -> None:
@@ -466,6 +480,10 @@ class AresResolver:
         if self._asking_again is None and self._again and not self._closed:
             host = self._asking_again = self._again.popleft()
             self._query(host)
+
+    def _asked(self, host: str) -> str:
+        """The name a lookup of ``host`` (a key) sends, and its errors quote."""
+        return self._names.get(host, host)
 
     def _count_timeout(self, timed_out: bool) -> None:
         if not timed_out:
@@ -488,9 +506,12 @@ class AresResolver:
             # Answered already with its IPv6 addresses alone (see the docstring).
             self._v6_answered.discard(host)
             if error is not None:  # the A query's timeout: keep those addresses
+                self._names.pop(host, None)
                 return
         now = self._loop.now
         self._cache.put(host, now + ttl, (bare, error), now)
+        if host not in self._v6_answered:  # else its full answer is still to come
+            self._names.pop(host, None)
         # The waiters get this answer, not the cache's: it may be forgotten by
         # the time they ask (another answer pushed it out).
         for port, callback in self._waiting.pop(host, ()):

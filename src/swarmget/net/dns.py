@@ -9,7 +9,9 @@ runs on a small pool of resolver threads; the answer comes back to the loop
 thread through ``loop.call_soon_threadsafe``.  Answers are cached per
 ``(host, port)`` for ``ttl`` seconds (getaddrinfo does not tell us the record's
 TTL), failures for ``negative_ttl``, the ``cached`` most recently used at most;
-concurrent lookups of one name share one query.  IP literals skip all of it.
+concurrent lookups of one name share one query.  A host is known by
+:func:`~swarmget.net.address.name_key` (``x.test.`` is ``x.test``), and looked
+up as the first asker spelled it.  IP literals skip all of it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from swarmget.net.address import (
     ResolveCallback,
     ip_literal,
     literal_addresses,
+    name_key,
 )
 
 if TYPE_CHECKING:
@@ -121,7 +124,7 @@ class ThreadedResolver:
         if literal is not None:
             self._loop.call_soon(callback, literal, None)
             return
-        key = (host, port)
+        key = (name_key(host), port)
         cached = self._cache.fresh(key, self._loop.now)
         if cached is not None:
             self._loop.call_soon(callback, cached[0], cached[1])
@@ -137,16 +140,16 @@ class ThreadedResolver:
             from concurrent.futures import ThreadPoolExecutor
 
             self._executor = ThreadPoolExecutor(self._workers, thread_name_prefix="swarmget-dns")
-        self._executor.submit(self._lookup, key)
+        self._executor.submit(self._lookup, key, host)
 
     def expires(self, host: str, port: int) -> float:
         if ip_literal(host) is not None:
             return float("inf")
-        return self._cache.expires((host, port))
+        return self._cache.expires((name_key(host), port))
 
-    def _lookup(self, key: tuple[str, int]) -> None:
+    def _lookup(self, key: tuple[str, int], host: str) -> None:
         # Runs on a resolver thread: touch nothing but the arguments.
-        host, port = key
+        port = key[1]
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:

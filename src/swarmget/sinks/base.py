@@ -180,6 +180,11 @@ class Sink:
         """Make finished rows visible; one entry per row: None, or why it failed."""
         raise NotImplementedError
 
+    def drop_part(self, job: Assignment) -> None:
+        """Remove what the sink kept to continue ``job`` (a part from an earlier
+        attempt or run, not open now): nothing may continue it.  Only a
+        resumable sink keeps anything."""
+
     @property
     def busy(self) -> bool:
         """Work the sink still has after its rows were reported (map, sinks/memory.py)."""

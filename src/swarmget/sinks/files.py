@@ -567,6 +567,9 @@ class FileSink(Sink):
         part = f"{self.parts}/{part_name(job.key)}"
         return PartFile(part, final, resume_from=start, hashers=hashers)
 
+    def drop_part(self, job: Assignment) -> None:
+        remove_part(f"{self.parts}/{part_name(job.key)}")  # and its version
+
     def publish(self, done: list[tuple[Assignment, Writer]]) -> list[TransferError | None]:
         errors: list[TransferError | None] = []
         check_again, replace = self.output.check_again, self.replace
