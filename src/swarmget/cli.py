@@ -208,8 +208,9 @@ def _epilog() -> str:
     codes = "\n".join(f"  {code:<20}{text}" for code, text in ERROR_CODE_HELP.items())
     return f"""\
 sources:
-  A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv or .jsonl),
-  "-" to read such a list from standard input, or a URL given directly.
+  A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv, .jsonl,
+  or .parquet with swarmget[datasets]), "-" to read such a list from standard
+  input (not Parquet), or a URL given directly.
   Sources and options may come in any order; after "--" every argument is a
   source.  An option given twice counts as last given, as in curl (a wrapper's
   defaults can be overridden); --header and --dns-server add up.  To download

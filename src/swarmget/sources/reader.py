@@ -5,8 +5,10 @@ Theory of operation
 :func:`read_rows` is a generator over a list of *sources*.  A source is a URL
 given directly (anything containing ``://``), ``-`` for stdin, or a path.  The
 format of a path comes from its name (``.csv``, ``.tsv``, ``.jsonl``/``.ndjson``,
-each optionally ``.gz``-compressed); when the name says nothing (``.txt``, no
-suffix, stdin) the first non-blank line decides:
+each optionally ``.gz``-compressed; ``.parquet``/``.pq``, or a file whose first
+bytes are Parquet's, whatever its name: :mod:`~swarmget.sources.parquet`);
+when the name says nothing (``.txt``, no suffix, stdin) the first non-blank
+line decides:
 
 * starts with ``{`` (or ``[``, so a JSON array gets a clear "expected a JSON
   object" error instead of becoming a heap of ``bad_url`` rows) -> JSONL;
@@ -84,6 +86,7 @@ from typing import IO, Any, BinaryIO, Final, TextIO, TypeGuard, cast
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
 from swarmget.sources.formats import BYTE_ERRORS, parse_delimited, parse_jsonl, parse_text
+from swarmget.sources.parquet import MAGIC, parse_parquet
 from swarmget.sources.rows import Row, hide_password, strip_url
 
 STDIN = "-"
@@ -115,6 +118,7 @@ _NOT_TEXT_HINTS = (
     (b"BZh", "it looks bzip2-compressed: only gzip is read as it is, bzcat it"),
     (b"\xfd7zXZ\x00", "it is xz-compressed: only gzip is read as it is, xzcat it"),
     (b"\x28\xb5\x2f\xfd", "it is zstd-compressed: only gzip is read as it is, zstdcat it"),
+    (MAGIC, "it is a Parquet file: give its path (Parquet is read from its end, a pipe has none)"),
 )
 _NOT_TEXT_HINT = "swarmget reads UTF-8 text, plain or gzip-compressed"
 
@@ -124,6 +128,7 @@ class Format(enum.Enum):
     CSV = "csv"
     TSV = "tsv"
     JSONL = "jsonl"
+    PARQUET = "parquet"
 
 
 _SUFFIX_FORMATS = {
@@ -132,6 +137,8 @@ _SUFFIX_FORMATS = {
     ".tab": Format.TSV,
     ".jsonl": Format.JSONL,
     ".ndjson": Format.JSONL,
+    ".parquet": Format.PARQUET,
+    ".pq": Format.PARQUET,
 }
 
 
@@ -305,12 +312,24 @@ def _check_path(path: str) -> None:
 
 
 def _read_path(path: str, counter: Iterator[int]) -> Generator[Row, None, None]:
+    fmt = format_from_name(path)
     try:
         byte_errors = BYTE_ERRORS.count
-        with open(path, "rb") as raw, _decode(raw) as lines:
-            yield from _parse(lines, path, format_from_name(path), counter, byte_errors)
+        with open(path, "rb") as raw:
+            # By its name, or by its first bytes whatever its name (a .txt, none).
+            parquet = fmt is Format.PARQUET or raw.peek(len(MAGIC))[: len(MAGIC)] == MAGIC
+            if not parquet:
+                with _decode(raw) as lines:
+                    yield from _parse(lines, path, fmt, counter, byte_errors)
     except (OSError, EOFError, zlib.error) as exc:
         raise _unreadable(path, exc) from None
+    if parquet:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise UsageError(
+                f"cannot read input {path!r}: a Parquet file is read from its end, "
+                "so it must be a file (not a pipe)"
+            )
+        yield from parse_parquet(path, path, counter)
 
 
 def _read_stdin(stdin: TextIO | BinaryIO | None, counter: Iterator[int]) -> Iterator[Row]:
@@ -510,8 +529,10 @@ def _archive(line: str) -> bool:
     """Does ``line`` begin a bzip2 stream or a zip archive?  Their first line can be
     valid UTF-8 (in about one bzip2 file in a hundred the block's CRC holds a line
     break), and was then read as a list of garbage URLs."""
-    return (line.startswith("BZh") and line[3:4].isdigit() and line[4:10] == "1AY&SY") or (
-        line.startswith("PK\x03\x04")
+    return (
+        (line.startswith("BZh") and line[3:4].isdigit() and line[4:10] == "1AY&SY")
+        or line.startswith("PK\x03\x04")
+        or line.startswith("PAR1")  # Parquet, from a pipe (a file is read as one)
     )
 
 

@@ -1,0 +1,97 @@
+"""Parquet input: the URL lists datasets are shipped as (``pip install swarmget[datasets]``).
+
+A Parquet file is read as a CSV with a header is: the columns swarmget knows
+(``url``, ``path``, ``sha256``, ``md5``, ``size``; any case, so LAION's ``URL``
+is ``url``) are taken, every other column (captions, licences, widths) is
+never read from disk, and one bad value fails its row alone with
+``bad_row``, named by its row number in the file.
+
+Memory: rows are read a batch at a time (:data:`BATCH_ROWS`) from one row
+group at a time, and only the known columns are decoded, so a list of any
+length costs about one row group's URLs, whatever the file holds besides.
+
+pyarrow is imported only when a Parquet input is met: the core install stays
+three small wheels, and without pyarrow the run stops at once saying how to
+get it.  A Parquet file is read from its end (its footer says where the
+columns are), so it must be a file: a pipe or stdin cannot be one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Final
+
+from swarmget.errors import UsageError
+from swarmget.sources.fields import COLUMNS, FieldError, build_row, printable, usable_url
+from swarmget.sources.rows import Row
+
+MAGIC: Final = b"PAR1"  # the first (and last) four bytes of every Parquet file
+BATCH_ROWS: Final = 8192
+
+
+def parse_parquet(path: str, name: str, counter: Iterator[int]) -> Iterator[Row]:
+    """The rows of the Parquet file at ``path`` (``name`` is how messages call it)."""
+    parquet = _pyarrow_parquet(name)
+    try:
+        source = parquet.ParquetFile(path)
+    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
+        raise UsageError(
+            f"cannot read input {name!r}: not a readable Parquet file ({exc})"
+        ) from None
+    try:
+        columns = _known_columns(list(source.schema_arrow.names), name)
+        number = 0
+        for batch in source.iter_batches(batch_size=BATCH_ROWS, columns=list(columns.values())):
+            for values in batch.to_pylist():
+                number += 1
+                yield _row(
+                    next(counter),
+                    {known: values[spelled] for known, spelled in columns.items()},
+                    name,
+                    number,
+                )
+    except (OSError, ValueError) as exc:  # a damaged column chunk, a truncated file
+        raise UsageError(f"cannot read input {name!r}: {exc}") from None
+    finally:
+        source.close()
+
+
+def _pyarrow_parquet(name: str) -> Any:
+    try:
+        import pyarrow.parquet
+    except ImportError:
+        raise UsageError(
+            f"input {name!r} is a Parquet file: reading it needs pyarrow "
+            "(pip install 'swarmget[datasets]')"
+        ) from None
+    return pyarrow.parquet
+
+
+def _known_columns(names: list[str], name: str) -> dict[str, str]:
+    """Each known column, lower-cased, to its name in the file.  Two spellings of
+    one column, or no ``url`` column, stop the run, as a CSV header's would."""
+    columns: dict[str, str] = {}
+    for column in names:
+        known = column.strip().lower()
+        if known not in COLUMNS:
+            continue
+        if known in columns:
+            raise UsageError(
+                f"input {name!r}: column {known!r} appears more than once "
+                f"({columns[known]!r} and {column!r})"
+            )
+        columns[known] = column
+    if "url" not in columns:
+        found = ", ".join(repr(column) for column in names[:10])
+        more = ", ..." if len(names) > 10 else ""
+        raise UsageError(f"input {name!r} has no 'url' column (columns found: {found}{more})")
+    return columns
+
+
+def _row(index: int, fields: dict[str, object], name: str, number: int) -> Row:
+    try:
+        return build_row(index, fields)
+    except FieldError as exc:
+        raw = fields.get("url")
+        url = usable_url(fields) or ("" if raw is None else printable(str(raw))[:200])
+        return Row(index, url, problem=printable(f"input {name!r}, row {number}: {exc}"))

@@ -1,0 +1,182 @@
+"""Parquet input lists (``pip install swarmget[datasets]``): read as a CSV with a
+header is, the known columns in any case, one bad value one bad row, and a
+download from one end to the other against the scripted server."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pa = pytest.importorskip("pyarrow", reason="the datasets extra (pyarrow) is not installed")
+pq = pytest.importorskip("pyarrow.parquet")
+
+import swarmget  # noqa: E402
+from swarmget.errors import UsageError  # noqa: E402
+from swarmget.sources import read_rows  # noqa: E402
+from swarmget.sources.parquet import BATCH_ROWS  # noqa: E402
+from swarmget.testing import TestServer, expected_body  # noqa: E402
+
+SHA = "ab" * 32
+
+
+def write_parquet(path: Path, columns: dict[str, list[object]], **options: object) -> str:
+    pq.write_table(pa.table(columns), path, **options)
+    return str(path)
+
+
+def test_known_columns_in_any_case_and_others_ignored(tmp_path: Path) -> None:
+    # LAION's lists say URL and TEXT; a caption column is never decoded.
+    source = write_parquet(
+        tmp_path / "laion.parquet",
+        {
+            "URL": ["http://h/a.jpg", "http://h/b.jpg"],
+            "TEXT": ["a cat", "a dog"],
+            "Path": ["x/a.jpg", None],
+            "SHA256": [SHA.upper(), None],
+            "size": [10, None],
+        },
+    )
+    rows = list(read_rows([source]))
+    assert [(r.index, r.url, r.path, r.sha256, r.size, r.problem) for r in rows] == [
+        (0, "http://h/a.jpg", "x/a.jpg", SHA, 10, None),
+        (1, "http://h/b.jpg", None, None, None, None),
+    ]
+
+
+def test_a_bad_value_fails_its_row_alone_named_by_its_row_number(tmp_path: Path) -> None:
+    source = write_parquet(
+        tmp_path / "list.parquet",
+        {"url": ["http://h/1", None, "http://h/3", ""], "size": [1, 2, -5, 4]},
+    )
+    rows = list(read_rows([source]))
+    assert [r.index for r in rows] == [0, 1, 2, 3]
+    assert rows[0].problem is None and rows[0].size == 1
+    assert rows[1].url == "" and rows[1].problem is not None
+    assert f"input {source!r}, row 2: missing or empty 'url'" in rows[1].problem
+    assert rows[2].url == "http://h/3"  # the manifest still names its URL
+    assert rows[2].problem is not None and "row 3: 'size' must be >= 0" in rows[2].problem
+    assert rows[3].problem is not None and "row 4:" in rows[3].problem
+
+
+def test_a_url_column_that_is_not_text_fails_each_row(tmp_path: Path) -> None:
+    source = write_parquet(tmp_path / "ints.parquet", {"url": [1, 2]})
+    rows = list(read_rows([source]))
+    assert all(r.problem and "'url' must be a string, got int" in r.problem for r in rows)
+
+
+def test_indices_run_on_across_parquet_and_text_inputs(tmp_path: Path) -> None:
+    first = write_parquet(tmp_path / "a.parquet", {"url": ["http://h/1", "http://h/2"]})
+    second = tmp_path / "b.txt"
+    second.write_text("http://h/3\n")
+    rows = list(read_rows([first, str(second), "http://h/4"]))
+    assert [(r.index, r.url) for r in rows] == [
+        (0, "http://h/1"), (1, "http://h/2"), (2, "http://h/3"), (3, "http://h/4"),
+    ]  # fmt: skip
+
+
+def test_known_by_its_first_bytes_whatever_its_name(tmp_path: Path) -> None:
+    source = write_parquet(tmp_path / "urls.txt", {"url": ["http://h/1"]})
+    assert [r.url for r in read_rows([source])] == ["http://h/1"]
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"link": ["http://h/1"]}, "has no 'url' column (columns found: 'link')"),
+        ({"url": ["a"], "URL": ["b"]}, "column 'url' appears more than once ('url' and 'URL')"),
+    ],
+)
+def test_a_list_without_one_url_column_stops_at_once(
+    tmp_path: Path, columns: dict[str, list[object]], message: str
+) -> None:
+    source = write_parquet(tmp_path / "list.parquet", columns)
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        next(read_rows([source]))
+
+
+def test_a_file_named_parquet_that_is_not_one_stops_at_once(tmp_path: Path) -> None:
+    source = tmp_path / "list.parquet"
+    source.write_text("http://h/1\n")
+    with pytest.raises(UsageError, match="not a readable Parquet file"):
+        next(read_rows([str(source)]))
+
+
+def test_a_truncated_file_stops_at_once(tmp_path: Path) -> None:
+    whole = write_parquet(
+        tmp_path / "whole.parquet", {"url": [f"http://h/{i}" for i in range(100)]}
+    )
+    cut = tmp_path / "cut.parquet"
+    cut.write_bytes(Path(whole).read_bytes()[:-20])
+    with pytest.raises(UsageError, match=r"cut\.parquet"):
+        list(read_rows([str(cut)]))
+
+
+def test_parquet_on_stdin_says_to_give_its_path(tmp_path: Path) -> None:
+    source = write_parquet(tmp_path / "list.parquet", {"url": ["http://h/1"]})
+    data = io.BytesIO(Path(source).read_bytes())
+    with pytest.raises(UsageError, match="it is a Parquet file: give its path"):
+        list(read_rows(["-"], stdin=data))
+
+
+def test_read_a_batch_at_a_time_not_the_whole_file(tmp_path: Path) -> None:
+    # More rows than one batch, in several row groups: the first row comes
+    # out before the last batch is read (the generator is lazy), and all come.
+    count = 3 * BATCH_ROWS + 5
+    source = write_parquet(
+        tmp_path / "big.parquet",
+        {"url": [f"http://h/{i}" for i in range(count)]},
+        row_group_size=BATCH_ROWS,
+    )
+    rows = read_rows([source])
+    assert next(rows).url == "http://h/0"
+    assert sum(1 for _ in rows) == count - 1
+
+
+def test_without_pyarrow_the_run_stops_saying_how_to_get_it(tmp_path: Path) -> None:
+    source = write_parquet(tmp_path / "list.parquet", {"url": ["http://h/1"]})
+    code = (
+        "import sys; sys.modules['pyarrow'] = None; sys.modules['pyarrow.parquet'] = None\n"
+        "from swarmget.sources import read_rows\n"
+        f"list(read_rows([{source!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "pip install 'swarmget[datasets]'" in proc.stderr
+
+
+def test_a_parquet_list_downloads_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with TestServer() as server:
+        source = write_parquet(
+            tmp_path / "list.parquet",
+            {
+                "URL": [server.file_url(f"f{i}.bin", size=1000 + i) for i in range(20)],
+                "caption": [f"file {i}" for i in range(20)],
+            },
+        )
+        report = swarmget.download([], out, sources=[source], retries=0)
+    assert report.ok == 20 and report.failed == 0
+    for i in range(20):
+        assert (out / f"f{i}.bin").read_bytes() == expected_body(f"f{i}.bin", 1000 + i)
+
+
+def test_the_command_line_reads_a_parquet_list(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with TestServer() as server:
+        source = write_parquet(
+            tmp_path / "list.parquet",
+            {"url": [server.file_url("a.bin", size=10), "not a url"], "path": ["x/a.bin", None]},
+        )
+        proc = subprocess.run(
+            [sys.executable, "-m", "swarmget", source, "-o", str(out), "--json", "--retries", "0"],
+            capture_output=True, text=True, env={**os.environ, "NO_COLOR": "1"}, timeout=60,
+        )  # fmt: skip
+    assert (out / "x" / "a.bin").read_bytes() == expected_body("a.bin", 10)
+    summary = json.loads(proc.stdout)
+    assert summary["ok"] == 1 and summary["failed"] == 1, proc.stderr
