@@ -70,6 +70,25 @@ def test_a_url_column_that_is_not_text_fails_each_row(tmp_path: Path) -> None:
     assert all(r.problem and "'url' must be a string, got int" in r.problem for r in rows)
 
 
+def test_binary_text_columns_and_pandas_float_sizes_are_read_as_meant(tmp_path: Path) -> None:
+    # Some writers store text as binary; pandas writes an int column with gaps
+    # as float64, a gap as NaN.  A float that is no whole number stays wrong.
+    source = write_parquet(
+        tmp_path / "list.parquet",
+        {
+            "url": pa.array([b"http://h/1", b"http://h/2", b"http://h/\xff", b"http://h/4"]),
+            "size": pa.array([12.0, float("nan"), 3.0, 1.5]),
+        },
+    )
+    rows = list(read_rows([source]))
+    assert [(r.url, r.size, r.problem is None) for r in rows[:2]] == [
+        ("http://h/1", 12, True),
+        ("http://h/2", None, True),
+    ]
+    assert rows[2].problem is not None and "'url' is not valid UTF-8" in rows[2].problem
+    assert rows[3].problem is not None and "got the number 1.5" in rows[3].problem
+
+
 def test_indices_run_on_across_parquet_and_text_inputs(tmp_path: Path) -> None:
     first = write_parquet(tmp_path / "a.parquet", {"url": ["http://h/1", "http://h/2"]})
     second = tmp_path / "b.txt"

@@ -4,7 +4,10 @@ A Parquet file is read as a CSV with a header is: the columns swarmget knows
 (``url``, ``path``, ``sha256``, ``md5``, ``size``; any case, so LAION's ``URL``
 is ``url``) are taken, every other column (captions, licences, widths) is
 never read from disk, and one bad value fails its row alone with
-``bad_row``, named by its row number in the file.
+``bad_row``, named by its row number in the file.  Two Parquet habits are
+read as meant: a binary column holding text (decoded as UTF-8, bad bytes
+found as in a text list), and a ``size`` column pandas wrote as floats
+because it has gaps (``12.0`` is 12, NaN is no size).
 
 Memory: rows are read a batch at a time (:data:`BATCH_ROWS`) from one row
 group at a time, and only the known columns are decoded, so a list of any
@@ -18,6 +21,7 @@ columns are), so it must be a file: a pipe or stdin cannot be one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -89,6 +93,17 @@ def _known_columns(names: list[str], name: str) -> dict[str, str]:
 
 
 def _row(index: int, fields: dict[str, object], name: str, number: int) -> Row:
+    for column, value in fields.items():
+        if isinstance(value, bytes):
+            # A binary column (writers that do not mark text as UTF-8): its
+            # bytes as the text ones would be read, bad UTF-8 found by build_row.
+            fields[column] = value.decode("utf-8", "surrogateescape")
+        elif isinstance(value, float) and column == "size":
+            # pandas writes an integer column with gaps as floats, a gap as NaN.
+            if math.isnan(value):
+                fields[column] = None
+            elif value.is_integer():
+                fields[column] = int(value)
     try:
         return build_row(index, fields)
     except FieldError as exc:
