@@ -324,7 +324,11 @@ def _read_path(path: str, counter: Iterator[int]) -> Generator[Row, None, None]:
     except (OSError, EOFError, zlib.error) as exc:
         raise _unreadable(path, exc) from None
     if parquet:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        try:
+            regular = stat.S_ISREG(os.stat(path).st_mode)
+        except OSError as exc:  # gone since it was opened
+            raise _unreadable(path, exc) from None
+        if not regular:
             raise UsageError(
                 f"cannot read input {path!r}: a Parquet file is read from its end, "
                 "so it must be a file (not a pipe)"
