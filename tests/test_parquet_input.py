@@ -252,3 +252,24 @@ def test_memory_stays_flat_over_many_row_groups(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     middle, end = json.loads(proc.stdout)
     assert end - middle < 6 * 2**20, (middle >> 20, end >> 20)
+
+
+def test_a_damaged_column_chunk_is_named_on_one_line(tmp_path: Path) -> None:
+    # The damaged second row group stops the run with pyarrow's message, which
+    # spans lines ("...Invalid data\nDeserializing page header failed.\n"):
+    # told on one line, as every usage error is.
+    source = write_parquet(
+        tmp_path / "list.parquet", {"url": [f"http://h/{i}" for i in range(30)]}, row_group_size=10
+    )
+    chunk = pq.ParquetFile(source).metadata.row_group(1).column(0)
+    data = bytearray(Path(source).read_bytes())
+    start, length = chunk.data_page_offset, chunk.total_compressed_size
+    data[start : start + length] = bytes(length)
+    Path(source).write_bytes(bytes(data))
+    rows: list[str] = []
+    with pytest.raises(UsageError) as caught:
+        rows.extend(row.url for row in read_rows([source]))
+    message = str(caught.value)
+    assert message.startswith(f"cannot read input {source!r}: ") and "\n" not in message
+    # Read a row group at a time, the first group's rows came before it.
+    assert rows == [f"http://h/{i}" for i in range(10)]

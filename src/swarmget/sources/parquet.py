@@ -45,7 +45,7 @@ def parse_parquet(path: str, name: str, counter: Iterator[int]) -> Iterator[Row]
         source = parquet.ParquetFile(path)
     except unreadable as exc:
         raise UsageError(
-            f"cannot read input {name!r}: not a readable Parquet file ({exc})"
+            f"cannot read input {name!r}: not a readable Parquet file ({_said(exc)})"
         ) from None
     try:
         columns = _known_columns(list(source.schema_arrow.names), name)
@@ -60,9 +60,16 @@ def parse_parquet(path: str, name: str, counter: Iterator[int]) -> Iterator[Row]
                     number,
                 )
     except unreadable as exc:  # a damaged column chunk, a truncated file
-        raise UsageError(f"cannot read input {name!r}: {exc}") from None
+        raise UsageError(f"cannot read input {name!r}: {_said(exc)}") from None
     finally:
         source.close()
+
+
+def _said(exc: Exception) -> str:
+    """pyarrow's message on one line: some are several ("Couldn't deserialize
+    thrift: ...\nDeserializing page header failed.\n"), which broke the
+    usage error's line in two, its end on a line of its own."""
+    return printable(" ".join(str(exc).split()))
 
 
 def _batches(source: Any, columns: list[str]) -> Iterator[Any]:
