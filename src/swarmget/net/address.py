@@ -72,11 +72,16 @@ class AnswerCache(Generic[Key, Answer]):
 
 def name_key(host: str) -> str:
     """How a resolver knows ``host`` in its cache and among its lookups in flight:
-    lower-cased, without the one trailing dot of a fully qualified name.
-    ``V4.test.`` and ``v4.test`` are one DNS name, to be asked for once; what
-    goes to the name server is still the name as the first asker gave it."""
-    host = host.lower()
-    return host[:-1] if host.endswith(".") and len(host) > 1 else host
+    lower-cased (``V4.Test`` and ``v4.test`` are one lookup; what goes to the
+    name server is still the name as the first asker gave it).
+
+    A trailing dot stays: ``v4.test.`` and ``v4.test`` are not one lookup.
+    The name without the dot goes through the resolver's search domains and
+    is found in a hosts file, the fully qualified one is neither (c-ares and
+    glibc alike), so one answer for both made a row's answer depend on which
+    spelling an earlier row used: ``fromhosts.test.`` first, its NXDOMAIN was
+    cached for ``fromhosts.test`` too."""
+    return host.lower()
 
 
 def bare_host(host: str) -> str:

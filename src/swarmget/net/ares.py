@@ -36,8 +36,8 @@ c-ares reads ``/etc/hosts`` before asking DNS, or the file named by
 Answers are cached per host name, whatever the port, the ``cached`` most recently
 used at most (:data:`~swarmget.net.address.ANSWERS_CACHED`); concurrent lookups
 of one name share one query.  A name is known by its
-:func:`~swarmget.net.address.name_key` (``x.test.`` and ``X.test`` are
-``x.test``) and asked for as the lookup's first asker spelled it.  Failures
+:func:`~swarmget.net.address.name_key` (``X.test`` is ``x.test``, ``x.test.``
+another lookup) and asked for as the lookup's first asker spelled it.  Failures
 (NXDOMAIN, timeouts) are cached for ``negative_ttl``: long enough that a
 broken host's thousand files do not ask a thousand times, short enough that a
 long run asks again after a DNS blip.  Two failures are not the name's: a

@@ -10,8 +10,8 @@ thread through ``loop.call_soon_threadsafe``.  Answers are cached per
 ``(host, port)`` for ``ttl`` seconds (getaddrinfo does not tell us the record's
 TTL), failures for ``negative_ttl``, the ``cached`` most recently used at most;
 concurrent lookups of one name share one query.  A host is known by
-:func:`~swarmget.net.address.name_key` (``x.test.`` is ``x.test``), and looked
-up as the first asker spelled it.  IP literals skip all of it.
+:func:`~swarmget.net.address.name_key` (``X.test`` is ``x.test``, ``x.test.``
+another lookup), and looked up as the first asker spelled it.  IP literals skip all of it.
 """
 
 from __future__ import annotations

@@ -35,17 +35,22 @@ BATCH_ROWS: Final = 8192
 
 def parse_parquet(path: str, name: str, counter: Iterator[int]) -> Iterator[Row]:
     """The rows of the Parquet file at ``path`` (``name`` is how messages call it)."""
-    parquet = _pyarrow_parquet(name)
+    parquet, arrow_error = _pyarrow_parquet(name)
+    # What pyarrow raises for a file it cannot read: ArrowInvalid is a
+    # ValueError, but ArrowNotImplementedError (a schema it does not know,
+    # say an integer wider than 64 bits) is a RuntimeError, ArrowTypeError a
+    # TypeError...: all are ArrowException.
+    unreadable = (OSError, ValueError, arrow_error)
     try:
         source = parquet.ParquetFile(path)
-    except (OSError, ValueError) as exc:  # ArrowInvalid is a ValueError
+    except unreadable as exc:
         raise UsageError(
-            f"cannot read input {name!r}: not a readable Parquet file ({exc})"
+            f"cannot read input {name!r}: not a readable Parquet file ({_said(exc)})"
         ) from None
     try:
         columns = _known_columns(list(source.schema_arrow.names), name)
         number = 0
-        for batch in source.iter_batches(batch_size=BATCH_ROWS, columns=list(columns.values())):
+        for batch in _batches(source, list(columns.values())):
             for values in batch.to_pylist():
                 number += 1
                 yield _row(
@@ -54,21 +59,39 @@ def parse_parquet(path: str, name: str, counter: Iterator[int]) -> Iterator[Row]
                     name,
                     number,
                 )
-    except (OSError, ValueError) as exc:  # a damaged column chunk, a truncated file
-        raise UsageError(f"cannot read input {name!r}: {exc}") from None
+    except unreadable as exc:  # a damaged column chunk, a truncated file
+        raise UsageError(f"cannot read input {name!r}: {_said(exc)}") from None
     finally:
         source.close()
 
 
-def _pyarrow_parquet(name: str) -> Any:
+def _said(exc: Exception) -> str:
+    """pyarrow's message on one line: some are several ("Couldn't deserialize
+    thrift: ...\nDeserializing page header failed.\n"), which broke the
+    usage error's line in two, its end on a line of its own."""
+    return printable(" ".join(str(exc).split()))
+
+
+def _batches(source: Any, columns: list[str]) -> Iterator[Any]:
+    """The file's batches, asked for one row group at a time: one
+    ``iter_batches`` over the whole file keeps memory it read ahead (RSS grew
+    with the file, ~40 MiB a million rows of a LAION-like list), one per row
+    group gives it back when the group is done."""
+    for group in range(source.num_row_groups):
+        yield from source.iter_batches(batch_size=BATCH_ROWS, row_groups=[group], columns=columns)
+
+
+def _pyarrow_parquet(name: str) -> tuple[Any, type[Exception]]:
+    """pyarrow.parquet, and the base class of pyarrow's errors."""
     try:
+        import pyarrow
         import pyarrow.parquet
     except ImportError:
         raise UsageError(
             f"input {name!r} is a Parquet file: reading it needs pyarrow "
             "(pip install 'swarmget[datasets]')"
         ) from None
-    return pyarrow.parquet
+    return pyarrow.parquet, pyarrow.ArrowException
 
 
 def _known_columns(names: list[str], name: str) -> dict[str, str]:
