@@ -8,6 +8,7 @@ import base64
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -137,11 +138,27 @@ def test_a_truncated_file_stops_at_once(tmp_path: Path) -> None:
         list(read_rows([str(cut)]))
 
 
-def test_parquet_on_stdin_says_to_give_its_path(tmp_path: Path) -> None:
+def test_parquet_on_stdin_from_a_file_is_read(tmp_path: Path) -> None:
+    # `swarmget - < list.parquet`: stdin is the file itself, seekable.
+    source = write_parquet(tmp_path / "list.parquet", {"url": ["http://h/1", "http://h/2"]})
+    with open(source, "rb") as stdin:
+        assert [r.url for r in read_rows(["-"], stdin=stdin)] == ["http://h/1", "http://h/2"]
+        assert not stdin.closed  # stdin is not ours to close
+    assert [r.url for r in read_rows(["-"], stdin=io.BytesIO(Path(source).read_bytes()))] == [
+        "http://h/1",
+        "http://h/2",
+    ]
+
+
+def test_parquet_from_a_pipe_on_stdin_says_to_give_its_path(tmp_path: Path) -> None:
     source = write_parquet(tmp_path / "list.parquet", {"url": ["http://h/1"]})
-    data = io.BytesIO(Path(source).read_bytes())
-    with pytest.raises(UsageError, match="it is a Parquet file: give its path"):
-        list(read_rows(["-"], stdin=data))
+    proc = subprocess.run(
+        f"cat {shlex.quote(source)} | {shlex.quote(sys.executable)} -m swarmget - "
+        f"-o {shlex.quote(str(tmp_path / 'out'))}",
+        shell=True, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "it is a Parquet file: give its path" in proc.stderr
 
 
 def test_read_a_batch_at_a_time_not_the_whole_file(tmp_path: Path) -> None:

@@ -210,7 +210,7 @@ def _epilog() -> str:
 sources:
   A SOURCE is a URL list file (.txt with one URL per line, .csv/.tsv, .jsonl,
   or .parquet with swarmget[datasets]), "-" to read such a list from standard
-  input (not Parquet), or a URL given directly.
+  input (Parquet only when stdin is a file), or a URL given directly.
   Sources and options may come in any order; after "--" every argument is a
   source.  An option given twice counts as last given, as in curl (a wrapper's
   defaults can be overridden); --header and --dns-server add up.  To download

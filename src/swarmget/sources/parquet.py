@@ -16,14 +16,15 @@ length costs about one row group's URLs, whatever the file holds besides.
 pyarrow is imported only when a Parquet input is met: the core install stays
 three small wheels, and without pyarrow the run stops at once saying how to
 get it.  A Parquet file is read from its end (its footer says where the
-columns are), so it must be a file: a pipe or stdin cannot be one.
+columns are), so it must be a file, by its path or on stdin redirected from
+it (``swarmget - < list.parquet``): a pipe cannot be one.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any, BinaryIO, Final
 
 from swarmget.errors import UsageError
 from swarmget.sources.fields import COLUMNS, FieldError, build_row, printable, usable_url
@@ -33,8 +34,9 @@ MAGIC: Final = b"PAR1"  # the first (and last) four bytes of every Parquet file
 BATCH_ROWS: Final = 8192
 
 
-def parse_parquet(path: str, name: str, counter: Iterator[int]) -> Iterator[Row]:
-    """The rows of the Parquet file at ``path`` (``name`` is how messages call it)."""
+def parse_parquet(path: str | BinaryIO, name: str, counter: Iterator[int]) -> Iterator[Row]:
+    """The rows of the Parquet file at ``path``, or in the seekable binary file
+    ``path`` (stdin redirected from a file); ``name`` is how messages call it."""
     parquet, arrow_error = _pyarrow_parquet(name)
     # What pyarrow raises for a file it cannot read: ArrowInvalid is a
     # ValueError, but ArrowNotImplementedError (a schema it does not know,

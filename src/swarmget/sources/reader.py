@@ -345,6 +345,11 @@ def _read_stdin(stdin: TextIO | BinaryIO | None, counter: Iterator[int]) -> Iter
         if binary is None:  # text already (io.StringIO, an iterable of lines)
             yield from _parse(cast(Iterable[str], stream), STDIN_NAME, None, counter, -1)
             return
+        if binary.peek(len(MAGIC))[: len(MAGIC)] == MAGIC and binary.seekable():
+            # `swarmget - < list.parquet`: a file on stdin can be read from its
+            # end (from a pipe, the first line's check says to give its path).
+            yield from parse_parquet(binary, STDIN_NAME, counter)
+            return
         byte_errors = BYTE_ERRORS.count
         lines = _decode(binary)
         try:
