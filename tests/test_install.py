@@ -24,6 +24,7 @@ mypyc's C compiling twice (wheel and sdist), so these tests are marked
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -255,3 +256,26 @@ def test_type_error_installs_the_pure_build(checkout: Path, tmp_path: Path) -> N
     assert lines[0].endswith(PURE_FALLBACK), lines[0]
     extensions = list(target.rglob("*.so"))
     assert extensions == [], "a half-compiled install"
+
+
+def test_the_datasets_extra_reads_parquet_lists(dists: Dists, tmp_path: Path, work: Path) -> None:
+    # `pip install 'swarmget[datasets]'` from an empty venv brings pyarrow, and
+    # the installed command reads a Parquet list with it (its rows here are no
+    # URLs, so nothing needs a network: each fails alone as bad_url).
+    venv = Venv.create(tmp_path / "venv")
+    venv.pip_install(f"{dists.wheel}[datasets]")
+    listing = work / "list.parquet"
+    run(
+        [venv.bin("python"), "-c",
+         "import sys, pyarrow, pyarrow.parquet as pq; "
+         "pq.write_table(pyarrow.table({'URL': ['not a url', 'ftp://x/y'], 'TEXT': ['a', 'b']}), "
+         "sys.argv[1])", listing],
+        cwd=work, timeout=120,
+    )  # fmt: skip
+    result = subprocess.run(
+        [str(venv.bin("swarmget")), str(listing), "-o", str(work / "out"), "--json"],
+        cwd=work, env=user_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr  # rows failed; the list was read
+    summary = json.loads(result.stdout)
+    assert summary["total"] == 2 and summary["errors"] == {"bad_url": 2}, summary
