@@ -5,6 +5,7 @@ download from one end to the other against the scripted server."""
 from __future__ import annotations
 
 import base64
+import gzip
 import io
 import json
 import os
@@ -126,6 +127,14 @@ def test_a_file_named_parquet_that_is_not_one_stops_at_once(tmp_path: Path) -> N
     source.write_text("http://h/1\n")
     with pytest.raises(UsageError, match="not a readable Parquet file"):
         next(read_rows([str(source)]))
+
+
+def test_a_gzipped_parquet_file_says_to_gunzip_it(tmp_path: Path) -> None:
+    source = write_parquet(tmp_path / "list.parquet", {"url": ["http://h/1"]})
+    packed = tmp_path / "list.parquet.gz"
+    packed.write_bytes(gzip.compress(Path(source).read_bytes()))
+    with pytest.raises(UsageError, match="it is gzip-compressed: gunzip it first"):
+        next(read_rows([str(packed)]))
 
 
 def test_a_truncated_file_stops_at_once(tmp_path: Path) -> None:
