@@ -246,6 +246,33 @@ def test_the_reserve_lets_the_last_commit_through_a_full_disk(tmp_path: Path) ->
         assert (redo.assignments, redo.results, redo.skipped) == ([], [], 60)  # done before
 
 
+def test_a_run_whose_journal_spent_its_reserve_is_told_to_stop(tmp_path: Path) -> None:
+    """A commit that met the full disk mid-run went through on the reserve's room.
+    The run must stop then: downloading on spent the rest of that room on new
+    files, the last commit failed, and the rerun fetched again every file done
+    since the commit before (test_robustness's full-disk rerun, 1 run in ~90)."""
+    with small_tmpfs(tmp_path / "small", "2m") as mount:
+        out = mount / "out"
+        out.mkdir()
+        planner = FilePlanner(str(out), Options())
+        urls = [f"http://h/{i:03d}-{'x' * 120}.jpg" for i in range(60)]
+        batch = planner.plan(rows(*urls))
+        planner.record([ok(a, 4) for a in batch.assignments[:30]])
+        planner.commit()
+        assert planner.out_of_room() is None  # room enough: nothing to stop for
+        for a in batch.assignments:
+            (out / a.path).write_bytes(b"body")
+        filler = fill_up(mount)
+        planner.record([ok(a, 4) for a in batch.assignments[30:]])
+        planner.commit()  # meets the full disk: redone on the reserve's room
+        stop = planner.out_of_room()
+        assert stop is not None and stop.fatal and "No space left" in str(stop)
+        planner.finish(interrupted=False)
+        filler.unlink()
+        redo = plan_again(out, urls)
+        assert (redo.assignments, redo.results, redo.skipped) == ([], [], 60)
+
+
 def test_the_reserve_is_the_manifests_room_once_the_last_commit_is_done(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

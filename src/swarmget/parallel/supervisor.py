@@ -77,6 +77,11 @@ class Planner(Protocol):
         ...
 
     def commit(self) -> None: ...
+    def out_of_room(self) -> OutputError | None:
+        """Why the run must stop now for lack of room for its records (None: it
+        need not)."""
+        ...
+
     def finish(self, interrupted: bool, whole: bool = False) -> None: ...
 
 
@@ -273,6 +278,7 @@ class Supervisor:
             for event in events:
                 self._handle(event)
             interrupts.check()  # after the events: what finished is recorded
+            self._fatal = self._fatal or self._planner.out_of_room()
             if self._fatal is not None:
                 self._stop()
                 return
@@ -282,6 +288,10 @@ class Supervisor:
                 if now >= next_commit:
                     next_commit = now + COMMIT_INTERVAL
                     self._planner.commit()
+                    self._fatal = self._planner.out_of_room()  # None before: see above
+                    if self._fatal is not None:
+                        self._stop()
+                        return
                 self._tick(now)
 
     def _wake_backend(self) -> None:

@@ -177,6 +177,9 @@ class Journal:
         self.path = os.path.join(state, JOURNAL_NAME)
         # This transaction's writes, (sql, parameters, many), until it commits.
         self._uncommitted: list[tuple[str, Any, bool]] = []
+        # A write or a commit met the full disk and went through on the room
+        # kept for the run's last commit (see out_of_room).
+        self.reserve_spent = False
         self._reserve = Reserve(state)  # after the lock: the output dir is ours
         try:
             self._open(state)
@@ -572,6 +575,21 @@ class Journal:
             self._commit()
             self._db.execute("BEGIN")
 
+    def out_of_room(self) -> OutputError | None:
+        """The run must stop now: the disk filled up, and a write of this run went
+        through on the room kept for its last commit.  Downloading on would
+        spend the rest of that room on new files (a run's workers do not stop
+        before they meet the full disk themselves), and the last commit would
+        then fail: every row since the one before, whose files are on disk,
+        fetched again by the rerun."""
+        if not self.reserve_spent:
+            return None
+        return OutputError(
+            f"No space left on device for the journal {self.path}: its writes went "
+            "through on the room kept for the run's last commit, so the run stops",
+            True,
+        )
+
     def free_reserve(self) -> None:
         """The run's last commit is done: the reserve's room goes to the manifest."""
         self._reserve.free()
@@ -642,6 +660,7 @@ class Journal:
             except sqlite3.OperationalError as exc:
                 if not _disk_full(exc):
                     raise
+                self.reserve_spent = True
                 self._reserve.free()
                 self._execute(sql, parameters, many)
             return
@@ -673,6 +692,7 @@ class Journal:
         the reserve gives back (SQLite rolled them back: a full disk)."""
         if self._db.in_transaction:
             self._db.execute("ROLLBACK")  # a write failed but the transaction lives on
+        self.reserve_spent = True
         self._reserve.free()
         self._db.execute("BEGIN")
         for sql, parameters, many in self._uncommitted:

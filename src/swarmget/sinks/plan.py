@@ -1030,6 +1030,10 @@ class FilePlanner:
             with contextlib.suppress(OSError):
                 os.unlink(f"{self.root}/{path}")
 
+    def out_of_room(self) -> OutputError | None:
+        """Why the run must stop now for lack of room (None: it need not)."""
+        return self.journal.out_of_room()
+
     def commit(self) -> None:
         self._flush()
         journal = self.journal

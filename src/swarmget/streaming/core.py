@@ -49,6 +49,7 @@ from swarmget.parallel.supervisor import BATCH, Supervisor
 from swarmget.parallel.workers import worker_count, worker_shares
 from swarmget.report import FileResult, ProgressListener, Report, check_progress
 from swarmget.sinks.base import Assignment
+from swarmget.sinks.files import OutputError
 from swarmget.sinks.memory import Arena, Budget, MemorySink
 from swarmget.sinks.plan import PlanBatch
 from swarmget.sources.rows import Row
@@ -119,6 +120,9 @@ class StreamPlanner:
 
     def redeal(self, rows: list[Assignment]) -> None:
         pass  # a dead worker's bodies died with it
+
+    def out_of_room(self) -> OutputError | None:
+        return None  # no journal: no room of its own to run out of
 
     def commit(self) -> None:
         pass
