@@ -46,9 +46,8 @@ def parse_parquet(path: str | BinaryIO, name: str, counter: Iterator[int]) -> It
     try:
         source = parquet.ParquetFile(path)
     except unreadable as exc:
-        hint = " (it is gzip-compressed: gunzip it first)" if _gzipped(path) else ""
         raise UsageError(
-            f"cannot read input {name!r}: not a readable Parquet file ({_said(exc)}){hint}"
+            f"cannot read input {name!r}: not a readable Parquet file ({_said(exc)})"
         ) from None
     try:
         columns = _known_columns(list(source.schema_arrow.names), name)
@@ -66,17 +65,6 @@ def parse_parquet(path: str | BinaryIO, name: str, counter: Iterator[int]) -> It
         raise UsageError(f"cannot read input {name!r}: {_said(exc)}") from None
     finally:
         source.close()
-
-
-def _gzipped(path: str | BinaryIO) -> bool:
-    """Does the file at ``path`` start as gzip does (a ``.parquet.gz``)?"""
-    if not isinstance(path, str):
-        return False
-    try:
-        with open(path, "rb") as file:
-            return file.read(2) == b"\x1f\x8b"
-    except OSError:
-        return False
 
 
 def _said(exc: Exception) -> str:

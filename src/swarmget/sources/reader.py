@@ -317,23 +317,34 @@ def _read_path(path: str, counter: Iterator[int]) -> Generator[Row, None, None]:
         byte_errors = BYTE_ERRORS.count
         with open(path, "rb") as raw:
             # By its name, or by its first bytes whatever its name (a .txt, none).
-            parquet = fmt is Format.PARQUET or raw.peek(len(MAGIC))[: len(MAGIC)] == MAGIC
-            if not parquet:
+            parquet = fmt is Format.PARQUET or _starts_as_parquet(raw)
+            if parquet:
+                _check_parquet_file(raw, path)
+            else:
                 with _decode(raw) as lines:
                     yield from _parse(lines, path, fmt, counter, byte_errors)
     except (OSError, EOFError, zlib.error) as exc:
         raise _unreadable(path, exc) from None
     if parquet:
-        try:
-            regular = stat.S_ISREG(os.stat(path).st_mode)
-        except OSError as exc:  # gone since it was opened
-            raise _unreadable(path, exc) from None
-        if not regular:
-            raise UsageError(
-                f"cannot read input {path!r}: a Parquet file is read from its end, "
-                "so it must be a file (not a pipe)"
-            )
         yield from parse_parquet(path, path, counter)
+
+
+def _starts_as_parquet(binary: io.BufferedReader) -> bool:
+    return binary.peek(len(MAGIC))[: len(MAGIC)] == MAGIC
+
+
+def _check_parquet_file(raw: io.BufferedReader, path: str) -> None:
+    """A list named or known as Parquet must be a file pyarrow can seek in."""
+    if not stat.S_ISREG(os.fstat(raw.fileno()).st_mode):
+        raise UsageError(
+            f"cannot read input {path!r}: a Parquet file is read from its end, "
+            "so it must be a file (not a pipe)"
+        )
+    if raw.peek(len(_GZIP_MAGIC))[: len(_GZIP_MAGIC)] == _GZIP_MAGIC:  # a .parquet.gz
+        raise UsageError(
+            f"cannot read input {path!r}: not a readable Parquet file "
+            "(it is gzip-compressed: gunzip it first)"
+        )
 
 
 def _read_stdin(stdin: TextIO | BinaryIO | None, counter: Iterator[int]) -> Iterator[Row]:
@@ -345,7 +356,7 @@ def _read_stdin(stdin: TextIO | BinaryIO | None, counter: Iterator[int]) -> Iter
         if binary is None:  # text already (io.StringIO, an iterable of lines)
             yield from _parse(cast(Iterable[str], stream), STDIN_NAME, None, counter, -1)
             return
-        if binary.peek(len(MAGIC))[: len(MAGIC)] == MAGIC and binary.seekable():
+        if _starts_as_parquet(binary) and binary.seekable():
             # `swarmget - < list.parquet`: a file on stdin can be read from its
             # end (from a pipe, the first line's check says to give its path).
             yield from parse_parquet(binary, STDIN_NAME, counter)
