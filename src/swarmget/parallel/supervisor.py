@@ -278,8 +278,7 @@ class Supervisor:
             for event in events:
                 self._handle(event)
             interrupts.check()  # after the events: what finished is recorded
-            self._fatal = self._fatal or self._planner.out_of_room()
-            if self._fatal is not None:
+            if self._must_stop():
                 self._stop()
                 return
             now = time.monotonic()
@@ -288,11 +287,16 @@ class Supervisor:
                 if now >= next_commit:
                     next_commit = now + COMMIT_INTERVAL
                     self._planner.commit()
-                    self._fatal = self._planner.out_of_room()  # None before: see above
-                    if self._fatal is not None:
+                    if self._must_stop():
                         self._stop()
                         return
                 self._tick(now)
+
+    def _must_stop(self) -> bool:
+        """A fatal error, or the journal had to write on the room kept for its last
+        commit (a full disk: see Journal.out_of_room)."""
+        self._fatal = self._fatal or self._planner.out_of_room()
+        return self._fatal is not None
 
     def _wake_backend(self) -> None:
         self._backend.wake()

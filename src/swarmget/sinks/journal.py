@@ -660,8 +660,7 @@ class Journal:
             except sqlite3.OperationalError as exc:
                 if not _disk_full(exc):
                     raise
-                self.reserve_spent = True
-                self._reserve.free()
+                self._spend_reserve()
                 self._execute(sql, parameters, many)
             return
         self._uncommitted.append((sql, parameters, many))
@@ -692,11 +691,16 @@ class Journal:
         the reserve gives back (SQLite rolled them back: a full disk)."""
         if self._db.in_transaction:
             self._db.execute("ROLLBACK")  # a write failed but the transaction lives on
-        self.reserve_spent = True
-        self._reserve.free()
+        self._spend_reserve()
         self._db.execute("BEGIN")
         for sql, parameters, many in self._uncommitted:
             self._execute(sql, parameters, many)
+
+    def _spend_reserve(self) -> None:
+        """A write met the full disk: it goes again on the reserve's room, and the
+        run is told to stop (out_of_room)."""
+        self.reserve_spent = True
+        self._reserve.free()
 
     def _execute(self, sql: str, parameters: Any, many: bool) -> None:
         if many:
