@@ -839,6 +839,11 @@ IMG2DATASET_VENV = REPO / ".venv-img2dataset"
 IMG2DATASET_SHARD = 1000  # rows per shard: a power of ten, so a key is the row's index
 
 
+def img2dataset_binary() -> Path:
+    """The img2dataset command: ``$BENCH_IMG2DATASET``, else the one ./dev bench installs."""
+    return Path(os.environ.get("BENCH_IMG2DATASET") or IMG2DATASET_VENV / "bin" / "img2dataset")
+
+
 class _Img2Dataset(_External):
     """img2dataset writes ``<shard>/<key>.jpg`` (plus a ``.json`` per sample and a
     parquet and stats file per shard); :meth:`after` (untimed) moves each body to
@@ -865,7 +870,7 @@ def prepare_img2dataset(jobs: list[Job], out: Path, concurrency: int, work: Path
     over one process per CPU (its unit of work is a shard of 1,000 rows), no
     retries; the rest as its defaults.  HTTPS: Python's ssl reads the CA from
     ``SSL_CERT_FILE`` (img2dataset has no option for it)."""
-    binary = Path(os.environ.get("BENCH_IMG2DATASET") or IMG2DATASET_VENV / "bin" / "img2dataset")
+    binary = img2dataset_binary()
     if not binary.exists():
         raise RuntimeError(f"img2dataset not installed ({binary}; ./dev bench installs it)")
     listing = work / "img2dataset.txt"

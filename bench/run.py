@@ -39,7 +39,7 @@ from typing import Any
 import servers
 import swarmget
 import workload
-from peers import IMG2DATASET_VENV, STREAM_TOOLS
+from peers import STREAM_TOOLS, img2dataset_binary
 from swarmget.testing.process import child_env
 
 BENCH = Path(__file__).resolve().parent
@@ -909,6 +909,25 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def _package_versions(python: str, packages: tuple[str, ...]) -> dict[str, str]:
+    """The versions of ``packages`` as ``python`` has them (pycurl's libcurl too),
+    the ones it lacks left out; {} if that python cannot run."""
+    probe = (
+        "import importlib.metadata as m\n"
+        f"for p in {packages!r}:\n"
+        "    try: print(p, m.version(p))\n"
+        "    except Exception: pass\n"
+        "try:\n"
+        "    import pycurl; print('pycurl-libcurl', pycurl.version)\n"
+        "except Exception: pass\n"
+    )
+    try:
+        proc = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return dict(line.partition(" ")[::2] for line in proc.stdout.splitlines())
+
+
 def _versions() -> dict[str, str]:
     versions = {}
     commands = {
@@ -922,29 +941,8 @@ def _versions() -> dict[str, str]:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=10)
             text = (proc.stdout or proc.stderr).strip().splitlines()
             versions[name] = text[0] if text else ""
-    probe = (
-        "import importlib.metadata as m\n"
-        "for p in ('pycurl', 'aiohttp', 'requests', 'torch'):\n"
-        "    try: print(p, m.version(p))\n"
-        "    except Exception: pass\n"
-        "try:\n"
-        "    import pycurl; print('pycurl-libcurl', pycurl.version)\n"
-        "except Exception: pass\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
-    for line in proc.stdout.splitlines():
-        name, _, version = line.partition(" ")
-        versions[name] = version
-    i2d_python = Path(os.environ.get("BENCH_IMG2DATASET") or IMG2DATASET_VENV / "bin" / "x")
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        proc = subprocess.run(
-            [str(i2d_python.parent / "python"), "-c", probe.replace("'pycurl', 'aiohttp', "
-             "'requests', 'torch'", "'img2dataset',")],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        for line in proc.stdout.splitlines():
-            name, _, version = line.partition(" ")
-            versions[name] = version
+    versions |= _package_versions(sys.executable, ("pycurl", "aiohttp", "requests", "torch"))
+    versions |= _package_versions(str(img2dataset_binary().parent / "python"), ("img2dataset",))
     build = "compiled with mypyc" if swarmget.compiled() else "pure Python"
     versions["swarmget"] = f"{versions.get('swarmget', '?')} ({build})"
     return versions
