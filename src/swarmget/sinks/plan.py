@@ -49,6 +49,7 @@ import shutil
 import stat
 from collections.abc import Iterator
 from hashlib import blake2b
+from typing import Final
 
 from swarmget.engine.urls import UrlSplitter, redact, redact_failure, split_url
 from swarmget.errors import ErrorCode, TransferError
@@ -128,8 +129,15 @@ def row_key(url: str, path: str | None, occurrence: int) -> int:
         path = path or ""
         # Unambiguous: the URL has no NUL, and the path carries its length.
         text = f"{url}\x00{len(path)}:{path}\x00{occurrence}"
-    digest = blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 2
+    # A copy of an empty hasher, then update: the same digest as
+    # blake2b(data, digest_size=8), without parsing the keywords a row (a third
+    # less time: the key is computed for every row, in the driver).
+    hasher = _ROW_HASHER.copy()
+    hasher.update(text.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(hasher.digest(), "big") >> 2
+
+
+_ROW_HASHER: Final = blake2b(digest_size=8)
 
 
 @dataclasses.dataclass(slots=True)
@@ -194,6 +202,8 @@ class JournalNames(NameStore):
         """``name``'s row is in the table now: the journal answers for it."""
         self._held.pop(name, None)
         self._known.pop(name, None)
+        if not self._held_dirs:
+            return  # most runs: no name with a directory in it
         for parent in parents_of(name):
             count = self._held_dirs.get(parent, 0) - 1
             if count > 0:
