@@ -134,6 +134,21 @@ def test_a_download_collects_cycles_less_often_and_puts_the_threshold_back(
         gc.set_threshold(*before)
 
 
+def _frozen_objects(item: Any) -> int:
+    return gc.get_freeze_count()  # in the worker that fetched the item
+
+
+def test_a_worker_keeps_what_it_inherited_out_of_the_collector(server: ProcessServer) -> None:
+    # A forked worker's collections neither scan the driver's heap nor write
+    # to its shared pages: the worker freezes what it inherited.  The caller's
+    # own process is left as it was.
+    urls = [server.file_url(f"z{i}.bin", size=10) for i in range(4)]
+    with swarmget.stream(urls, workers=2, map=_frozen_objects) as items:
+        counts = [item.value for item in items]
+    assert len(counts) == 4 and min(counts) > 10_000
+    assert gc.get_freeze_count() == 0
+
+
 def test_progress_is_the_sum_of_the_workers(server: ProcessServer, tmp_path: Path) -> None:
     seen: list[Snapshot] = []
     finished: list[Report] = []

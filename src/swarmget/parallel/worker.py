@@ -20,6 +20,7 @@ the parts worth resuming.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import multiprocessing
 import os
@@ -157,6 +158,11 @@ def worker_main(
     # dies.  Close them first.
     for other in inherited:
         other.close()
+    # What the driver made before the fork lives as long as we do: out of the
+    # collector's sight, a collection neither scans it (the first ones here
+    # went through the whole inherited heap) nor writes to its pages (each
+    # write a copy of a page shared with the driver).
+    gc.freeze()
     _forget_callers_signals()
     _one_torch_thread()
     # Ctrl-C, and SIGHUP when the terminal closes, reach the whole process
