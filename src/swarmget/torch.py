@@ -214,10 +214,15 @@ class _Number:
         self._lock = threading.Lock()
 
 
-def _row(index: int, url: str | Row) -> Row:
+def _row(position: int, url: str | Row) -> Row:
+    """The row of ``urls`` item ``position``.  A Row keeps its own index, as
+    stream() keeps it: it was replaced by the position, and a caller's
+    indices (a shard of a larger list, keys into its captions) came back as
+    0, 1, 2... -- samples joined to the wrong labels, silently.  Other items
+    are numbered by their position."""
     if isinstance(url, Row):
-        return Row(index, url.url, url.path, url.sha256, url.md5, url.size, url.problem)
-    return Row(index, str(url))
+        return url
+    return Row(position, str(url))
 
 
 def _loader_worker_limits(options: dict[str, Any]) -> dict[str, int]:
