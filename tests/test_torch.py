@@ -73,6 +73,17 @@ def test_rows_keep_their_own_index(server: TestServer) -> None:
     assert sorted(shuffled) == [1000 + i for i in range(6)]
 
 
+def test_bytes_urls_are_read_as_stream_reads_them(server: TestServer) -> None:
+    # A binary column's URLs were read as their repr, "b'http://...'": every
+    # item failed as bad_url and was skipped.
+    urls: list[Any] = [server.file_url(f"b{i}.bin", size=30).encode() for i in range(3)]
+    samples = list(DataLoader(URLDataset(urls), batch_size=None))
+    assert [s["data"] for s in samples] == [expected_body(f"b{i}.bin", 30) for i in range(3)]
+    with pytest.warns(RuntimeWarning, match="bad_row: input item 0 is None"):
+        dataset = URLDataset([None])
+        assert list(dataset) == []
+
+
 def _index(item: Any) -> int:
     return int(item.index)
 
