@@ -160,7 +160,8 @@ def test_loader_workers_may_be_spawned(server: TestServer) -> None:
 
 
 def test_shuffle_needs_a_list() -> None:
-    with pytest.raises(Exception, match="shuffle=True needs a sequence"):
+    # A set is no iterator (those are refused before): it was called one.
+    with pytest.raises(swarmget.UsageError, match=r"needs a sequence .*, not a set$"):
         URLDataset({"http://h/a"}, shuffle=True)
 
 

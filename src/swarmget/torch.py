@@ -110,7 +110,12 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
             )
         _check_arguments(map, shuffle, seed, stream_options)
         if shuffle and not isinstance(urls, Sequence):
-            raise UsageError("shuffle=True needs a sequence of URLs (a list), not an iterator")
+            # Iterators were refused above: this is a set, a NumPy array, a
+            # dict's keys, which the message called "an iterator".
+            raise UsageError(
+                "shuffle=True needs a sequence of URLs (a list: list(urls) will do), "
+                f"not a {type(urls).__name__}"
+            )
         self.urls = urls
         self.map = map
         self.shuffle = shuffle
