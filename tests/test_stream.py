@@ -1426,3 +1426,35 @@ def test_a_stream_killed_outright_has_its_spill_folder_swept_by_the_next(
     finally:
         alive.kill()
         alive.communicate()
+
+
+EXIT_OPEN_CHILD = """
+import atexit, sys, time
+import swarmget
+# A hook of the program's own, registered before the first item: it runs
+# between weakref.finalize's exit hook (set up by the first item) and
+# swarmget's, while the stream goes on delivering (it may take any time).
+atexit.register(time.sleep, 0.5)
+urls = {urls!r}
+items = swarmget.stream(urls, spill_dir={spill!r}, max_buffer_bytes=0, workers=2)
+held = next(items)
+print(held.ok, flush=True)
+sys.exit(0)  # the stream left open, an item held
+"""
+
+
+def test_a_stream_left_open_at_exit_leaves_no_spill_files(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # weakref.finalize's exit hook ran first and set finalisers off for good:
+    # items delivered after it kept their files, and swarmget's own hook left
+    # those, and the folder, in /tmp.
+    spill = tmp_path / "spill"
+    urls = [server.file_url(f"exit{i}.bin", size=20_000) for i in range(200)]
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_OPEN_CHILD.format(urls=urls, spill=str(spill))],
+        capture_output=True, text=True, env=child_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]
+    assert list(spill.iterdir()) == []

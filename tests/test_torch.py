@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import swarmget
+from swarmget.sources.rows import Row
 from swarmget.testing import TestServer, expected_body
 from swarmget.testing.process import child_env
 
@@ -56,6 +57,35 @@ def test_map_values_and_failures_are_skipped_and_counted(server: TestServer) -> 
         values = sorted(dataset)
     assert values == [10, 20, 40, 50, 60]
     assert dataset.failed == 1
+
+
+def test_rows_keep_their_own_index(server: TestServer) -> None:
+    # A shard of a larger list, its indices keys into the captions: they came
+    # back as 0, 1, 2..., each sample joined to another row's caption.
+    rows = [Row(1000 + i, server.file_url(f"own{i}.bin", size=20 + i)) for i in range(6)]
+    samples = list(DataLoader(URLDataset(rows), num_workers=2, batch_size=None))
+    assert sorted(s["index"] for s in samples) == [1000 + i for i in range(6)]
+    for sample in samples:
+        assert sample["data"] == expected_body(
+            f"own{sample['index'] - 1000}.bin", sample["index"] - 980
+        )
+    shuffled = URLDataset(rows, map=_index, shuffle=True)
+    assert sorted(shuffled) == [1000 + i for i in range(6)]
+
+
+def test_bytes_urls_are_read_as_stream_reads_them(server: TestServer) -> None:
+    # A binary column's URLs were read as their repr, "b'http://...'": every
+    # item failed as bad_url and was skipped.
+    urls: list[Any] = [server.file_url(f"b{i}.bin", size=30).encode() for i in range(3)]
+    samples = list(DataLoader(URLDataset(urls), batch_size=None))
+    assert [s["data"] for s in samples] == [expected_body(f"b{i}.bin", 30) for i in range(3)]
+    with pytest.warns(RuntimeWarning, match="bad_row: input item 0 is None"):
+        dataset = URLDataset([None])
+        assert list(dataset) == []
+
+
+def _index(item: Any) -> int:
+    return int(item.index)
 
 
 def test_set_epoch_gives_a_reproducible_new_order(server: TestServer) -> None:
@@ -130,7 +160,8 @@ def test_loader_workers_may_be_spawned(server: TestServer) -> None:
 
 
 def test_shuffle_needs_a_list() -> None:
-    with pytest.raises(Exception, match="shuffle=True needs a sequence"):
+    # A set is no iterator (those are refused before): it was called one.
+    with pytest.raises(swarmget.UsageError, match=r"needs a sequence .*, not a set$"):
         URLDataset({"http://h/a"}, shuffle=True)
 
 

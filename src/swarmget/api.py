@@ -110,7 +110,7 @@ def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
         else:
             highest += 1
             assigned = highest
-            yield _row_of(highest, item)
+            yield row_of(highest, item)
 
 
 def _own_index(index: object, position: int, assigned: int | None) -> int:
@@ -156,7 +156,7 @@ def _checked(row: Row, index: int) -> Row:
 _NOT_URLS = (type(None), int, float, dict, list, tuple, set, frozenset)
 
 
-def _row_of(index: int, item: object) -> Row:
+def row_of(index: int, item: object) -> Row:
     """A row from an item that is not a str: bytes are decoded (UTF-8; bytes that
     are not UTF-8 fail as bad_url, shown escaped); URL objects (yarl, httpx,
     furl...) are taken by their str(); None, numbers and containers fail the row

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
-from swarmget.api import refuse_single_url
+from swarmget.api import refuse_single_url, row_of
 from swarmget.errors import UsageError
 from swarmget.options import Options, check_yes_no
 from swarmget.parallel.workers import worker_shares
@@ -110,7 +110,12 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
             )
         _check_arguments(map, shuffle, seed, stream_options)
         if shuffle and not isinstance(urls, Sequence):
-            raise UsageError("shuffle=True needs a sequence of URLs (a list), not an iterator")
+            # Iterators were refused above: this is a set, a NumPy array, a
+            # dict's keys, which the message called "an iterator".
+            raise UsageError(
+                "shuffle=True needs a sequence of URLs (a list: list(urls) will do), "
+                f"not a {type(urls).__name__}"
+            )
         self.urls = urls
         self.map = map
         self.shuffle = shuffle
@@ -214,10 +219,17 @@ class _Number:
         self._lock = threading.Lock()
 
 
-def _row(index: int, url: str | Row) -> Row:
+def _row(position: int, url: object) -> Row:
+    """The row of ``urls`` item ``position``.  A Row keeps its own index, as
+    stream() keeps it: it was replaced by the position, and a caller's
+    indices (a shard of a larger list, keys into its captions) came back as
+    0, 1, 2... -- samples joined to the wrong labels, silently.  Other items
+    are numbered by their position, and read as stream() reads them: bytes
+    decoded (their str() was "b'http://...'", a bad_url: every item of a
+    binary column skipped), None a bad_row."""
     if isinstance(url, Row):
-        return Row(index, url.url, url.path, url.sha256, url.md5, url.size, url.problem)
-    return Row(index, str(url))
+        return url
+    return row_of(position, url)
 
 
 def _loader_worker_limits(options: dict[str, Any]) -> dict[str, int]:

@@ -416,6 +416,15 @@ class Stream(Iterator[Item]):
             # last), or at the interpreter's exit.
             self._spill.close()
 
+    def remove_spill_folder(self) -> None:
+        """Remove the spill folder, the files of items still held too (the
+        interpreter is exiting).  Their files were left to their items'
+        finalisers, but weakref.finalize's own exit hook may have run before
+        ours: it sets finalisers off for good, so the items the run delivered
+        after it kept their files, and the folder stayed in /tmp."""
+        if self._spill is not None:
+            self._spill.remove()
+
     def _end_run(self) -> None:
         """Stop the run and wait for its thread (the workers end with it)."""
         if self._delivery is not None:
@@ -485,3 +494,4 @@ def _close_open_streams() -> None:
     """The interpreter is exiting: no stream may leave workers or spill files behind."""
     for stream in list(_open_streams):
         stream.close()
+        stream.remove_spill_folder()
