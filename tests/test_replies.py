@@ -196,6 +196,22 @@ REPLIES = [
         head(b"transfer-encoding: br", b"Transfer-Encoding: chunked") + chunked(BODY),
         PROTOCOL,
     ),
+    # A blank Transfer-Encoding is an empty list, as "," is: no coding (curl
+    # reads these).  Beside a Content-Length, which frames it?  Refused.
+    Reply("empty-coding", head(b"Transfer-Encoding:") + BODY, BODY, close=True),
+    Reply("comma-coding", head(b"Transfer-Encoding: ,") + BODY, BODY, close=True),
+    Reply("blank-coding", head(b"Transfer-Encoding: \t ") + BODY, BODY, close=True),
+    Reply(
+        "empty-coding-then-chunked",
+        head(b"Transfer-Encoding:", b"Transfer-Encoding: chunked") + chunked(BODY),
+        BODY,
+    ),
+    Reply(
+        "empty-coding-and-length",
+        head(b"Transfer-Encoding:", b"Content-Length: 5") + BODY,
+        PROTOCOL,
+        close=True,
+    ),
     Reply("chunked-not-last", coded(b"chunked, gzip", chunked(GZ)), PROTOCOL),
     Reply("too-many-codings", coded(b"gzip, " * 5 + b"chunked", b"0\r\n\r\n"), PROTOCOL),
     Reply("bad-gzip", coded(b"gzip, chunked", chunked(b"not gzip at all")), PROTOCOL),
