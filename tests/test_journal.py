@@ -568,6 +568,28 @@ def test_an_unquoted_etag_is_no_validator_and_a_strong_last_modified_is() -> Non
     assert resume_validator(_head(200, etag='W/"e1"')) is None
 
 
+@pytest.mark.parametrize(
+    "last_modified",
+    [
+        "Mon, 02 Jan 2023 00:00:00 GMT",
+        "Monday, 02-Jan-23 00:00:00 GMT",  # RFC 850's form
+        "Mon Jan  2 00:00:00 2023",  # asctime's: no zone, GMT all the same
+        "Mon, 02 Jan 2023 00:00:00 -0000",
+    ],
+)
+def test_a_last_modified_in_any_of_the_http_date_forms_is_a_validator(last_modified: str) -> None:
+    # RFC 9110 5.6.7: a recipient reads all three forms, all GMT.  asctime's (and
+    # "-0000") parsed to a naive datetime, which could not be compared with the
+    # Date's: no validator, and a cut body was fetched again from zero.
+    from swarmget.engine.retry import parse_http_date
+    from swarmget.engine.verdicts import resume_validator
+
+    head = _head(200, last_modified=last_modified, date="Tue, 03 Jan 2023 00:00:00 GMT")
+    assert resume_validator(head) == last_modified
+    when = parse_http_date(last_modified.encode())
+    assert when is not None and when.timestamp() == 1672617600
+
+
 def test_a_416_says_the_part_is_whole_only_of_the_same_version_and_within_the_limits() -> None:
     def kept(total: int | None = None) -> Transfer:
         url = "http://h.test/big.bin"

@@ -86,6 +86,19 @@ REPLIES = [
         head(b"Transfer-Encoding: chunked", end=b"\r\r\r\n") + chunked(BODY),
         BODY,
     ),
+    # Empty lines before a status line (a server's stray line ends after an
+    # earlier response or a 1xx), skipped as llhttp skips them (curl refuses
+    # them).  Two or more were read only when the head came in one piece:
+    # split, their LF LF was taken for the end of the head.
+    Reply("empty-lines-before-status", b"\r\n\r\n\n" + head(CL) + BODY, BODY),
+    Reply("lf-lines-before-status", b"\n\n" + head(CL) + BODY, BODY),
+    Reply("lf-lines-before-lf-head", b"\n\n" + head(CL, end=b"\n") + BODY, BODY),
+    Reply(
+        "empty-lines-after-100",
+        head(status=b"HTTP/1.1 100 Continue") + b"\r\n\r\n" + head(CL) + BODY,
+        BODY,
+    ),
+    Reply("only-empty-lines", b"\r\n" * 3, ErrorCode.CONNECT, close=True),
     # -- obs-fold and whitespace lines (RFC 9112 sections 5.2 and 2.2) ---------
     Reply("obs-fold", head(b"X-A: a", b" b", b"\tc", CL) + BODY, BODY),
     Reply("folded-length", head(b"Content-Length:", b" 13") + BODY, BODY),
@@ -195,6 +208,22 @@ REPLIES = [
         "unknown-coding-in-another-spelling",
         head(b"transfer-encoding: br", b"Transfer-Encoding: chunked") + chunked(BODY),
         PROTOCOL,
+    ),
+    # A blank Transfer-Encoding is an empty list, as "," is: no coding (curl
+    # reads these).  Beside a Content-Length, which frames it?  Refused.
+    Reply("empty-coding", head(b"Transfer-Encoding:") + BODY, BODY, close=True),
+    Reply("comma-coding", head(b"Transfer-Encoding: ,") + BODY, BODY, close=True),
+    Reply("blank-coding", head(b"Transfer-Encoding: \t ") + BODY, BODY, close=True),
+    Reply(
+        "empty-coding-then-chunked",
+        head(b"Transfer-Encoding:", b"Transfer-Encoding: chunked") + chunked(BODY),
+        BODY,
+    ),
+    Reply(
+        "empty-coding-and-length",
+        head(b"Transfer-Encoding:", b"Content-Length: 5") + BODY,
+        PROTOCOL,
+        close=True,
     ),
     Reply("chunked-not-last", coded(b"chunked, gzip", chunked(GZ)), PROTOCOL),
     Reply("too-many-codings", coded(b"gzip, " * 5 + b"chunked", b"0\r\n\r\n"), PROTOCOL),

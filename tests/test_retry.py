@@ -63,6 +63,23 @@ def test_retry_after_parsing() -> None:
     assert parse_retry_after(b"Wed, 21 Oct 9999 07:28:00 GMT") is not None
 
 
+def test_a_retry_after_in_asctimes_form_is_gmt_whatever_the_local_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # asctime's form has no zone and means GMT (RFC 9110 5.6.7): it was read in
+    # the local zone, 30 s becoming 5 h west of Greenwich and 0 east of it.
+    now = time.time()
+    date = time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(now + 30)).encode()
+    for zone in ("America/New_York", "Asia/Tokyo"):
+        monkeypatch.setenv("TZ", zone)
+        time.tzset()
+        try:
+            assert 28 <= (parse_retry_after(date, now) or 0) <= 31
+        finally:
+            monkeypatch.undo()
+            time.tzset()
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[TestServer]:
     with TestServer() as srv:

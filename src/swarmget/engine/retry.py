@@ -188,6 +188,11 @@ def parse_http_date(value: bytes) -> datetime.datetime | None:
     import email.utils  # ~14 ms to import, and HTTP-dates are rare here: only now
 
     try:
-        return email.utils.parsedate_to_datetime(value.decode("latin-1").strip())
+        when = email.utils.parsedate_to_datetime(value.decode("latin-1").strip())
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
+    # asctime's form has no zone, and email.utils reads "-0000" as none: both
+    # are GMT all the same (RFC 9110 5.6.7).  A naive datetime was read in the
+    # local zone (a Retry-After off by hours) and could not be compared with an
+    # aware one (a Last-Modified in asctime's form was no resume validator).
+    return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)

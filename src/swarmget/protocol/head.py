@@ -21,6 +21,10 @@ list below, each a recipient's liberty granted by RFC 9112 and taken by curl:
 * **A repeated Content-Length** (RFC 9110 section 8.6: a list of identical
   values, ``42, 42``, or several identical fields, MAY be taken as one): merged
   into one field; differing or non-numeric values are a :class:`ProtocolError`.
+* **An empty Transfer-Encoding** (RFC 9110 section 5.6.1: a list of no
+  element, as ``Transfer-Encoding: ,`` is, which llhttp reads): dropped, so the
+  body runs to the close as curl reads it; beside a Content-Length, refused
+  (see :func:`_drop_empty_codings`).
 * **Fields no one could mean**: a name that is not a token (a space, a quote
   or UTF-8 in it), or whitespace between the name and its colon (section 5.1
   has a server refuse it and a proxy remove it): the field is dropped, as curl
@@ -71,6 +75,7 @@ _ACTED_ON: Final = frozenset(
     }
 )
 _CONTENT_LENGTH: Final = b"content-length"
+_TRANSFER_ENCODING: Final = b"transfer-encoding"
 # RFC 9110 section 8.6 leaves the limit to us; past 2**63 - 1 no file is real.
 MAX_CONTENT_LENGTH: Final = (1 << 63) - 1
 
@@ -84,7 +89,7 @@ def repair(block: bytes | bytearray) -> bytes:
     lines = [line.rstrip(b"\r") for line in lines]
     fields = [_field(line) for line in _unfold(lines[1:-1])]  # no status line, no blank line
     status = _status_line(lines[0])
-    kept = [field for field in fields if field is not None]
+    kept = _drop_empty_codings([field for field in fields if field is not None])
     return b"\r\n".join([status, *_merge_content_length(kept), b"", b""])
 
 
@@ -150,6 +155,28 @@ def _unfold(lines: list[bytes]) -> list[bytes]:
             # RFC's other choice, and curl's: refuse the message.
             raise ProtocolError(f"whitespace before the first field {line.strip()[:40]!r}")
     return [b" ".join(pieces) for pieces in fields]
+
+
+def _drop_empty_codings(fields: list[bytes]) -> list[bytes]:
+    """``fields`` without the Transfer-Encoding fields that name no coding.
+
+    An empty list (RFC 9110 5.6.1), as ``Transfer-Encoding: ,`` is, which
+    llhttp reads; a blank value it refuses, where curl reads the body to the
+    close (or by another Transfer-Encoding field).  So do we.  Beside a
+    Content-Length it stays refused: curl reads to the close, and we read
+    ``identity`` by the length (RFC 2616): which would the server mean?
+    """
+    empty = [
+        i
+        for i, field in enumerate(fields)
+        if _name(field) == _TRANSFER_ENCODING and not field.partition(b":")[2].strip(b" \t")
+    ]
+    if not empty:
+        return fields
+    names = [_name(field) for field in fields]
+    if _CONTENT_LENGTH in names and names.count(_TRANSFER_ENCODING) == len(empty):
+        raise ProtocolError("empty Transfer-Encoding with a Content-Length")
+    return [field for i, field in enumerate(fields) if i not in empty]
 
 
 def _merge_content_length(fields: list[bytes]) -> list[bytes]:

@@ -14,7 +14,9 @@ byte, or fail where it fails.
   most :data:`MAX_HEADER_BYTES`).  The empty line, and the line before it, may
   end in CRLF or in a bare LF (RFC 9112 section 2.2: a recipient MAY take a
   single LF as a line end; curl, browsers and aiohttp do), so :func:`head_end`
-  looks for ``LF CRLF`` and ``LF LF``.  The head goes to a fresh, *strict*
+  looks for ``LF CRLF`` and ``LF LF``; line ends before the status line (a
+  server's stray CRLF after an earlier response) are skipped first, as llhttp
+  skips them, so they never end a head.  The head goes to a fresh, *strict*
   ``httptools.HttpResponseParser``, which checks it thoroughly (no NUL, no bare
   CR, a valid status line and field names, one Content-Length...).  Nearly
   every server passes and pays nothing for the rest of this paragraph (the
@@ -516,6 +518,7 @@ class ResponseParser:
         "_codings",
         "_decoder",
         "_head_len",
+        "_line_ends",
         "_max_decoded",
         "_on_body",
         "_on_head",
@@ -541,6 +544,7 @@ class ResponseParser:
         self._codings: list[bytes] | None = None  # transfer codings to undo
         self._decoder: Decoder | None = None
         self._head_len = 0  # how much of the last block _parse_head was given is the head
+        self._line_ends = 0  # CRs and LFs skipped before status lines (_skip_line_ends)
         self.head: ResponseHead | None = None
         self.informational = 0  # 1xx responses skipped so far
         self.received = 0  # body bytes received (before undoing any transfer coding)
@@ -629,6 +633,9 @@ class ResponseParser:
 
     def _feed_head(self, view: memoryview) -> bool:
         if not self._pending:
+            view = self._skip_line_ends(view)
+            if not len(view):
+                return False
             # The usual case: the whole head is in the first few hundred bytes
             # of this segment.  Copy just that much and parse it from there.
             # A CRLF head ends at the first CRLFCRLF: llhttp's strict reading
@@ -647,6 +654,10 @@ class ResponseParser:
         while True:
             pending = self._pending
             old = len(pending)
+            if not old:
+                view = self._skip_line_ends(view)  # before the head that follows a 1xx
+                if not len(view):
+                    return False
             # Look at a small probe first: the head almost always ends inside it,
             # and only the probe is copied; the body stays in the caller's buffer.
             taken = min(len(view), _HEAD_PROBE)
@@ -674,6 +685,23 @@ class ResponseParser:
                     return False
                 continue
             return self._start_body(head, view)
+
+    def _skip_line_ends(self, view: memoryview) -> memoryview:
+        """``view`` past the CRs and LFs before a status line: empty lines a server
+        sent after an earlier response (or a 1xx), which llhttp skips too.  Kept
+        in the head, they ended it (``head_end`` found their LF LF): the same
+        reply was read when it came in one piece and refused when split.  They
+        count towards the head's size limit."""
+        size = len(view)
+        skipped = 0
+        while skipped < size and view[skipped] in (10, 13):
+            skipped += 1
+        if not skipped:
+            return view
+        self._line_ends += skipped
+        if self._line_ends > MAX_HEADER_BYTES:
+            raise ProtocolError(f"more than {MAX_HEADER_BYTES} bytes of empty lines, no response")
+        return view[skipped:]
 
     def _parse_head(self, block: bytes | bytearray) -> ResponseHead | None:
         """Parse the head ``block`` ends with; None for a 1xx.  Sets ``_head_len``.
