@@ -490,16 +490,19 @@ class HTTPConnection(PooledConnection):
             received = parser.received if parser is not None else 0
             rate = (received - self.window_bytes) / window
             if rate < options.min_speed:
-                self._fail(
-                    Stalled(
-                        f"slower than --min-speed {options.min_speed} B/s "
-                        f"({rate:.0f} B/s over {window:.0f}s)"
-                    )
-                )
+                self._fail(Stalled(self._too_slow(options.min_speed, rate, window)))
                 return
             self.window_start = now
             self.window_bytes = received
             self.speed_window = options.min_speed_window
+
+    def _too_slow(self, min_speed: int, rate: float, window: float) -> str:
+        head = self.parser.head if self.parser is not None else None
+        if head is None:
+            # Only body bytes count, so a head (or 1xx responses) sent a few
+            # bytes at a time read as "0 B/s", which said nothing of why.
+            return f"slower than --min-speed {min_speed} B/s (no response head after {window:.0f}s)"
+        return f"slower than --min-speed {min_speed} B/s ({rate:.0f} B/s over {window:.0f}s)"
 
     def _past_deadline(self, now: float, deadline: float) -> bool:
         # The deadline is the file's, from its first attempt: not this request's
