@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import multiprocessing
 import os
 import threading
 import time
@@ -147,6 +148,22 @@ def test_a_worker_keeps_what_it_inherited_out_of_the_collector(server: ProcessSe
         counts = [item.value for item in items]
     assert len(counts) == 4 and min(counts) > 10_000
     assert gc.get_freeze_count() == 0
+
+
+def test_a_stream_interrupted_as_it_starts_leaves_no_workers(
+    server: ProcessServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Ctrl-C after the workers were forked, before the run's thread began:
+    # the workers lived on until the collector freed their pipes.
+    def interrupted(self: Stream, backend: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Stream, "_supervisor", interrupted)
+    stream = swarmget.stream([server.file_url("a.bin")], workers=2, spill_dir=str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        next(stream)  # the first item starts the run
+    assert multiprocessing.active_children() == []
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_progress_is_the_sum_of_the_workers(server: ProcessServer, tmp_path: Path) -> None:

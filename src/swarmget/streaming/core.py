@@ -264,6 +264,7 @@ class Stream(Iterator[Item]):
         self._options = fit_concurrency(self._options)
         self._spill = SpillDir(self._spill_parent)
         self.spill_dir = self._spill.path
+        backend: Backend | None = None
         try:
             backend, budget, arenas = self._backend()
             self._delivery = Delivery(
@@ -272,6 +273,10 @@ class Stream(Iterator[Item]):
             )  # fmt: skip
             supervisor = self._supervisor(backend)
         except BaseException:
+            # A Ctrl-C (or any error) after the workers were forked: they end
+            # now, not when the collector happens to free their pipes.
+            if backend is not None:
+                _end_workers(backend)
             self._delivery = None
             self._spill.remove()
             raise
@@ -297,8 +302,12 @@ class Stream(Iterator[Item]):
             make = functools.partial(worker_sink, self.spill_dir, arenas, self._map)
             shares = worker_shares(options, workers)
             backend = ForkBackend(make, shares, stop_wait=WORKER_STOP_WAIT)
-            backend.start()  # fork now, in the caller's thread, before ours starts
-            return backend, Budget(self._limit // 2), arenas
+            try:
+                backend.start()  # fork now, in the caller's thread, before ours starts
+                return backend, Budget(self._limit // 2), arenas
+            except BaseException:
+                _end_workers(backend)  # those forked before a Ctrl-C, say
+                raise
         budget = Budget(self._limit)
         spill_dir, fn = self.spill_dir, self._map
 
@@ -487,6 +496,13 @@ def _arenas(limit: int, workers: int) -> list[Arena]:
             f"max_buffer_bytes={limit}: cannot map {share} bytes of shared memory "
             f"for each of {workers} workers ({exc.strerror}); give a smaller budget"
         ) from None
+
+
+def _end_workers(backend: Backend) -> None:
+    """Stop a backend whose run never began: its workers end, none left behind."""
+    with contextlib.suppress(Exception):
+        backend.stop()
+    backend.close()
 
 
 @atexit.register
