@@ -557,7 +557,7 @@ def silence(conn: socket.socket) -> None:
     [
         (close_at_once, "connect", "closed the connection"),
         (half_a_head, "connect", "closed inside the response head"),
-        (garbage, "protocol", "malformed response head"),
+        (garbage, "protocol", "answered CONNECT: malformed response head"),
         (tunnel_with_junk, "protocol", "5 bytes after its CONNECT response"),
         (bad_gateway, "http_502", "refused CONNECT"),
         (
