@@ -36,6 +36,7 @@ from swarmget.net.proxy import (
 )
 from swarmget.options import Options
 from swarmget.protocol import ConnectionClosed, ConnectResponseParser
+from swarmget.testing.dns import nxdomain_server
 from swarmget.testing.nginx import ServedTree, TlsFiles
 from swarmget.testing.tinyproxy import TinyProxy
 
@@ -477,6 +478,24 @@ def test_unreachable_proxy_is_connect(scheme: str, proxy_host: str, out_dir: Pat
     assert f"connect to proxy {proxy_host}:{port} (--proxy) failed" in record["message"]
 
 
+# A proxy whose name did not resolve failed its rows with "cannot resolve
+# 'proxy.invalid'" alone, beside URLs of other hosts: nothing said it was the
+# proxy's name (curl: "Could not resolve proxy").
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_proxy_name_that_does_not_resolve_is_named_as_the_proxys(
+    scheme: str, out_dir: Path
+) -> None:
+    url = f"{scheme}://127.0.0.1:{closed_port()}/x"
+    with nxdomain_server() as (server, _):
+        report = swarmget.download(
+            [url], out_dir, proxy="proxy.invalid:3128", dns_servers=(server,), retries=0
+        )
+    assert report.failed == 1
+    record = manifest(out_dir)[url]
+    assert record["error"] == "dns"
+    assert record["message"].startswith("proxy proxy.invalid:3128 (--proxy): cannot resolve")
+
+
 Script = Callable[[socket.socket], None]
 
 
@@ -557,7 +576,7 @@ def silence(conn: socket.socket) -> None:
     [
         (close_at_once, "connect", "closed the connection"),
         (half_a_head, "connect", "closed inside the response head"),
-        (garbage, "protocol", "malformed response head"),
+        (garbage, "protocol", "answered CONNECT: malformed response head"),
         (tunnel_with_junk, "protocol", "5 bytes after its CONNECT response"),
         (bad_gateway, "http_502", "refused CONNECT"),
         (

@@ -568,6 +568,10 @@ class Engine(ConnectionOwner):
     ) -> None:
         host, port = pool.connect_to
         now = self.loop.now
+        if error is not None and pool.via_source:
+            # The name that failed is the proxy's: "cannot resolve 'proxy.corp'"
+            # beside a URL of another host sent people to look at the origin.
+            error = TransferError(error.code, f"proxy {pool.via_source}: {error.message}")
         for transfer in pool.queue:
             _named(transfer.job, now)  # a wait for a connection from here on: not counted
         self._unnamed.pop(pool, None)

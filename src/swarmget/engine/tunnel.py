@@ -30,7 +30,7 @@ from swarmget.engine.connection import TUNNELLING, HTTPConnection
 from swarmget.engine.https import HTTPSConnection
 from swarmget.engine.job import Transfer
 from swarmget.engine.verdicts import FAIL, Verdict, proxy_auth_hint
-from swarmget.errors import ErrorCode, TransferError, http_code
+from swarmget.errors import ErrorCode, ProtocolError, TransferError, http_code
 from swarmget.loop import EVENT_READ, EVENT_WRITE
 from swarmget.net.address import bare_host
 from swarmget.net.proxy import Proxy
@@ -101,6 +101,10 @@ class TunnelHTTPSConnection(HTTPSConnection):
                 error = TransferError(
                     ErrorCode.CONNECT, f"proxy {self.pool.proxy}: {error.message}"
                 )
+            elif error.code == ErrorCode.PROTOCOL:
+                # The proxy's answer, not the origin's: a bare "malformed
+                # response head" sent people to look at the origin.
+                error = ProtocolError(f"proxy {self.pool.proxy} answered CONNECT: {error.message}")
             self._fail(error)
             return
         if done:
