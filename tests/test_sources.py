@@ -382,6 +382,8 @@ def test_bad_row_is_yielded_in_order_and_reading_goes_on(tmp_path: Path) -> None
         ("Image URL\tCaption\tsha256", Format.TSV),
         ("key,img-src.1", Format.CSV),
         ("# urls, collected", Format.TEXT),
+        ("url;path", Format.CSV),  # refused, for its separator
+        ("http://h/a;b", Format.TEXT),
         ("a,", Format.TEXT),
     ],
 )
@@ -395,6 +397,10 @@ def test_sniff(line: str, fmt: Format) -> None:
         ("image_url,caption\nhttp://h/a.jpg,a cat\n", "has no 'url' column"),
         ("http://h/a.jpg\ta cat\nhttp://h/b.jpg\ta dog\n", "line 1: a tab after the URL"),
         ("\n\nhttp://h/a.jpg\thttp://h/m/a.jpg\n", "line 3: a tab after the URL"),
+        # A spreadsheet's CSV in a locale that separates with ';': each row went
+        # out as 'URL;path' (a server that ignores ';' params saved it so named).
+        ("url;path\nhttp://h/a.jpg;a\n", "columns separated by ';' are not read"),
+        ("Image URL;Caption\nhttp://h/a.jpg;a cat\n", "columns separated by ';' are not read"),
     ],
 )
 def test_a_table_read_as_a_plain_list_is_refused_before_any_row(text: str, said: str) -> None:

@@ -189,8 +189,10 @@ def sniff(first_line: str) -> Format:
         return Format.CSV
     # A header without a url column (``image_url,caption``): read as a plain
     # list, each row went out as a URL with its other columns glued on.  As a
-    # table, it is refused for the column it lacks, as a .csv file is.
-    for delimiter, table in (("\t", Format.TSV), (",", Format.CSV)):
+    # table, it is refused for the column it lacks, as a .csv file is.  So is
+    # one separated by ';' (a spreadsheet's CSV in many locales): ``url;path``
+    # was a bad_url row and every row after it went out as ``URL;path``.
+    for delimiter, table in (("\t", Format.TSV), (",", Format.CSV), (";", Format.CSV)):
         cells = _cells(text, delimiter)
         if len(cells) >= 2 and all(_HEADER_CELL.fullmatch(cell) for cell in cells):
             return table
