@@ -197,6 +197,10 @@ def test_jsonl_column_names_in_any_case(tmp_path: Path) -> None:
         ('{"URL": "http://h/a", "Url": "http://h/b"}', "'URL' and 'Url'"),
         ('{"url": "http://h/a", "path": "p", "Path": "q"}', "'path' and 'Path'"),
         ('{"url": "http://h/a", "sha256": null, "SHA256": "x"}', "'sha256' and 'SHA256'"),
+        # The same key twice: json.loads kept the last one, and nobody said.
+        ('{"url": "http://h/a", "url": "http://h/b"}', "'url' twice"),
+        ('{"url": "http://h/a", "path": "p", "path": "q"}', "'path' twice"),
+        ('{"url": "http://h/a", "Size": 1, "Size": 2}', "'Size' twice"),
     ],
 )
 def test_jsonl_a_column_spelled_twice_fails_its_row(
@@ -210,6 +214,18 @@ def test_jsonl_a_column_spelled_twice_fails_its_row(
         f"input {path!r}, line 2: column {column!r} appears more than once ({problem})"
     )
     assert only.url == line  # named by its line, not by one of its two urls
+
+
+def test_jsonl_keys_repeated_elsewhere_are_no_problem(tmp_path: Path) -> None:
+    # In a nested object, or a column swarmget does not read: not its business.
+    text = (
+        '{"url": "http://h/a", "meta": {"url": "x", "url": "y"}, "tag": 1, "tag": 2}\n'
+        '{"meta": {"path": "x", "path": "y"}, "url": "http://h/b", "path": "p"}\n'
+    )
+    assert rows(write(tmp_path / "in.jsonl", text)) == [
+        Row(0, "http://h/a"),
+        Row(1, "http://h/b", path="p"),
+    ]
 
 
 def test_csv_without_url_column(tmp_path: Path) -> None:
