@@ -305,6 +305,24 @@ def test_csv_bad_optional_fields(tmp_path: Path, cells: str, message: str) -> No
     ]
 
 
+def test_sizes_pandas_wrote_as_floats(tmp_path: Path) -> None:
+    # A size column with gaps is float64 in pandas: to_csv writes 12.0 and an
+    # empty cell, to_json 12.0 and null (json.dumps NaN).  Every such row failed.
+    csv_path = write(
+        tmp_path / "in.csv", "url,size\nhttp://h/a,12.0\nhttp://h/b,\nhttp://h/c,0.00\n"
+    )
+    assert [r.size for r in rows(csv_path)] == [12, None, 0]
+    lines = ['{"url": "http://h/a", "size": 12.0}', '{"url": "http://h/b", "size": NaN}']
+    assert [r.size for r in rows(write(tmp_path / "in.jsonl", "\n".join(lines)))] == [12, None]
+    # A fraction is still no size, nor is a float in any other shape.
+    for cell in ("12.5", "12.", ".0", "1e3", "-1.0", "12.0.0"):
+        path = write(tmp_path / "bad.csv", f"url,size\nhttp://h/a,{cell}\n")
+        assert rows(path)[0].problem == (f"input {path!r}, line 2: {NOT_SIZE}, got {cell!r}"), cell
+    for number in ("12.5", "Infinity", "-1.0"):
+        path = write(tmp_path / "bad.jsonl", f'{{"url": "http://h/a", "size": {number}}}\n')
+        assert rows(path)[0].problem is not None, number
+
+
 def test_size_edge_values(tmp_path: Path) -> None:
     path = write(tmp_path / "in.csv", f"url,size\nhttp://h/a,0\nhttp://h/b, {2**70} \n")
     assert [r.size for r in rows(path)] == [0, 2**70]
