@@ -435,6 +435,18 @@ def test_sniff(line: str, fmt: Format) -> None:
         # out as 'URL;path' (a server that ignores ';' params saved it so named).
         ("url;path\nhttp://h/a.jpg;a\n", "columns separated by ';' are not read"),
         ("Image URL;Caption\nhttp://h/a.jpg;a cat\n", "columns separated by ';' are not read"),
+        # A comment before the header: the input was sniffed by the comment,
+        # as a plain list, and each row went out as 'URL,path'.
+        (
+            "# made by x\nurl,path\nhttp://h/a.jpg,a\n",
+            "line 1: a '#' comment, but the input is a CSV",
+        ),
+        (
+            "\n# x\n\n# y\npath\turl\na\thttp://h/a\n",
+            "line 2: a '#' comment, but the input is a TSV",
+        ),
+        ('# x\n{"url": "http://h/a"}\n', "line 1: a '#' comment, but the input is JSON Lines"),
+        ("# x\nhttp://h/a.jpg\ta cat\n", "line 2: a tab after the URL"),
     ],
 )
 def test_a_table_read_as_a_plain_list_is_refused_before_any_row(text: str, said: str) -> None:
@@ -458,6 +470,13 @@ def test_sniffed_formats_from_stdin() -> None:
     assert rows("-", stdin="url,path\nhttp://h/a,a\n") == [Row(0, "http://h/a", path="a")]
     assert rows("-", stdin="path\turl\na\thttp://h/a\n") == [Row(0, "http://h/a", path="a")]
     assert rows("-", stdin="url\nhttp://h/a\n") == [Row(0, "http://h/a")]
+
+
+def test_a_plain_list_opening_with_comments_is_still_one() -> None:
+    text = "# my list\n#url,path\n\nhttp://h/a,b\n# more\nhttp://h/c\n"
+    assert urls("-", stdin=text) == ["http://h/a,b", "http://h/c"]
+    comments = "# x\n" * 2000  # looked past up to a bound: then it is a plain list
+    assert urls("-", stdin=comments + "url,path\nhttp://h/a,b\n") == ["url,path", "http://h/a,b"]
 
 
 def test_sniffed_txt_file(tmp_path: Path) -> None:
