@@ -321,17 +321,26 @@ def check_output_dir(root: str) -> None:
 
 def check_dns_server(text: str) -> None:
     """Accept ``IP``, ``IPv4:PORT`` or ``[IPv6]:PORT``, as c-ares does; raise UsageError."""
-    host, port = text, ""
+    host, port, colon = text, "", False
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
             raise UsageError(f"--dns-server {text!r}: expected IP, IP:PORT or [IPv6]:PORT")
-        port = rest[1:]
+        port, colon = rest[1:], bool(rest)
     elif text.count(":") == 1:
         host, port = text.split(":")
+        colon = True
     try:
         ipaddress.ip_address(host)
     except ValueError:
         raise UsageError(f"--dns-server {text!r}: not an IP address") from None
-    if port and not (port.isdigit() and 0 < int(port) < 65536):
+    # An empty port ("1.2.3.4:") too: c-ares refused it as a 'Misformatted
+    # string', in a message that named neither the option nor the value's fault.
+    if colon and not (port.isdigit() and 0 < int(port) < 65536):
         raise UsageError(f"--dns-server {text!r}: bad port")
+    if "%" in host and text.startswith("["):
+        # c-ares takes a zone id only on an address given without a port.
+        raise UsageError(
+            f"--dns-server {text!r}: an IPv6 address with a zone id is taken only "
+            f"without brackets and port ({host}, port 53)"
+        )
