@@ -723,6 +723,16 @@ def test_nxdomain_fails_that_hosts_files_with_dns_and_no_others(
     assert all(records[u]["status"] == "ok" for u in good)
 
 
+def test_a_proxy_that_does_not_resolve_is_named(dns: NameServer, out_dir: Path) -> None:
+    # `--proxy h:8080`, a typo: the rows said "cannot resolve 'h'", and h was
+    # no host of theirs.
+    url = "http://127.0.0.1:1/x"
+    report = swarmget.download([url], out_dir, proxy="nx.test:8080", dns_servers=[dns.address])
+    message = report.failures[0].message
+    assert (report.failures[0].error, message.split(":")[0]) == ("dns", "cannot resolve 'nx.test'")
+    assert message.endswith(" (proxy nx.test:8080 (--proxy))"), message
+
+
 def test_a_silent_name_fails_with_dns_in_seconds_and_stalls_no_other_host(
     web: TestServer, dns: NameServer, out_dir: Path
 ) -> None:

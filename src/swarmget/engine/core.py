@@ -568,6 +568,10 @@ class Engine(ConnectionOwner):
     ) -> None:
         host, port = pool.connect_to
         now = self.loop.now
+        if error is not None and pool.via_source:
+            # The proxy's name, not the URL's: "cannot resolve 'h'" alone, for a
+            # row of another host, sent one looking at the wrong name.
+            error = TransferError(error.code, f"{error.message} (proxy {pool.via_source})")
         for transfer in pool.queue:
             _named(transfer.job, now)  # a wait for a connection from here on: not counted
         self._unnamed.pop(pool, None)
