@@ -225,21 +225,40 @@ _OURS: Final = {
 }
 
 
+# The fields that carry credentials (engine/core.py's CREDENTIAL_HEADERS).
+SECRET_FIELDS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def shown_header(name: object, value: object) -> str:
+    """``Name: value`` as a message may quote it: the value of a credential
+    hidden (``Authorization: ***``), as a URL's password is.  A token with a
+    stray control character in it (a CR from a Windows file, read into
+    ``$TOKEN``) was printed whole, into a CI log."""
+    if isinstance(name, str) and name.strip().lower() in SECRET_FIELDS:
+        return f"{name}: ***"
+    return f"{name}: {value}"
+
+
 def check_header(name: str, value: str) -> None:
     """A request header the user gave: a token for a name, one line of Latin-1
     text (as ``http.client`` and requests encode it) for a value; raise UsageError."""
-    shown = f"{name}: {value}"
+    shown = shown_header(name, value)
     if not (isinstance(name, str) and HEADER_NAME.fullmatch(name)):
         raise UsageError(f"invalid header {shown!r} (the name must be an HTTP token)")
     if not isinstance(value, str):
         raise UsageError(f"invalid header {shown!r} (the value must be text)")
-    if _BAD_VALUE.search(value):
-        raise UsageError(f"invalid header {shown!r} (a line break or control character)")
+    bad = _BAD_VALUE.search(value)
+    if bad is not None:
+        raise UsageError(
+            f"invalid header {shown!r} (a line break or control character: "
+            f"{bad.group()!r} at character {bad.start() + 1} of the value)"
+        )
     try:
         value.encode("latin-1")
-    except UnicodeEncodeError:
+    except UnicodeEncodeError as exc:
         raise UsageError(
-            f"invalid header {shown!r} (only Latin-1 text can be sent in a header)"
+            f"invalid header {shown!r} (only Latin-1 text can be sent in a header: "
+            f"{value[exc.start]!r} at character {exc.start + 1} of the value)"
         ) from None
     why = _OURS.get(name.lower())
     if why is not None:
