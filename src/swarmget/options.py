@@ -333,9 +333,12 @@ def check_output_dir(root: str) -> None:
             f"the output directory {root!r} is relative to the current directory, "
             f"which cannot be found: {exc.strerror}"
         ) from None
-    if any(part.lower() == ".swarmget" for part in absolute.split(os.sep)):
-        # Our files would land beside that run's journal and parts.
-        raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
+    # Also as resolved: through a symlink to a run's .swarmget (or into it),
+    # the run wrote its files beside that run's journal and parts.
+    for path in (absolute, os.path.realpath(absolute)):
+        if any(part.lower() == ".swarmget" for part in path.split(os.sep)):
+            # Our files would land beside that run's journal and parts.
+            raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
 
 
 def check_dns_server(text: str) -> None:
