@@ -157,7 +157,7 @@ def _size(value: object) -> int | None:
         text = value.strip()
         if not text:
             return None
-        digits = _WHOLE_FLOAT.sub("", text)  # "12.0", "12.00": pandas' floats
+        digits = _WHOLE_FLOAT.sub("", text) if "." in text else text  # "12.0": pandas' floats
         # int() alone would also take "1_000", "+5" and non-ASCII digits.
         if digits and _DIGITS.issuperset(digits):
             try:
