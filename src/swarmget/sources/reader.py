@@ -484,7 +484,8 @@ def _head(lines: Iterator[str], past_comments: bool) -> tuple[list[str], Iterato
         text = line.strip()
         if text and not (past_comments and text[0] == "#" and comments < _HEAD_COMMENTS):
             break
-        comments += text[:1] == "#"
+        if text:
+            comments += 1  # a comment: blank lines are not counted
     return head, lines
 
 
