@@ -236,6 +236,15 @@ def test_csv_without_url_column(tmp_path: Path) -> None:
     )
 
 
+def test_a_csv_named_tsv_is_told_so(tmp_path: Path) -> None:
+    # It said "columns found: 'url,path'; the first line must name the
+    # columns, e.g. url,path".
+    path = write(tmp_path / "list.tsv", "url,path\nhttp://h/a,p\n")
+    assert usage_error(path).endswith(
+        "its columns are separated by commas: name the file .csv (or pipe it to stdin)"
+    )
+
+
 def test_csv_without_header(tmp_path: Path) -> None:
     path = write(tmp_path / "in.csv", "http://h/a,a.jpg\n")
     assert "has no 'url' column (columns found: 'http://h/a', 'a.jpg')" in usage_error(path)

@@ -281,7 +281,7 @@ def parse_delimited(
         raise _at(name, start, f"the header is not valid {kind}: {bad_header}") from None
     if header is None:
         return  # an empty file is an empty list, not an error
-    columns = _column_positions(header, name)
+    columns = _column_positions(header, name, delimiter)
     width = len(header)
     while True:
         feed.record.clear()
@@ -413,7 +413,7 @@ def _first_record(records: Iterator[list[str]]) -> list[str] | None:
     return None
 
 
-def _column_positions(header: list[str], name: str) -> dict[str, int]:
+def _column_positions(header: list[str], name: str, delimiter: str) -> dict[str, int]:
     """Map each known column to its position; other columns are ignored."""
     positions: dict[str, int] = {}
     for i, cell in enumerate(header):
@@ -431,6 +431,10 @@ def _column_positions(header: list[str], name: str) -> dict[str, int]:
             hint = "columns separated by ';' are not read: use ',' (CSV) or tabs (TSV)"
         elif len(header) == 1 and "\t" in header[0]:
             hint = "its columns are separated by tabs: name the file .tsv (or pipe it to stdin)"
+        elif len(header) == 1 and delimiter == "\t" and "," in header[0]:
+            # A CSV named .tsv: "columns found: 'url,path'; ... e.g. url,path"
+            # told the user to write what they had written.
+            hint = "its columns are separated by commas: name the file .csv (or pipe it to stdin)"
         raise UsageError(
             f"input {name!r} has no 'url' column (columns found: {found}{more}); {hint}"
         )
