@@ -215,6 +215,32 @@ def test_header_values_outside_one_line_of_latin_1_are_refused_by_the_cli() -> N
     assert cli.main(["-q", "--user-agent", "a\r\nX: y", "-o", "out", "http://h/x"]) == 2
 
 
+@pytest.mark.parametrize(
+    ("header", "shown"),
+    [
+        # A CR left in $TOKEN (a file saved on Windows), a NUL, a non-Latin-1
+        # letter: the message printed the token whole, into the CI log.
+        ("Authorization: Bearer s3cr3t\ra", "'Authorization: ***' (a line break or control "),
+        ("cookie: id=s3cr3t\x01", "'cookie: ***' (a line break or control character: '\\x01' at"),
+        ("Proxy-Authorization: Basic s3cr3t\u2603", "'Proxy-Authorization: ***' (only Latin-1"),
+        ("Authorization Bearer s3cr3t", "'Authorization ***' (expected 'Name: value'"),
+    ],
+)
+def test_a_bad_credential_header_is_refused_without_its_value(
+    header: str, shown: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["-q", "-o", "out", "http://127.0.0.1:9/x", "--header", header]) == 2
+    err = capsys.readouterr().err
+    assert shown in err
+    assert "s3cr3t" not in err
+    with pytest.raises(UsageError) as info:
+        Options.from_kwargs({"headers": {"Authorization": "Bearer s3cr3t\n"}})
+    assert "s3cr3t" not in str(info.value)
+    # Other fields are shown as given, where the fault is.
+    with pytest.raises(Exception, match=r"'X: a\\x01b' .*'\\x01' at character 2 of the value"):
+        cli.parse_header("X: a\x01b")
+
+
 def test_an_empty_output_directory_is_refused_not_the_current_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -501,6 +501,14 @@ def test_make_resolver_prefers_c_ares_and_checks_servers(loop: EventLoop) -> Non
         Options(dns_servers=("not-an-ip",))
     with pytest.raises(UsageError, match="bad port"):
         Options(dns_servers=("[::1]:99999",))
+    # Both went through, and c-ares refused them: "bad DNS server list
+    # ['1.2.3.4:']: (17, 'Misformatted string')".
+    with pytest.raises(UsageError, match=r"--dns-server '1\.2\.3\.4:': bad port"):
+        Options(dns_servers=("1.2.3.4:",))
+    with pytest.raises(UsageError, match=r"zone id is taken only without brackets"):
+        Options(dns_servers=("[fe80::1%eth0]:53",))
+    for server in ("fe80::1%eth0", "[::1]", "[::1]:53", "1.2.3.4:53"):
+        make_resolver(loop, servers=Options(dns_servers=(server,)).dns_servers).close()
     assert Options(dns_servers="10.0.0.1").dns_servers == ("10.0.0.1",)  # type: ignore[arg-type]
     assert Options(dns_servers=["[::1]:53"]).dns_servers == ("[::1]:53",)  # type: ignore[arg-type]
 

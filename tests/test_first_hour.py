@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import swarmget
+from swarmget import cli
 from swarmget.report import Report, Snapshot
 from swarmget.sources.rows import Row
 from swarmget.testing import TestServer, expected_body
@@ -652,9 +653,19 @@ def test_an_output_directory_inside_a_runs_state_directory_is_refused(
 ) -> None:
     url = server.file_url("sd.bin", size=10)
     assert swarmget.download([url], tmp_path / "out").ok == 1
-    for inner in (tmp_path / "out" / ".swarmget", tmp_path / "out" / ".swarmget" / "parts"):
+    # Also through a symlink: the run's files went in beside the journal.
+    (tmp_path / "state").symlink_to(tmp_path / "out" / ".swarmget")
+    (tmp_path / "parts").symlink_to(tmp_path / "out" / ".swarmget" / "parts")
+    for inner in (
+        tmp_path / "out" / ".swarmget",
+        tmp_path / "out" / ".swarmget" / "parts",
+        tmp_path / "state",
+        tmp_path / "state" / "new",
+        tmp_path / "parts",
+    ):
         with pytest.raises(swarmget.UsageError, match=r"inside a run's \.swarmget directory"):
             swarmget.download([url], inner)
+    assert cli.main(["-q", "-o", str(tmp_path / "state"), url]) == 2
     assert (
         sorted(p.name for p in (tmp_path / "out" / ".swarmget").iterdir() if p.suffix == ".bin")
         == []

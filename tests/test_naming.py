@@ -424,6 +424,27 @@ def test_a_default_name_goes_past_a_path_a_later_row_of_the_batch_asks_for(
     assert [(a.index, a.path) for a in batch.assignments] == [(0, "a-1.jpg"), (1, "a.jpg")]
 
 
+def test_a_default_name_goes_past_a_directory_a_later_row_of_the_batch_needs(
+    tmp_path: Path,
+) -> None:
+    # Row 0's default name took "d", and row 1, whose path is d/a.jpg, failed
+    # with "needs directory 'd', which is another row's file"; in the other
+    # order row 0 was "d-1" and both were done.
+    from swarmget.options import Options
+    from swarmget.sinks.plan import FilePlanner
+
+    planner = FilePlanner(str(tmp_path), Options())
+    try:
+        batch = planner.plan(
+            [Row(0, "http://h/x/d"), Row(1, "http://h/y", path="d/e/a.jpg"), Row(2, "http://h/e")]
+        )
+    finally:
+        planner.finish(interrupted=True)
+    assert batch.results == []
+    got = [(a.index, a.path) for a in batch.assignments]
+    assert got == [(0, "d-1"), (1, "d/e/a.jpg"), (2, "e")]
+
+
 def test_a_row_whose_path_is_a_directory_on_disk_takes_no_other_rows_with_it(
     tmp_path: Path,
 ) -> None:

@@ -197,6 +197,10 @@ def test_jsonl_column_names_in_any_case(tmp_path: Path) -> None:
         ('{"URL": "http://h/a", "Url": "http://h/b"}', "'URL' and 'Url'"),
         ('{"url": "http://h/a", "path": "p", "Path": "q"}', "'path' and 'Path'"),
         ('{"url": "http://h/a", "sha256": null, "SHA256": "x"}', "'sha256' and 'SHA256'"),
+        # The same key twice: json.loads kept the last one, and nobody said.
+        ('{"url": "http://h/a", "url": "http://h/b"}', "'url' twice"),
+        ('{"url": "http://h/a", "path": "p", "path": "q"}', "'path' twice"),
+        ('{"url": "http://h/a", "Size": 1, "Size": 2}', "'Size' twice"),
     ],
 )
 def test_jsonl_a_column_spelled_twice_fails_its_row(
@@ -212,11 +216,32 @@ def test_jsonl_a_column_spelled_twice_fails_its_row(
     assert only.url == line  # named by its line, not by one of its two urls
 
 
+def test_jsonl_keys_repeated_elsewhere_are_no_problem(tmp_path: Path) -> None:
+    # In a nested object, or a column swarmget does not read: not its business.
+    text = (
+        '{"url": "http://h/a", "meta": {"url": "x", "url": "y"}, "tag": 1, "tag": 2}\n'
+        '{"meta": {"path": "x", "path": "y"}, "url": "http://h/b", "path": "p"}\n'
+    )
+    assert rows(write(tmp_path / "in.jsonl", text)) == [
+        Row(0, "http://h/a"),
+        Row(1, "http://h/b", path="p"),
+    ]
+
+
 def test_csv_without_url_column(tmp_path: Path) -> None:
     path = write(tmp_path / "in.csv", "link,file\nhttp://h/a,a\n")
     assert usage_error(path) == (
         f"input {path!r} has no 'url' column (columns found: 'link', 'file'); "
         "the first line must name the columns, e.g. url,path"
+    )
+
+
+def test_a_csv_named_tsv_is_told_so(tmp_path: Path) -> None:
+    # It said "columns found: 'url,path'; the first line must name the
+    # columns, e.g. url,path".
+    path = write(tmp_path / "list.tsv", "url,path\nhttp://h/a,p\n")
+    assert usage_error(path).endswith(
+        "its columns are separated by commas: name the file .csv (or pipe it to stdin)"
     )
 
 
@@ -287,6 +312,24 @@ def test_csv_bad_optional_fields(tmp_path: Path, cells: str, message: str) -> No
         bad(0, "http://h/a", f"input {path!r}, line 2: {message}"),
         Row(1, "http://h/b"),
     ]
+
+
+def test_sizes_pandas_wrote_as_floats(tmp_path: Path) -> None:
+    # A size column with gaps is float64 in pandas: to_csv writes 12.0 and an
+    # empty cell, to_json 12.0 and null (json.dumps NaN).  Every such row failed.
+    csv_path = write(
+        tmp_path / "in.csv", "url,size\nhttp://h/a,12.0\nhttp://h/b,\nhttp://h/c,0.00\n"
+    )
+    assert [r.size for r in rows(csv_path)] == [12, None, 0]
+    lines = ['{"url": "http://h/a", "size": 12.0}', '{"url": "http://h/b", "size": NaN}']
+    assert [r.size for r in rows(write(tmp_path / "in.jsonl", "\n".join(lines)))] == [12, None]
+    # A fraction is still no size, nor is a float in any other shape.
+    for cell in ("12.5", "12.", ".0", "1e3", "-1.0", "12.0.0"):
+        path = write(tmp_path / "bad.csv", f"url,size\nhttp://h/a,{cell}\n")
+        assert rows(path)[0].problem == (f"input {path!r}, line 2: {NOT_SIZE}, got {cell!r}"), cell
+    for number in ("12.5", "Infinity", "-1.0"):
+        path = write(tmp_path / "bad.jsonl", f'{{"url": "http://h/a", "size": {number}}}\n')
+        assert rows(path)[0].problem is not None, number
 
 
 def test_size_edge_values(tmp_path: Path) -> None:
@@ -382,6 +425,8 @@ def test_bad_row_is_yielded_in_order_and_reading_goes_on(tmp_path: Path) -> None
         ("Image URL\tCaption\tsha256", Format.TSV),
         ("key,img-src.1", Format.CSV),
         ("# urls, collected", Format.TEXT),
+        ("url;path", Format.CSV),  # refused, for its separator
+        ("http://h/a;b", Format.TEXT),
         ("a,", Format.TEXT),
     ],
 )
@@ -395,6 +440,22 @@ def test_sniff(line: str, fmt: Format) -> None:
         ("image_url,caption\nhttp://h/a.jpg,a cat\n", "has no 'url' column"),
         ("http://h/a.jpg\ta cat\nhttp://h/b.jpg\ta dog\n", "line 1: a tab after the URL"),
         ("\n\nhttp://h/a.jpg\thttp://h/m/a.jpg\n", "line 3: a tab after the URL"),
+        # A spreadsheet's CSV in a locale that separates with ';': each row went
+        # out as 'URL;path' (a server that ignores ';' params saved it so named).
+        ("url;path\nhttp://h/a.jpg;a\n", "columns separated by ';' are not read"),
+        ("Image URL;Caption\nhttp://h/a.jpg;a cat\n", "columns separated by ';' are not read"),
+        # A comment before the header: the input was sniffed by the comment,
+        # as a plain list, and each row went out as 'URL,path'.
+        (
+            "# made by x\nurl,path\nhttp://h/a.jpg,a\n",
+            "line 1: a '#' comment, but the input is a CSV",
+        ),
+        (
+            "\n# x\n\n# y\npath\turl\na\thttp://h/a\n",
+            "line 2: a '#' comment, but the input is a TSV",
+        ),
+        ('# x\n{"url": "http://h/a"}\n', "line 1: a '#' comment, but the input is JSON Lines"),
+        ("# x\nhttp://h/a.jpg\ta cat\n", "line 2: a tab after the URL"),
     ],
 )
 def test_a_table_read_as_a_plain_list_is_refused_before_any_row(text: str, said: str) -> None:
@@ -418,6 +479,13 @@ def test_sniffed_formats_from_stdin() -> None:
     assert rows("-", stdin="url,path\nhttp://h/a,a\n") == [Row(0, "http://h/a", path="a")]
     assert rows("-", stdin="path\turl\na\thttp://h/a\n") == [Row(0, "http://h/a", path="a")]
     assert rows("-", stdin="url\nhttp://h/a\n") == [Row(0, "http://h/a")]
+
+
+def test_a_plain_list_opening_with_comments_is_still_one() -> None:
+    text = "# my list\n#url,path\n\nhttp://h/a,b\n# more\nhttp://h/c\n"
+    assert urls("-", stdin=text) == ["http://h/a,b", "http://h/c"]
+    comments = "# x\n" * 2000  # looked past up to a bound: then it is a plain list
+    assert urls("-", stdin=comments + "url,path\nhttp://h/a,b\n") == ["url,path", "http://h/a,b"]
 
 
 def test_sniffed_txt_file(tmp_path: Path) -> None:

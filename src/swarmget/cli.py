@@ -35,6 +35,7 @@ from swarmget import __version__
 from swarmget.errors import ErrorCode, SwarmgetError, TransferError, UsageError
 from swarmget.options import (
     EMPTY_FIELD,
+    SECRET_FIELDS,
     Options,
     check_header,
     check_output_dir,
@@ -126,8 +127,10 @@ def parse_header(text: str) -> tuple[str, str]:
     if not sep and name.endswith(";"):
         name, sep, value = name[:-1].rstrip(), ";", EMPTY_FIELD
     if not sep:
+        first = name.split(maxsplit=1)[0] if name else ""
+        shown = f"{first} ***" if first.lower() in SECRET_FIELDS else text
         raise argparse.ArgumentTypeError(
-            f"invalid header {text!r} (expected 'Name: value', 'Name:' or 'Name;')"
+            f"invalid header {shown!r} (expected 'Name: value', 'Name:' or 'Name;')"
         )
     try:
         check_header(name, value)

@@ -225,21 +225,40 @@ _OURS: Final = {
 }
 
 
+# The fields that carry credentials (engine/core.py's CREDENTIAL_HEADERS).
+SECRET_FIELDS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
+def shown_header(name: object, value: object) -> str:
+    """``Name: value`` as a message may quote it: the value of a credential
+    hidden (``Authorization: ***``), as a URL's password is.  A token with a
+    stray control character in it (a CR from a Windows file, read into
+    ``$TOKEN``) was printed whole, into a CI log."""
+    if isinstance(name, str) and name.strip().lower() in SECRET_FIELDS:
+        return f"{name}: ***"
+    return f"{name}: {value}"
+
+
 def check_header(name: str, value: str) -> None:
     """A request header the user gave: a token for a name, one line of Latin-1
     text (as ``http.client`` and requests encode it) for a value; raise UsageError."""
-    shown = f"{name}: {value}"
+    shown = shown_header(name, value)
     if not (isinstance(name, str) and HEADER_NAME.fullmatch(name)):
         raise UsageError(f"invalid header {shown!r} (the name must be an HTTP token)")
     if not isinstance(value, str):
         raise UsageError(f"invalid header {shown!r} (the value must be text)")
-    if _BAD_VALUE.search(value):
-        raise UsageError(f"invalid header {shown!r} (a line break or control character)")
+    bad = _BAD_VALUE.search(value)
+    if bad is not None:
+        raise UsageError(
+            f"invalid header {shown!r} (a line break or control character: "
+            f"{bad.group()!r} at character {bad.start() + 1} of the value)"
+        )
     try:
         value.encode("latin-1")
-    except UnicodeEncodeError:
+    except UnicodeEncodeError as exc:
         raise UsageError(
-            f"invalid header {shown!r} (only Latin-1 text can be sent in a header)"
+            f"invalid header {shown!r} (only Latin-1 text can be sent in a header: "
+            f"{value[exc.start]!r} at character {exc.start + 1} of the value)"
         ) from None
     why = _OURS.get(name.lower())
     if why is not None:
@@ -314,24 +333,36 @@ def check_output_dir(root: str) -> None:
             f"the output directory {root!r} is relative to the current directory, "
             f"which cannot be found: {exc.strerror}"
         ) from None
-    if any(part.lower() == ".swarmget" for part in absolute.split(os.sep)):
-        # Our files would land beside that run's journal and parts.
-        raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
+    # Also as resolved: through a symlink to a run's .swarmget (or into it),
+    # the run wrote its files beside that run's journal and parts.
+    for path in (absolute, os.path.realpath(absolute)):
+        if any(part.lower() == ".swarmget" for part in path.split(os.sep)):
+            # Our files would land beside that run's journal and parts.
+            raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
 
 
 def check_dns_server(text: str) -> None:
     """Accept ``IP``, ``IPv4:PORT`` or ``[IPv6]:PORT``, as c-ares does; raise UsageError."""
-    host, port = text, ""
+    host, port, colon = text, "", False
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
         if not sep or (rest and not rest.startswith(":")):
             raise UsageError(f"--dns-server {text!r}: expected IP, IP:PORT or [IPv6]:PORT")
-        port = rest[1:]
+        port, colon = rest[1:], bool(rest)
     elif text.count(":") == 1:
         host, port = text.split(":")
+        colon = True
     try:
         ipaddress.ip_address(host)
     except ValueError:
         raise UsageError(f"--dns-server {text!r}: not an IP address") from None
-    if port and not (port.isdigit() and 0 < int(port) < 65536):
+    # An empty port ("1.2.3.4:") too: c-ares refused it as a 'Misformatted
+    # string', in a message that named neither the option nor the value's fault.
+    if colon and not (port.isdigit() and 0 < int(port) < 65536):
         raise UsageError(f"--dns-server {text!r}: bad port")
+    if "%" in host and text.startswith("["):
+        # c-ares takes a zone id only on an address given without a port.
+        raise UsageError(
+            f"--dns-server {text!r}: an IPv6 address with a zone id is taken only "
+            f"without brackets and port ({host}, port 53)"
+        )

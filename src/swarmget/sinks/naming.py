@@ -193,9 +193,10 @@ class NameStore:
         return False
 
     def asked_for(self, name: str) -> bool:
-        """Is ``name`` the explicit path of a row planned with this one?  A default
-        name goes past it: the input's path is that path or none (a row whose
-        default name came first took it, and the row that named it failed)."""
+        """Is ``name`` the explicit path of a row planned with this one, or a
+        directory such a path needs?  A default name goes past it: the input's
+        path is that path or none (a row whose default name came first took it,
+        and the row that named it failed)."""
         return False
 
     def next_suffix(self, name: str) -> int:

@@ -833,6 +833,10 @@ class FilePlanner:
                     pass
                 if name is not None and row.path is not None:
                     explicit.add(name)
+                    if "/" in name:
+                        # And the directories it needs: a default name "A" of an
+                        # earlier row took "A" of "A/c", which failed "exists".
+                        explicit.update(parents_of(name))
             candidates.append(name)
         store = self._names_store
         store.prefetch([name for name in candidates if name is not None])

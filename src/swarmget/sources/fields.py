@@ -11,7 +11,8 @@ applies the same rules to both:
   JSON ``null`` means absent, because spreadsheets and ``jq`` emit those for
   "no value".
 * digests are lower-cased and must be hex of the right length; ``size`` is a
-  non-negative integer (a JSON number or a string of ASCII digits).
+  non-negative integer (a JSON number or a string of ASCII digits; a whole
+  float, ``12.0`` or ``"12.0"``, as pandas writes a column with gaps, is 12).
 * ``url`` and ``path`` must be valid text.  Inputs are decoded with
   ``surrogateescape``, so bytes that are not UTF-8 arrive as lone surrogates
   (and JSON can spell one, ``"\\ud800"``); such a value can be neither
@@ -26,7 +27,10 @@ for text that is not valid.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
+from typing import Final
 
 from swarmget.sources.rows import Row, strip_url
 
@@ -34,6 +38,7 @@ COLUMNS = ("url", "path", "sha256", "md5", "size")
 
 _HEX = frozenset("0123456789abcdef")
 _DIGITS = frozenset("0123456789")
+_WHOLE_FLOAT: Final = re.compile(r"(?<=[0-9])\.0+\Z")
 _DIGEST_LENGTHS = {"sha256": 64, "md5": 32}
 
 
@@ -138,6 +143,11 @@ def _digest(value: object, column: str) -> str | None:
 
 
 def _size(value: object) -> int | None:
+    # pandas writes an integer column with gaps as floats: 12.0 in JSON and
+    # "12.0" in a CSV (a gap as null, or an empty cell), as it does in Parquet.
+    # Every row of such a list failed for its size, which was meant as 12.
+    if isinstance(value, float) and (math.isnan(value) or value.is_integer()):
+        value = None if math.isnan(value) else int(value)
     # bool is an int subclass; `"size": true` is a mistake, not a size of 1.
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
@@ -147,10 +157,11 @@ def _size(value: object) -> int | None:
         text = value.strip()
         if not text:
             return None
+        digits = _WHOLE_FLOAT.sub("", text) if "." in text else text  # "12.0": pandas' floats
         # int() alone would also take "1_000", "+5" and non-ASCII digits.
-        if _DIGITS.issuperset(text):
+        if digits and _DIGITS.issuperset(digits):
             try:
-                return int(text)
+                return int(digits)
             except ValueError:  # more digits than int() agrees to parse
                 pass
         raise FieldError(f"'size' must be a whole number of bytes, got {_clip(text)!r}")

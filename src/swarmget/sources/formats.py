@@ -111,16 +111,47 @@ def parse_text(
                 yield bad_row(next(counter), name, lineno, problem, None, url)
 
 
+class _Objects:
+    """JSON objects as dicts, noting the keys the last one had twice.
+
+    ``json.loads`` keeps the last of two equal keys and says nothing, so
+    ``{"url": a, "url": b}`` went to b, as silently as ``url`` and ``URL``
+    once did (see :func:`_lower_keys`).  The line's own object is the last
+    one the decoder makes (nested ones come first), so ``twice`` is its own."""
+
+    def __init__(self) -> None:
+        self.twice: list[str] = []
+
+    def make(self, pairs: list[tuple[str, object]]) -> dict[str, object]:
+        value = dict(pairs)
+        self.twice = [] if len(value) == len(pairs) else _repeated(pairs)
+        return value
+
+
+def _repeated(pairs: list[tuple[str, object]]) -> list[str]:
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for key, _ in pairs:
+        if key in seen:
+            repeated.append(key)
+        seen.add(key)
+    return repeated
+
+
 def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iterator[Row]:
     """One JSON object per line with ``url`` and the optional columns."""
     first = True
+    # One decoder an input (json.loads(line, object_pairs_hook=...) makes one a
+    # line), and its own: inputs may be read on two threads at once.
+    objects = _Objects()
+    decoder = json.JSONDecoder(object_pairs_hook=objects.make)
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         value: object = None
         problem = ""
         try:
-            value = json.loads(line)
+            value = decoder.decode(line)
         except ValueError as exc:  # JSONDecodeError, or an int too long for int()
             problem = _json_problem(exc, line)
         except RecursionError:
@@ -140,7 +171,7 @@ def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iter
         try:
             # Always, not only without "url": {"url": a, "URL": b} went to a, and
             # {"url": a, "PATH": p} lost its path, neither said.
-            known = _lower_keys(value)  # "URL", as a CSV header may say it too
+            known = _lower_keys(value, objects.twice)  # "URL", as a CSV header may say it too
             row = build_row(index, known)
         except FieldError as bad_field:  # not `exc`: mypyc gives a name one type per function
             # Two urls: the row is named by its line, not by one of them.
@@ -149,10 +180,14 @@ def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iter
         yield row
 
 
-def _lower_keys(fields: dict[str, object]) -> dict[str, object]:
+def _lower_keys(fields: dict[str, object], twice: list[str]) -> dict[str, object]:
     """The known columns of ``fields``, named in lower case (``URL``, ``Path``).
-    Two spellings of one column (``url`` and ``URL``) are an error, as in a CSV
-    header: which one was meant cannot be told, and taking either is a guess."""
+    Two spellings of one column (``url`` and ``URL``), or the same one twice
+    (``twice``: the keys the line had more than once), are an error, as in a
+    CSV header: which one was meant cannot be told, and taking either is a guess."""
+    for key in twice:
+        if key.lower() in COLUMNS:
+            raise FieldError(f"column {key.lower()!r} appears more than once ({key!r} twice)")
     lowered: dict[str, object] = {}
     spelled: dict[str, str] = {}
     for key, value in fields.items():
@@ -246,7 +281,7 @@ def parse_delimited(
         raise _at(name, start, f"the header is not valid {kind}: {bad_header}") from None
     if header is None:
         return  # an empty file is an empty list, not an error
-    columns = _column_positions(header, name)
+    columns = _column_positions(header, name, delimiter)
     width = len(header)
     while True:
         feed.record.clear()
@@ -378,7 +413,7 @@ def _first_record(records: Iterator[list[str]]) -> list[str] | None:
     return None
 
 
-def _column_positions(header: list[str], name: str) -> dict[str, int]:
+def _column_positions(header: list[str], name: str, delimiter: str) -> dict[str, int]:
     """Map each known column to its position; other columns are ignored."""
     positions: dict[str, int] = {}
     for i, cell in enumerate(header):
@@ -396,6 +431,10 @@ def _column_positions(header: list[str], name: str) -> dict[str, int]:
             hint = "columns separated by ';' are not read: use ',' (CSV) or tabs (TSV)"
         elif len(header) == 1 and "\t" in header[0]:
             hint = "its columns are separated by tabs: name the file .tsv (or pipe it to stdin)"
+        elif len(header) == 1 and delimiter == "\t" and "," in header[0]:
+            # A CSV named .tsv: "columns found: 'url,path'; ... e.g. url,path"
+            # told the user to write what they had written.
+            hint = "its columns are separated by commas: name the file .csv (or pipe it to stdin)"
         raise UsageError(
             f"input {name!r} has no 'url' column (columns found: {found}{more}); {hint}"
         )

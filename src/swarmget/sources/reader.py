@@ -8,7 +8,8 @@ format of a path comes from its name (``.csv``, ``.tsv``, ``.jsonl``/``.ndjson``
 each optionally ``.gz``-compressed; ``.parquet``/``.pq``, or a file whose first
 bytes are Parquet's, whatever its name: :mod:`~swarmget.sources.parquet`);
 when the name says nothing (``.txt``, no suffix, stdin) the first non-blank
-line decides:
+line that is not a ``#`` comment decides (comments before a table or JSONL
+are refused: only plain lists have them):
 
 * starts with ``{`` (or ``[``, so a JSON array gets a clear "expected a JSON
   object" error instead of becoming a heap of ``bad_url`` rows) -> JSONL;
@@ -189,8 +190,10 @@ def sniff(first_line: str) -> Format:
         return Format.CSV
     # A header without a url column (``image_url,caption``): read as a plain
     # list, each row went out as a URL with its other columns glued on.  As a
-    # table, it is refused for the column it lacks, as a .csv file is.
-    for delimiter, table in (("\t", Format.TSV), (",", Format.CSV)):
+    # table, it is refused for the column it lacks, as a .csv file is.  So is
+    # one separated by ';' (a spreadsheet's CSV in many locales): ``url;path``
+    # was a bad_url row and every row after it went out as ``URL;path``.
+    for delimiter, table in (("\t", Format.TSV), (",", Format.CSV), (";", Format.CSV)):
         cells = _cells(text, delimiter)
         if len(cells) >= 2 and all(_HEADER_CELL.fullmatch(cell) for cell in cells):
             return table
@@ -411,11 +414,13 @@ def _parse(
     counter: Iterator[int],
     byte_errors: int,
 ) -> Iterator[Row]:
-    head, rest = _head(_bounded(lines, name))
+    head, rest = _head(_bounded(lines, name), past_comments=fmt is None)
     if head:
         _check_text(head[-1], len(head), name)
     if fmt is None:
         fmt = sniff(head[-1]) if head else Format.TEXT
+        if fmt is not Format.TEXT:
+            _check_no_comment(head, name, fmt)
     lines = itertools.chain(head, rest)
     if fmt is Format.TEXT:
         if head:
@@ -459,15 +464,42 @@ def _lines_of(lines: Iterable[str], name: str) -> Iterator[str]:
         yield line
 
 
-def _head(lines: Iterator[str]) -> tuple[list[str], Iterator[str]]:
+# Comment lines looked past for the line a sniffed input is known by.
+_HEAD_COMMENTS: Final = 1000
+
+
+def _head(lines: Iterator[str], past_comments: bool) -> tuple[list[str], Iterator[str]]:
     """The lines up to the first non-blank one (the one that is sniffed and
-    checked), and the rest; all of it if every line is blank."""
+    checked), and the rest; all of it if every line is blank.
+
+    ``past_comments``: up to the first line that is not a ``#`` comment either
+    (at most :data:`_HEAD_COMMENTS` of them).  A sniffed input that opened with
+    a comment was taken for a plain list whatever came next: a CSV header after
+    it became a bad_url row, and every row went out as a URL with ``,path``
+    glued on."""
     head: list[str] = []
+    comments = 0
     for line in lines:
         head.append(line)
-        if line.strip():
+        text = line.strip()
+        if text and not (past_comments and text[0] == "#" and comments < _HEAD_COMMENTS):
             break
+        if text:
+            comments += 1  # a comment: blank lines are not counted
     return head, lines
+
+
+def _check_no_comment(head: list[str], name: str, fmt: Format) -> None:
+    """A table or JSONL input sniffed past a comment: refused, saying where.
+    Comments are a plain list's alone (a CSV's ``#`` line is a row)."""
+    for lineno, line in enumerate(head, 1):
+        if line.strip()[:1] == "#":
+            kind = "JSON Lines" if fmt is Format.JSONL else f"a {fmt.name} list"
+            raise UsageError(
+                f"input {name!r}, line {lineno}: a '#' comment, but the input is {kind} "
+                f"(line {len(head)}), and only a plain list of URLs may have comments: "
+                "remove the comment lines"
+            )
 
 
 def _check_text(line: str, lineno: int, name: str) -> None:
