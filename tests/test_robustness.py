@@ -298,6 +298,25 @@ def test_host_failures_zero_never_gives_up(
     assert not any("given up" in (f.message or "") for f in report.failures)
 
 
+def test_a_host_silent_on_kept_alive_connections_costs_a_timeout_not_one_a_file(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Each connection's first request is answered, later ones never (nor is
+    # the connection closed).  Every file after the first two waited out a
+    # --timeout and failed when its one retry met another silent connection.
+    urls = [server.file_url(f"ka{i}.bin", size=2000, fault="silent_reused") for i in range(12)]
+    started = time.monotonic()
+    report = swarmget.download(
+        urls, tmp_path, workers=1, per_host=2, concurrency=2, timeout=1, retries=1
+    )
+    took = time.monotonic() - started
+    assert report.ok == 12, report.error_counts()
+    manifest = (tmp_path / ".swarmget" / "manifest.jsonl").read_text()
+    records = [json.loads(line) for line in manifest.splitlines()]
+    assert {r["attempts"] for r in records} == {1}  # the silence is not the file's
+    assert took < 3, took  # one --timeout for the host, not one a file
+
+
 def test_a_trickling_server_fails_within_two_speed_windows(
     server: TestServer, tmp_path: Path
 ) -> None:

@@ -387,8 +387,10 @@ class HTTPConnection(PooledConnection):
             # be written into the middle of it.  Over TLS OpenSSL would even go
             # on from the unsent request's offset into the next one's bytes.
             reusable = False
-        if self.pool.template.closes:
-            reusable = False  # the request said "Connection: close" (--header)
+        if self.pool.template.closes or self.pool.reuse_broken:
+            # The request said "Connection: close" (--header), or this host went
+            # silent on a reused connection before (HostPool.reuse_broken).
+            reusable = False
         self.transfer = self.parser = self.verdict = self.writer = None
         self.served += 1
         # Idle until the owner gives it the next transfer (start) or closes it:
@@ -432,11 +434,14 @@ class HTTPConnection(PooledConnection):
         parser = self.parser
         head = parser.head if parser is not None else None
         # On a reused connection, a close or junk before our response's head
-        # is most likely left over from the previous exchange: try once more
-        # on a fresh connection before blaming the server.
+        # is most likely left over from the previous exchange, and silence
+        # (not a byte of an answer in --timeout) a keep-alive the server, or a
+        # box on the way, dropped without a word: try once more on a fresh
+        # connection before blaming the server.
         stale = self.served > 0 and (
             isinstance(error, ConnectionClosed)
             or (isinstance(error, ProtocolError) and head is None)
+            or (isinstance(error, Stalled) and (parser is None or not parser.started))
         )
         status = head.status if head is not None else 0
         retry_after = verdict.retry_after if verdict is not None else None

@@ -792,6 +792,8 @@ class Engine(ConnectionOwner):
             self._drop_part(transfer)
         else:
             self._keep_or_drop_part(transfer)
+        if verdict.stale and isinstance(error, Stalled):
+            self._stop_reusing(pool)
         if verdict.stale and transfer.retry.count(STALE) <= self.policy.retries:
             # A dead kept-alive connection is not the server's failure: again,
             # on a new connection (so not twice in a row), first in line when a
@@ -805,6 +807,16 @@ class Engine(ConnectionOwner):
             return
         self._host_failed(pool, error, dialling, started)
         self._failed(transfer, error, verdict.status, verdict.retry_after, started)
+
+    def _stop_reusing(self, pool: HostPool) -> None:
+        """A kept-alive connection to ``pool`` went silent: each connection there
+        serves one request from now on, and those idle now are closed (each
+        would cost the next request a --timeout of its own)."""
+        if pool.reuse_broken:
+            return
+        pool.reuse_broken = True
+        for conn in list(pool.idle):
+            conn.close()
 
     def _host_failed(
         self, pool: HostPool, error: TransferError, dialling: bool, started: float

@@ -76,6 +76,7 @@ class HostPool:
         "refresh_at",
         "resolving",
         "resolving_since",
+        "reuse_broken",
         "template",
         "tls_session",
         "unsent",
@@ -125,6 +126,11 @@ class HostPool:
         self.push_backs = 0  # pauses in a row with no other answer between them
         self.probing = False  # after a pause: one request, until it is answered
         self.probe_out = False  # that one request has gone out
+        # A request on a kept-alive connection met silence (no byte of an
+        # answer before --timeout): a server, or a box on the way, that breaks
+        # keep-alive without closing.  From then on each connection here serves
+        # one request: one timeout a host, not one a file.
+        self.reuse_broken = False
 
     def mark_given_up(self, error: TransferError, why: str) -> None:
         """The host (or its proxy) is given up with ``error``, ``why`` being the

@@ -68,6 +68,11 @@ class ServerConnection(asyncio.Protocol):
         self.eof = False
         self.closed = False
 
+    @property
+    def served(self) -> int:
+        """Requests this connection has read so far, the current one included."""
+        return self._served
+
     # -- asyncio.Protocol ---------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

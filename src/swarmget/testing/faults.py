@@ -26,6 +26,9 @@ chunk_cut      chunked, every data chunk but the last, no last-chunk, FIN
 extra_bytes    a normal response followed by ``GARBAGE AFTER RESPONSE\\r\\n``
                (the connection stays open)
 no_keepalive   a normal response with ``Connection: close``, then FIN
+silent_reused  a normal response to a connection's first request; to a later
+               one, nothing: the connection stays open and silent (keep-alive
+               broken by the server, or by a box on the way, without a close)
 =============  ==============================================================
 """
 
@@ -199,6 +202,14 @@ async def _no_keepalive(conn: ServerConnection, req: Request, name: str, opts: F
     return False
 
 
+async def _silent_reused(
+    conn: ServerConnection, req: Request, name: str, opts: FileOptions
+) -> bool:
+    if conn.served > 1:
+        return await _stall_headers(conn, req, name, opts)
+    return await _with_headers(conn, req, name, opts, [])
+
+
 _FAULTS: dict[str, Fault] = {
     "truncate": _truncate,
     "reset": _reset,
@@ -217,10 +228,11 @@ _FAULTS: dict[str, Fault] = {
     "chunk_cut": _chunk_cut,
     "extra_bytes": _extra_bytes,
     "no_keepalive": _no_keepalive,
+    "silent_reused": _silent_reused,
 }
 FAULTS = frozenset(_FAULTS)
 # Faults that never finish by themselves: end of input from the client ends them.
-ENDLESS = frozenset({"stall", "stall_headers", "drip", "endless_1xx"})
+ENDLESS = frozenset({"stall", "stall_headers", "drip", "endless_1xx", "silent_reused"})
 
 
 async def run_fault(
