@@ -21,6 +21,7 @@ import pytest
 import swarmget
 from swarmget.sources.rows import Row
 from swarmget.testing import ScriptedConnection, TestServer, expected_body
+from swarmget.testing.daemons import free_port
 from swarmget.testing.outputs import parts, small_tmpfs
 from swarmget.testing.process import child_env
 
@@ -296,6 +297,16 @@ def test_host_failures_zero_never_gives_up(
     )
     assert report.failed == 8
     assert not any("given up" in (f.message or "") for f in report.failures)
+
+
+def test_a_refused_connect_names_the_host_and_port(tmp_path: Path) -> None:
+    # It said "connect failed: Connection refused", which left the user to
+    # guess where it went (curl: "Failed to connect to h port p").
+    port = free_port()
+    report = swarmget.download([f"http://127.0.0.1:{port}/a"], tmp_path, retries=0, workers=1)
+    (failure,) = report.failures
+    assert failure.error == "connect"
+    assert failure.message == f"connect to 127.0.0.1:{port} failed: Connection refused"
 
 
 def test_a_host_silent_on_kept_alive_connections_costs_a_timeout_not_one_a_file(

@@ -126,7 +126,8 @@ def _os_failure(
 ) -> TransferError:
     reason = os.strerror(exc.errno) if exc.errno else str(exc)
     if stage == CONNECT:
-        where = f" to proxy {via}" if via else ""
+        # ``host``: the host:port dialled (without a proxy, which is named instead).
+        where = f" to proxy {via}" if via else f" to {host}" if host else ""
         return TransferError(ErrorCode.CONNECT, f"connect{where} failed: {reason}")
     if stage == TUNNEL:
         return TransferError(ErrorCode.CONNECT, f"connection to proxy {via} failed: {reason}")
@@ -165,11 +166,12 @@ def _tls_failure(
     return tls_error(exc, host, handshake=stage != EXCHANGE)
 
 
-def connect_failure(err: int, via: str = "") -> TransferError:
-    """``connect``: a TCP connect failed with errno ``err``.  No descriptor for the
-    socket (a program near its limit) is a moment's shortage, retried as such."""
+def connect_failure(err: int, via: str = "", host: str = "") -> TransferError:
+    """``connect``: a TCP connect to ``host`` (host:port) failed with errno ``err``.
+    No descriptor for the socket (a program near its limit) is a moment's
+    shortage, retried as such."""
     if err in (errno.EMFILE, errno.ENFILE):
         return OutOfDescriptors(f"cannot open a socket: {os.strerror(err)}")
     return _os_failure(
-        OSError(err, os.strerror(err)), CONNECT, host="", started=False, reused=False, via=via
+        OSError(err, os.strerror(err)), CONNECT, host=host, started=False, reused=False, via=via
     )

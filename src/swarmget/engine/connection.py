@@ -203,8 +203,9 @@ class HTTPConnection(PooledConnection):
     def _connected(self) -> None:
         err = connect_result(self.sock)
         if err:
+            pool = self.pool
             error = classify(
-                OSError(err, ""), CONNECT, host=self.pool.host, via=self.pool.via_source
+                OSError(err, ""), CONNECT, host=pool.connect_label, via=pool.via_source
             )
             self._fail(error)
             return
@@ -525,6 +526,8 @@ class HTTPConnection(PooledConnection):
 
     def _setup_timed_out(self, limit: float) -> TransferError:
         what = _SETUP_STATES[self.state]
+        if self.state == CONNECTING and not self.pool.via:
+            what = f"connect to {self.pool.connect_label}"  # as a failed race says it
         return self._setup_error(f"{what} timed out after {limit:g}s")
 
     def _setup_past_deadline(self, deadline: float) -> TransferError:

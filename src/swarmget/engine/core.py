@@ -589,7 +589,8 @@ class Engine(ConnectionOwner):
             return
         sock, err = start_connect(addresses[0])
         if err != 115:  # not EINPROGRESS: failed at once
-            self._dial_failed(pool, transfer, connect_failure(err, pool.via_source))
+            failure = connect_failure(err, pool.via_source, pool.connect_label)
+            self._dial_failed(pool, transfer, failure)
             return
         assert sock is not None
         self._connected(pool, sock, transfer)
@@ -609,8 +610,10 @@ class Engine(ConnectionOwner):
             self._connected(pool, sock, transfer)
 
         where = f" to proxy {pool.via_source}" if pool.via_source else ""
+        # A failed race names where it went, "connect to h:443 failed" (as curl).
+        target = where or f" to {pool.connect_label}"
         dial = HappyEyeballs(
-            self.loop, addresses, dialed, timeout=self.options.timeout, where=where
+            self.loop, addresses, dialed, timeout=self.options.timeout, where=target
         )
         self.dialing[dial] = pool
         dial.start()

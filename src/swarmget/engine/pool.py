@@ -56,6 +56,7 @@ class HostPool:
         "addresses",
         "answered_at",
         "closing",
+        "connect_label",
         "connect_to",
         "consecutive_failures",
         "dns_error",
@@ -96,6 +97,10 @@ class HostPool:
         self.via_source = f"{proxy} ({proxy.source})" if proxy is not None else ""
         # Where connections go: the origin, or its proxy.
         self.connect_to = (proxy.host, proxy.port) if proxy else (origin[1], origin[2])
+        host, port = self.connect_to
+        # In a failed connect's message, "connect to h:443 failed" (as curl
+        # names host and port): the name may lead to an address not expected.
+        self.connect_label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.queue: deque[Transfer] = deque()
         self.idle: list[PooledConnection] = []  # most recently used last
         self.open = 0  # connections of this origin, connecting, active or idle
