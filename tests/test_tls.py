@@ -491,6 +491,37 @@ def test_truncation_is_seen_through_either_record_reader(
     assert [f.error for f in report.failures] == ["truncated"]
 
 
+def test_a_server_that_wants_a_client_certificate_says_so(
+    certs: Certs, out_dir: Path, tmp_path: Path
+) -> None:
+    # TLS 1.3's "certificate required" alert alone left the user to guess.
+    context = server_context(certs.ca.issue_cert("127.0.0.1"))
+    context.verify_mode = ssl.CERT_REQUIRED
+    context.load_verify_locations(cafile=str(certs.ca_pem))
+
+    def refuse(listener: socket.socket) -> None:
+        raw, _ = listener.accept()
+        with raw, context.wrap_socket(raw, server_side=True, do_handshake_on_connect=False) as tls:
+            with contextlib.suppress(ssl.SSLError):
+                tls.do_handshake()  # fails, sending the alert
+            # Open a moment more: a close at once could reset the connection
+            # before the client read the alert (a "connect" error, not this).
+            time.sleep(0.5)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=refuse, args=(listener,), daemon=True)
+        thread.start()
+        url = f"https://127.0.0.1:{listener.getsockname()[1]}/mtls.bin"
+        report = swarmget.download([url], out_dir, cacert=str(certs.ca_pem), retries=0)
+        thread.join(5)
+    (failure,) = report.failures
+    assert failure.error == "tls"
+    assert (failure.message or "").endswith(
+        "tlsv13 alert certificate required "
+        "(the server wants a client certificate, which swarmget does not send)"
+    ), failure.message
+
+
 def test_a_close_delimited_body_ended_by_close_notify_is_whole(certs: Certs, out_dir: Path) -> None:
     def handler(tls: ssl.SSLSocket) -> None:
         read_request(tls)

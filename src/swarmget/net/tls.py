@@ -62,7 +62,7 @@ import re
 import socket
 import ssl
 from collections.abc import Callable
-from typing import Protocol, TextIO, cast
+from typing import Final, Protocol, TextIO, cast
 
 from swarmget.errors import ErrorCode, TransferError, UsageError, warn
 from swarmget.net.address import bare_host
@@ -77,6 +77,7 @@ _SSL_LOCATION = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 # 400 ..." read as a record header): "wrong version number", which OpenSSL 3.2
 # and later report as the "record layer failure" it comes wrapped in.
 _NOT_TLS_REASONS = frozenset({"wrong version number", "record layer failure"})
+_CLIENT_CERTIFICATE_REQUIRED: Final = "tlsv13 alert certificate required"
 
 
 def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.SSLContext:
@@ -249,6 +250,10 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
     reason = describe(exc)
     if reason in _NOT_TLS_REASONS and handshake:
         reason += " (is it an http:// server?)"  # what a plain-HTTP reply reads as
+    elif reason == _CLIENT_CERTIFICATE_REQUIRED:
+        # TLS 1.3's alert: the server asks every client for a certificate of
+        # its own (mutual TLS), and said only that.
+        reason += " (the server wants a client certificate, which swarmget does not send)"
     return TransferError(ErrorCode.TLS, f"{where} {host} failed: {reason}")
 
 
