@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmget.parallel.worker import PipeEvents
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
 from swarmget.testing.outputs import part_for, parts
 from swarmget.testing.process import child_env
@@ -438,3 +440,17 @@ def test_a_path_column_added_for_an_interrupted_rows_name_goes_on_with_its_part(
     assert (report.ok, report.reused) == (1, size // 2)  # resumed, not fetched again
     assert (out / "carried.bin").read_bytes() == expected_body("carried.bin", size)
     assert parts(out) == []
+
+
+def test_a_worker_whose_driver_was_killed_stops_without_a_traceback() -> None:
+    # After a SIGKILL of the driver, a worker's next report met a broken pipe
+    # (often before the pipe's EOF was read): a BrokenPipeError traceback on
+    # the user's terminal, one run in four, and the worker's abort cut short.
+    # Now a send that finds the driver gone stops the worker between turns.
+    driver, worker = multiprocessing.Pipe()
+    driver.close()
+    events = PipeEvents(worker, 0)
+    events.flush()
+    assert events.driver_gone
+    events.flush()  # nothing more is sent, nor raised
+    worker.close()

@@ -74,6 +74,9 @@ class PipeEvents:
         self._results: list[FileResult] = []
         self._partials: list[Partial] = []
         self.engine: Engine | None = None
+        # The pipe broke under a send: the driver died (a SIGKILL) before its
+        # end of the pipe read as EOF here.  The worker stops as on EOF.
+        self.driver_gone = False
 
     def finished(self, result: FileResult) -> None:
         results = self._results
@@ -94,6 +97,9 @@ class PipeEvents:
         self._partials.append((row.key, validator, total))
 
     def flush(self) -> None:
+        if self.driver_gone:
+            self._results, self._partials = [], []  # nobody to tell: a rerun redoes them
+            return
         engine = self.engine
         active, in_flight = engine.active() if engine is not None else (0, 0)
         parked = engine.parked() if engine is not None else 0
@@ -111,7 +117,12 @@ class PipeEvents:
         self._results, self._partials = [], []
         pickle_values(message.results)
         data = ForkingPickler.dumps(message)
-        self._conn.send_bytes(data)  # what Connection.send does, after the pickling
+        try:
+            self._conn.send_bytes(data)  # what Connection.send does, after the pickling
+        except OSError:
+            # Raised here, it cut the engine's turn (or its abort) short with a
+            # traceback; the loop stops between turns instead (worker_main).
+            self.driver_gone = True
 
 
 class PipeFeed:
@@ -187,7 +198,7 @@ def worker_main(
         _wake, _sink = engine.loop.wake, engine.sink
         _sink.stops_by_request = True  # a KeyboardInterrupt of map's own is its error
         while not engine.finished:
-            if _stop_requested:
+            if _stop_requested or events.driver_gone:
                 raise KeyboardInterrupt  # here, between loop turns: see _stop
             engine.step()
         if engine.fatal is not None:
