@@ -454,3 +454,46 @@ def test_a_worker_whose_driver_was_killed_stops_without_a_traceback() -> None:
     assert events.driver_gone
     events.flush()  # nothing more is sent, nor raised
     worker.close()
+
+
+# The CLI, with a stop signal arriving at the first worker while it starts:
+# in the child, multiprocessing closes stdin before it runs the worker's code.
+_SIGTERM_WHILE_A_WORKER_STARTS = """
+import os, signal, sys
+from swarmget.cli import main
+
+driver = os.getpid()
+once = sys.argv.pop(1)
+
+class Stdin:
+    def close(self):
+        if os.getpid() != driver:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL))  # the first worker only
+            os.kill(os.getpid(), signal.SIGTERM)
+
+sys.stdin = Stdin()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_signal_while_a_worker_starts_waits_for_its_handlers(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Ctrl-C moments after a run began: the driver stopped a worker it had
+    # just forked, which still had the driver's handlers.  They raised
+    # KeyboardInterrupt in multiprocessing's bootstrap: a traceback on the
+    # terminal.  Now the signal waits, blocked, for the worker's own handler.
+    names = {f"starting{i}.bin": 3000 for i in range(20)}
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(name, size=3000) + "\n" for name in names))
+    out = tmp_path / "out"
+    command = [str(urls), "-o", str(out), "-q", "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_WHILE_A_WORKER_STARTS, str(tmp_path / "once"), *command],
+        capture_output=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    check_complete(out, names)

@@ -183,6 +183,9 @@ def worker_main(
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGUSR1, _stop_dropping_parts)
+    # Blocked until now (ForkBackend._spawn), or by the caller: a signal that
+    # came meanwhile is handled here, by the handlers above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_SIGNALS)
     events = PipeEvents(conn, worker)
     engine: Engine | None = None
     message: Finished | Stopped
@@ -237,8 +240,9 @@ def _leave() -> None:
     os._exit(0)
 
 
-# The signals the driver stops a worker with (see ForkBackend.stop).
-_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
+# The signals a worker gets from its driver (see ForkBackend.stop), or with
+# its process group.
+WORKER_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
 
 def _forget_callers_signals() -> None:
@@ -248,7 +252,8 @@ def _forget_callers_signals() -> None:
     asyncio program's self-pipe: the worker's signals would wake the
     caller's loop, whose handlers then ran in the caller, once per worker),
     and its blocked signals (a worker that cannot take SIGTERM waits for
-    SIGKILL, seconds later).  Signals ignored stay ignored (SIGPIPE above all:
+    SIGKILL, seconds later: worker_main unblocks them once its own handlers
+    are in).  Signals ignored stay ignored (SIGPIPE above all:
     a write to a closed socket must be an error, not the end of the worker)."""
     with contextlib.suppress(ValueError):  # not the main thread: nothing set then
         signal.set_wakeup_fd(-1)
@@ -256,8 +261,6 @@ def _forget_callers_signals() -> None:
         with contextlib.suppress(OSError, ValueError):  # SIGKILL, SIGSTOP, ...
             if callable(signal.getsignal(signum)):
                 signal.signal(signum, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def _one_torch_thread() -> None:
