@@ -418,6 +418,31 @@ def test_a_file_put_at_an_interrupted_rows_path_is_judged_as_any_other(
     assert (out / "d/p.bin").read_bytes() == expected_body("judged-new.bin", 7000)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
+def test_an_overwrite_stopped_before_it_replaced_the_users_file_leaves_it_to_the_next_run(
+    server: ProcessServer, tmp_path: Path, signum: int
+) -> None:
+    # A run with --overwrite, stopped while a row was planned over the user's
+    # file: the claim said the path was ours, and the next run, without
+    # --overwrite, deleted the user's file before downloading anything.
+    url = server.file_url(f"kept-{signum}.bin", size=5000, latency=30)
+    urls = tmp_path / "urls.txt"
+    urls.write_text(url + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"kept-{signum}.bin").write_bytes(b"the user's")
+    proc = swarmget(urls, out, "--overwrite")
+    interrupt_when(proc, (out / ".swarmget/plans.log").exists, signum, settle=0.3)
+    again = swarmget(urls, out)
+    try:
+        again.communicate(timeout=8)  # before the fix, it waited for the download
+    finally:
+        again.kill()
+    assert (out / f"kept-{signum}.bin").read_bytes() == b"the user's"
+    assert again.returncode == 1
+    assert [r["error"] for r in records_of(out)] == ["exists"]
+
+
 def test_a_path_column_added_for_an_interrupted_rows_name_goes_on_with_its_part(
     server: ProcessServer, tmp_path: Path
 ) -> None:
