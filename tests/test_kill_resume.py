@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from swarmget.parallel.worker import PipeEvents
 from swarmget.testing import ProcessServer, expected_body, serve_in_subprocess
 from swarmget.testing.outputs import part_for, parts
 from swarmget.testing.process import child_env
@@ -416,6 +418,31 @@ def test_a_file_put_at_an_interrupted_rows_path_is_judged_as_any_other(
     assert (out / "d/p.bin").read_bytes() == expected_body("judged-new.bin", 7000)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGINT])
+def test_an_overwrite_stopped_before_it_replaced_the_users_file_leaves_it_to_the_next_run(
+    server: ProcessServer, tmp_path: Path, signum: int
+) -> None:
+    # A run with --overwrite, stopped while a row was planned over the user's
+    # file: the claim said the path was ours, and the next run, without
+    # --overwrite, deleted the user's file before downloading anything.
+    url = server.file_url(f"kept-{signum}.bin", size=5000, latency=30)
+    urls = tmp_path / "urls.txt"
+    urls.write_text(url + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f"kept-{signum}.bin").write_bytes(b"the user's")
+    proc = swarmget(urls, out, "--overwrite")
+    interrupt_when(proc, (out / ".swarmget/plans.log").exists, signum, settle=0.3)
+    again = swarmget(urls, out)
+    try:
+        again.communicate(timeout=8)  # before the fix, it waited for the download
+    finally:
+        again.kill()
+    assert (out / f"kept-{signum}.bin").read_bytes() == b"the user's"
+    assert again.returncode == 1
+    assert [r["error"] for r in records_of(out)] == ["exists"]
+
+
 def test_a_path_column_added_for_an_interrupted_rows_name_goes_on_with_its_part(
     server: ProcessServer, tmp_path: Path
 ) -> None:
@@ -438,3 +465,60 @@ def test_a_path_column_added_for_an_interrupted_rows_name_goes_on_with_its_part(
     assert (report.ok, report.reused) == (1, size // 2)  # resumed, not fetched again
     assert (out / "carried.bin").read_bytes() == expected_body("carried.bin", size)
     assert parts(out) == []
+
+
+def test_a_worker_whose_driver_was_killed_stops_without_a_traceback() -> None:
+    # After a SIGKILL of the driver, a worker's next report met a broken pipe
+    # (often before the pipe's EOF was read): a BrokenPipeError traceback on
+    # the user's terminal, one run in four, and the worker's abort cut short.
+    # Now a send that finds the driver gone stops the worker between turns.
+    driver, worker = multiprocessing.Pipe()
+    driver.close()
+    events = PipeEvents(worker, 0)
+    events.flush()
+    assert events.driver_gone
+    events.flush()  # nothing more is sent, nor raised
+    worker.close()
+
+
+# The CLI, with a stop signal arriving at the first worker while it starts:
+# in the child, multiprocessing closes stdin before it runs the worker's code.
+_SIGTERM_WHILE_A_WORKER_STARTS = """
+import os, signal, sys
+from swarmget.cli import main
+
+driver = os.getpid()
+once = sys.argv.pop(1)
+
+class Stdin:
+    def close(self):
+        if os.getpid() != driver:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL))  # the first worker only
+            os.kill(os.getpid(), signal.SIGTERM)
+
+sys.stdin = Stdin()
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_signal_while_a_worker_starts_waits_for_its_handlers(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Ctrl-C moments after a run began: the driver stopped a worker it had
+    # just forked, which still had the driver's handlers.  They raised
+    # KeyboardInterrupt in multiprocessing's bootstrap: a traceback on the
+    # terminal.  Now the signal waits, blocked, for the worker's own handler.
+    names = {f"starting{i}.bin": 3000 for i in range(20)}
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(name, size=3000) + "\n" for name in names))
+    out = tmp_path / "out"
+    command = [str(urls), "-o", str(out), "-q", "--workers", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_WHILE_A_WORKER_STARTS, str(tmp_path / "once"), *command],
+        capture_output=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    assert done.returncode == 0, done.stderr.decode()
+    check_complete(out, names)

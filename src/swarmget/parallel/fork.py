@@ -43,7 +43,7 @@ from swarmget.parallel.backend import (
     Rows,
     Stopped,
 )
-from swarmget.parallel.worker import worker_main
+from swarmget.parallel.worker import WORKER_SIGNALS, worker_main
 from swarmget.sinks.base import Assignment, Sink
 from swarmget.sinks.memory import unpickle_values
 
@@ -196,12 +196,19 @@ class ForkBackend:
             ),
             daemon=True,
         )
+        # A stop signal sent to a worker that has just started (Ctrl-C moments
+        # after the run began) waits, blocked, for the worker's own handlers:
+        # before them it ran the driver's, whose KeyboardInterrupt came out of
+        # multiprocessing's bootstrap as a traceback.  The worker unblocks it.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, WORKER_SIGNALS)
         try:
             process.start()
         except BaseException:
             parent_end.close()
             child_end.close()
             raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         _ours.add(process)
         child_end.close()
         old = self._slots[worker]

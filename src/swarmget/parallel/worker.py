@@ -74,6 +74,9 @@ class PipeEvents:
         self._results: list[FileResult] = []
         self._partials: list[Partial] = []
         self.engine: Engine | None = None
+        # The pipe broke under a send: the driver died (a SIGKILL) before its
+        # end of the pipe read as EOF here.  The worker stops as on EOF.
+        self.driver_gone = False
 
     def finished(self, result: FileResult) -> None:
         results = self._results
@@ -94,6 +97,9 @@ class PipeEvents:
         self._partials.append((row.key, validator, total))
 
     def flush(self) -> None:
+        if self.driver_gone:
+            self._results, self._partials = [], []  # nobody to tell: a rerun redoes them
+            return
         engine = self.engine
         active, in_flight = engine.active() if engine is not None else (0, 0)
         parked = engine.parked() if engine is not None else 0
@@ -111,7 +117,12 @@ class PipeEvents:
         self._results, self._partials = [], []
         pickle_values(message.results)
         data = ForkingPickler.dumps(message)
-        self._conn.send_bytes(data)  # what Connection.send does, after the pickling
+        try:
+            self._conn.send_bytes(data)  # what Connection.send does, after the pickling
+        except OSError:
+            # Raised here, it cut the engine's turn (or its abort) short with a
+            # traceback; the loop stops between turns instead (worker_main).
+            self.driver_gone = True
 
 
 class PipeFeed:
@@ -172,6 +183,9 @@ def worker_main(
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGUSR1, _stop_dropping_parts)
+    # Blocked until now (ForkBackend._spawn), or by the caller: a signal that
+    # came meanwhile is handled here, by the handlers above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_SIGNALS)
     events = PipeEvents(conn, worker)
     engine: Engine | None = None
     message: Finished | Stopped
@@ -187,7 +201,7 @@ def worker_main(
         _wake, _sink = engine.loop.wake, engine.sink
         _sink.stops_by_request = True  # a KeyboardInterrupt of map's own is its error
         while not engine.finished:
-            if _stop_requested:
+            if _stop_requested or events.driver_gone:
                 raise KeyboardInterrupt  # here, between loop turns: see _stop
             engine.step()
         if engine.fatal is not None:
@@ -226,8 +240,9 @@ def _leave() -> None:
     os._exit(0)
 
 
-# The signals the driver stops a worker with (see ForkBackend.stop).
-_STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1)
+# The signals a worker gets from its driver (see ForkBackend.stop), or with
+# its process group.
+WORKER_SIGNALS: Final = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
 
 
 def _forget_callers_signals() -> None:
@@ -237,7 +252,8 @@ def _forget_callers_signals() -> None:
     asyncio program's self-pipe: the worker's signals would wake the
     caller's loop, whose handlers then ran in the caller, once per worker),
     and its blocked signals (a worker that cannot take SIGTERM waits for
-    SIGKILL, seconds later).  Signals ignored stay ignored (SIGPIPE above all:
+    SIGKILL, seconds later: worker_main unblocks them once its own handlers
+    are in).  Signals ignored stay ignored (SIGPIPE above all:
     a write to a closed socket must be an error, not the end of the worker)."""
     with contextlib.suppress(ValueError):  # not the main thread: nothing set then
         signal.set_wakeup_fd(-1)
@@ -245,8 +261,6 @@ def _forget_callers_signals() -> None:
         with contextlib.suppress(OSError, ValueError):  # SIGKILL, SIGSTOP, ...
             if callable(signal.getsignal(signum)):
                 signal.signal(signum, signal.SIG_DFL)
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def _one_torch_thread() -> None:

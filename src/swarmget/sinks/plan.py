@@ -381,7 +381,12 @@ class FilePlanner:
             self._foreign[key] = path  # claimed, not ours: never removed later
             batch.results.append(_failed(row, key, url, ErrorCode.EXISTS, blocked))
             return
-        plans.append((key, row.index, url, path, True))
+        # With --overwrite, a file at the path that is not ours stays not ours
+        # until our download replaces it: a run stopped before then must not
+        # leave the claim saying it is (the next run, without --overwrite,
+        # removed it as a file of ours whose record the stop had cut short).
+        mine = ours or not overwrite or self.fresh or not self._occupied(path)
+        plans.append((key, row.index, url, path, mine))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
         resume_from, validator, total = self._resume_point(key, previous, ours and not overwrite)
