@@ -986,8 +986,12 @@ def test_an_output_directory_that_cannot_be_written_is_a_usage_error() -> None:
 def test_a_stopped_run_names_the_manifest_only_if_there_is_one(tmp_path: Path) -> None:
     from swarmget.cli import _where_listed
 
-    assert _where_listed(str(tmp_path)).startswith("no manifest could be written")
+    # Stopped before there was a journal (a Ctrl-C at once): it said the
+    # journal kept what finished.
+    assert _where_listed(str(tmp_path)) == "no row had finished"
     (tmp_path / ".swarmget").mkdir()
+    (tmp_path / ".swarmget" / "journal.sqlite3").write_text("")
+    assert _where_listed(str(tmp_path)).startswith("no manifest could be written")
     (tmp_path / ".swarmget" / "manifest.jsonl").write_text("")
     assert "rows that finished are listed in" in _where_listed(str(tmp_path))
 

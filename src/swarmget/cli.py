@@ -52,6 +52,7 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C
 
 MANIFEST = os.path.join(".swarmget", "manifest.jsonl")
+JOURNAL = os.path.join(".swarmget", "journal.sqlite3")
 
 # One line per stable code, for --help.  tests/test_cli.py checks that every
 # code in ErrorCode.ALL is here, so a new code cannot ship undocumented.
@@ -604,6 +605,10 @@ def _where_listed(output: str) -> str:
     manifest = os.path.join(output, MANIFEST)
     if os.path.exists(manifest):
         return f"rows that finished are listed in {manifest}"
+    if not os.path.exists(os.path.join(output, JOURNAL)):
+        # Stopped before the output was set up (a Ctrl-C at once): there is
+        # no journal to keep anything, and nothing had finished.
+        return "no row had finished"
     return "no manifest could be written (the journal keeps what finished)"
 
 
