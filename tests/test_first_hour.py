@@ -244,6 +244,17 @@ def test_a_string_is_not_a_list_of_urls(tmp_path: Path) -> None:
     assert not (tmp_path / ".swarmget").exists()
 
 
+def test_urls_that_are_not_iterable_are_refused_before_the_run(tmp_path: Path) -> None:
+    # It raised "'int' object is not iterable" from the first read of the rows,
+    # the output dir made and its state written already.
+    for wrong in (5, None.__class__, object()):
+        with pytest.raises(TypeError, match=r"`urls` must be an iterable of URLs"):
+            swarmget.download(wrong, tmp_path / "out")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`urls` must be an iterable of URLs"):
+            swarmget.stream(wrong)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
 def test_items_that_are_not_str_urls(server: TestServer, tmp_path: Path) -> None:
     url = server.file_url("nb.bin", size=10)
     items: list[object] = [url.encode(), None, 7, {"url": url}, ("a", "b"), url]

@@ -76,6 +76,22 @@ def refuse_single_url(urls: object, sources: bool = True) -> None:
             "swarmget: `urls` must be an iterable of URLs, not a single "
             f"{type(urls).__name__}: pass [url] for one URL{instead}"
         )
+    if urls is not None and not _iterable(urls):
+        # Else the run began (its output dir made and locked) and the first
+        # read of the rows raised "'int' object is not iterable" from inside.
+        raise TypeError(
+            f"swarmget: `urls` must be an iterable of URLs (a list), not {type(urls).__name__}"
+        )
+
+
+def _iterable(value: object) -> bool:
+    """Whether ``iter(value)`` works (an ``Iterable`` check misses classes with
+    only ``__getitem__``, which iter() takes)."""
+    try:
+        iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True
 
 
 def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
