@@ -255,6 +255,22 @@ def test_urls_that_are_not_iterable_are_refused_before_the_run(tmp_path: Path) -
     assert not (tmp_path / "out").exists()
 
 
+def test_a_dest_or_sources_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    # os.fspath's "expected str, bytes or os.PathLike object, not int" named
+    # neither, and sources=5 raised "'int' object is not iterable".
+    for dest in (5, None, ["out"]):
+        with pytest.raises(TypeError, match=r"`dest` must be a path"):
+            swarmget.download([], dest)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`dest` must be a path"):
+            swarmget.download(None, dest, sources=[str(tmp_path / "list.txt")])  # type: ignore[arg-type]
+    for sources in (5, [5], ["a.txt", None]):
+        with pytest.raises(TypeError, match=r"`sources` must be a list of paths or URLs"):
+            swarmget.download(None, tmp_path / "out", sources=sources)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`sources` must be a list of paths or URLs"):
+            swarmget.stream(sources=sources)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
 def test_items_that_are_not_str_urls(server: TestServer, tmp_path: Path) -> None:
     url = server.file_url("nb.bin", size=10)
     items: list[object] = [url.encode(), None, 7, {"url": url}, ("a", "b"), url]

@@ -45,8 +45,7 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     refuse_single_url(urls)
     rows: Iterator[Row] = iter(())
     if sources:
-        if isinstance(sources, str | bytes):
-            raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
+        sources = source_list(sources)
         from swarmget.sources.reader import STDIN, read_rows
 
         stdin = private_stdin() if STDIN in sources else None
@@ -65,6 +64,25 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
             # were the workers' reports read meanwhile (sources/background.py).
             rows = BackgroundRows(rows, ahead=ITERATOR_ROWS)
     return rows
+
+
+def source_list(sources: object) -> list[str]:
+    """``sources=`` as a list of paths or URLs; else a TypeError naming it (an int
+    raised "'int' object is not iterable", a list of ints "expected str, bytes
+    or os.PathLike object", from inside the reader)."""
+    if isinstance(sources, str | bytes):
+        raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
+    if not _iterable(sources):
+        raise TypeError(
+            f"swarmget: `sources` must be a list of paths or URLs, not {type(sources).__name__}"
+        )
+    listed = list(sources)  # type: ignore[call-overload]
+    for source in listed:
+        if not isinstance(source, str | os.PathLike):
+            raise TypeError(
+                f"swarmget: `sources` must be a list of paths or URLs, not one holding {source!r}"
+            )
+    return listed
 
 
 def refuse_single_url(urls: object, sources: bool = True) -> None:
@@ -257,6 +275,9 @@ def download(
     display the CLI shows (on stderr); a ProgressListener of yours gets its
     snapshots instead.
     """
+    if not isinstance(dest, str | bytes | os.PathLike):
+        # os.fspath's TypeError named no argument: "expected str, bytes or os.PathLike object".
+        raise TypeError(f"swarmget: `dest` must be a path (the output directory), not {dest!r}")
     opts = fit_concurrency(Options.from_kwargs(options))
     check_progress(progress)
     if progress is True:
@@ -265,8 +286,10 @@ def download(
         progress = make_progress(sys.stderr)
     elif progress is False:
         progress = None
-    if sources is not None and not isinstance(sources, str | bytes):
-        sources = list(sources)  # read twice below: a generator would be empty the second time
+    if sources is not None:
+        sources = source_list(
+            sources
+        )  # read twice below: a generator would be empty the second time
     rows = input_rows(urls, sources)
     report = run_download(
         rows,
