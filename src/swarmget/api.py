@@ -67,16 +67,17 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
 
 
 def source_list(sources: object) -> list[str]:
-    """``sources=`` as a list of paths or URLs; else a TypeError naming it (an int
-    raised "'int' object is not iterable", a list of ints "expected str, bytes
-    or os.PathLike object", from inside the reader)."""
+    """``sources=`` as a list of paths (str or path-like, kept as given) or URLs;
+    else a TypeError naming it (an int raised "'int' object is not iterable", a
+    list of ints "expected str, bytes or os.PathLike object", from inside the
+    reader)."""
     if isinstance(sources, str | bytes):
         raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
     if not _iterable(sources):
         raise TypeError(
             f"swarmget: `sources` must be a list of paths or URLs, not {type(sources).__name__}"
         )
-    listed = list(sources)  # type: ignore[call-overload]
+    listed: list[Any] = list(sources)  # type: ignore[call-overload]
     for source in listed:
         if not isinstance(source, str | os.PathLike):
             raise TypeError(
