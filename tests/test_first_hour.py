@@ -271,6 +271,16 @@ def test_a_dest_or_sources_of_the_wrong_type_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_a_misspelt_option_is_refused_with_the_name_it_is_closest_to(tmp_path: Path) -> None:
+    with pytest.raises(swarmget.UsageError, match=r"concurency \(did you mean concurrency\?\)$"):
+        swarmget.download([], tmp_path, concurency=8)
+    with pytest.raises(swarmget.UsageError, match=r"perhost \(did you mean per_host\?\)$"):
+        swarmget.stream([], perhost=8)
+    with pytest.raises(swarmget.UsageError, match=r"^unknown option\(s\): zzz$"):
+        swarmget.download([], tmp_path, zzz=1)  # nothing close: no hint
+    assert not any(tmp_path.iterdir())
+
+
 def test_items_that_are_not_str_urls(server: TestServer, tmp_path: Path) -> None:
     url = server.file_url("nb.bin", size=10)
     items: list[object] = [url.encode(), None, 7, {"url": url}, ("a", "b"), url]
