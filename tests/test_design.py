@@ -6,6 +6,8 @@ import ast
 import importlib
 import pickle
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,21 @@ def test_every_error_pickles_with_its_code_and_message() -> None:
         assert copy.code == error.code, cls
         if isinstance(error, TransferError):
             assert isinstance(copy, TransferError) and copy.message == error.message, cls
+
+
+def test_an_error_made_without_a_message_prints_its_code() -> None:
+    # In a process of its own: compiled, str(UsageError()) was a segfault.
+    script = (
+        "import swarmget\n"
+        "print(str(swarmget.SwarmgetError()), str(swarmget.UsageError()))\n"
+        "raise swarmget.UsageError()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 1, done
+    assert done.stdout == "error usage\n"
+    assert done.stderr.rstrip().endswith("swarmget.errors.UsageError: usage")
 
 
 def test_a_file_result_pickles_with_every_field_in_its_place() -> None:

@@ -244,6 +244,43 @@ def test_a_string_is_not_a_list_of_urls(tmp_path: Path) -> None:
     assert not (tmp_path / ".swarmget").exists()
 
 
+def test_urls_that_are_not_iterable_are_refused_before_the_run(tmp_path: Path) -> None:
+    # It raised "'int' object is not iterable" from the first read of the rows,
+    # the output dir made and its state written already.
+    for wrong in (5, None.__class__, object()):
+        with pytest.raises(TypeError, match=r"`urls` must be an iterable of URLs"):
+            swarmget.download(wrong, tmp_path / "out")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`urls` must be an iterable of URLs"):
+            swarmget.stream(wrong)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_dest_or_sources_of_the_wrong_type_is_named(tmp_path: Path) -> None:
+    # os.fspath's "expected str, bytes or os.PathLike object, not int" named
+    # neither, and sources=5 raised "'int' object is not iterable".
+    for dest in (5, None, ["out"]):
+        with pytest.raises(TypeError, match=r"`dest` must be a path"):
+            swarmget.download([], dest)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`dest` must be a path"):
+            swarmget.download(None, dest, sources=[str(tmp_path / "list.txt")])  # type: ignore[arg-type]
+    for sources in (5, [5], ["a.txt", None]):
+        with pytest.raises(TypeError, match=r"`sources` must be a list of paths or URLs"):
+            swarmget.download(None, tmp_path / "out", sources=sources)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"`sources` must be a list of paths or URLs"):
+            swarmget.stream(sources=sources)  # type: ignore[arg-type]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_misspelt_option_is_refused_with_the_name_it_is_closest_to(tmp_path: Path) -> None:
+    with pytest.raises(swarmget.UsageError, match=r"concurency \(did you mean concurrency\?\)$"):
+        swarmget.download([], tmp_path, concurency=8)
+    with pytest.raises(swarmget.UsageError, match=r"perhost \(did you mean per_host\?\)$"):
+        swarmget.stream([], perhost=8)
+    with pytest.raises(swarmget.UsageError, match=r"^unknown option\(s\): zzz$"):
+        swarmget.download([], tmp_path, zzz=1)  # nothing close: no hint
+    assert not any(tmp_path.iterdir())
+
+
 def test_items_that_are_not_str_urls(server: TestServer, tmp_path: Path) -> None:
     url = server.file_url("nb.bin", size=10)
     items: list[object] = [url.encode(), None, 7, {"url": url}, ("a", "b"), url]

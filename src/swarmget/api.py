@@ -45,8 +45,7 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     refuse_single_url(urls)
     rows: Iterator[Row] = iter(())
     if sources:
-        if isinstance(sources, str | bytes):
-            raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
+        sources = source_list(sources)
         from swarmget.sources.reader import STDIN, read_rows
 
         stdin = private_stdin() if STDIN in sources else None
@@ -67,6 +66,26 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     return rows
 
 
+def source_list(sources: object) -> list[str]:
+    """``sources=`` as a list of paths (str or path-like, kept as given) or URLs;
+    else a TypeError naming it (an int raised "'int' object is not iterable", a
+    list of ints "expected str, bytes or os.PathLike object", from inside the
+    reader)."""
+    if isinstance(sources, str | bytes):
+        raise TypeError("swarmget: `sources` must be a list of paths or URLs, not a string")
+    if not _iterable(sources):
+        raise TypeError(
+            f"swarmget: `sources` must be a list of paths or URLs, not {type(sources).__name__}"
+        )
+    listed: list[Any] = list(sources)  # type: ignore[call-overload]
+    for source in listed:
+        if not isinstance(source, str | os.PathLike):
+            raise TypeError(
+                f"swarmget: `sources` must be a list of paths or URLs, not one holding {source!r}"
+            )
+    return listed
+
+
 def refuse_single_url(urls: object, sources: bool = True) -> None:
     """A str is an iterable too: its characters were taken for URLs.  ``sources``:
     may the caller name a list file with ``sources=`` instead (URLDataset: no)?"""
@@ -76,6 +95,22 @@ def refuse_single_url(urls: object, sources: bool = True) -> None:
             "swarmget: `urls` must be an iterable of URLs, not a single "
             f"{type(urls).__name__}: pass [url] for one URL{instead}"
         )
+    if urls is not None and not _iterable(urls):
+        # Else the run began (its output dir made and locked) and the first
+        # read of the rows raised "'int' object is not iterable" from inside.
+        raise TypeError(
+            f"swarmget: `urls` must be an iterable of URLs (a list), not {type(urls).__name__}"
+        )
+
+
+def _iterable(value: object) -> bool:
+    """Whether ``iter(value)`` works (an ``Iterable`` check misses classes with
+    only ``__getitem__``, which iter() takes)."""
+    try:
+        iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    return True
 
 
 def _then(first: Iterator[Row], urls: Iterable[object]) -> Iterator[Row]:
@@ -241,6 +276,9 @@ def download(
     display the CLI shows (on stderr); a ProgressListener of yours gets its
     snapshots instead.
     """
+    if not isinstance(dest, str | bytes | os.PathLike):
+        # os.fspath's TypeError named no argument: "expected str, bytes or os.PathLike object".
+        raise TypeError(f"swarmget: `dest` must be a path (the output directory), not {dest!r}")
     opts = fit_concurrency(Options.from_kwargs(options))
     check_progress(progress)
     if progress is True:
@@ -249,8 +287,10 @@ def download(
         progress = make_progress(sys.stderr)
     elif progress is False:
         progress = None
-    if sources is not None and not isinstance(sources, str | bytes):
-        sources = list(sources)  # read twice below: a generator would be empty the second time
+    if sources is not None:
+        sources = source_list(
+            sources
+        )  # read twice below: a generator would be empty the second time
     rows = input_rows(urls, sources)
     report = run_download(
         rows,

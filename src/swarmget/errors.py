@@ -111,7 +111,13 @@ class SwarmgetError(Exception):
         return "error"
 
     def __str__(self) -> str:
-        return str(self.args[0]) if self.args else self.code
+        if self.args:
+            return str(self.args[0])
+        # Looked up as Python does: compiled by mypyc, a native read of the
+        # property from a method of this class crashed the interpreter (SIGSEGV:
+        # str(UsageError()), and the traceback of an uncaught one, in mypyc 1.x).
+        code: str = getattr(self, "code")  # noqa: B009
+        return code
 
 
 class UsageError(SwarmgetError):

@@ -138,13 +138,27 @@ class Options:
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
         unknown = sorted(set(kwargs) - set(defaults))
         if unknown:
-            raise UsageError(f"unknown option(s): {', '.join(unknown)}")
+            raise UsageError(
+                f"unknown option(s): {', '.join(unknown)}{_did_you_mean(unknown, defaults)}"
+            )
         # None is "the default" (``workers=None``, as stream() takes it), for an
         # option whose default is something else.
         given = {k: v for k, v in kwargs.items() if v is not None or defaults[k] is None}
         for name, value in given.items():
             given[name] = _checked_type(name, value)
         return cls(**given)
+
+
+def _did_you_mean(unknown: list[str], known: Iterable[str]) -> str:
+    """The known option a misspelt one is closest to, said as a hint ("" if none
+    is close): ``concurency=8`` was refused without naming ``concurrency``."""
+    import difflib
+
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(known), n=1)
+        if close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 # Yes/no options take a bool: ``overwrite="false"`` is a true value, and it
