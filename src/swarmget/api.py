@@ -288,9 +288,8 @@ def download(
     elif progress is False:
         progress = None
     if sources is not None:
-        sources = source_list(
-            sources
-        )  # read twice below: a generator would be empty the second time
+        # A list: read twice below, and a generator would be empty the second time.
+        sources = source_list(sources)
     rows = input_rows(urls, sources)
     report = run_download(
         rows,
