@@ -239,7 +239,8 @@ _OURS: Final = {
 }
 
 
-# The fields that carry credentials (engine/core.py's CREDENTIAL_HEADERS).
+# The fields that carry credentials: never quoted in a message, and kept by
+# the engine apart from the other headers (engine/core.py).
 SECRET_FIELDS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 
 

@@ -94,7 +94,7 @@ from swarmget.net.dns import LazyResolver, make_resolver
 from swarmget.net.eyeballs import HappyEyeballs
 from swarmget.net.proxy import proxy_settings
 from swarmget.net.tls import ClientTLS
-from swarmget.options import Options
+from swarmget.options import SECRET_FIELDS, Options
 from swarmget.protocol import ResponseHead
 from swarmget.protocol.request import RequestTemplate, header_lines
 from swarmget.report import FileResult, Waiting
@@ -122,7 +122,6 @@ HELD_BACK_EVERY: Final = 0.05
 # long ago: a fast host turns its queue over in milliseconds, and stretching
 # the window for it would only hold more of its rows in memory.
 HELD_BACK_AFTER: Final = 1.0
-CREDENTIAL_HEADERS: Final = frozenset({"authorization", "cookie", "proxy-authorization"})
 # Requests wait for the end of the loop turn (see engine/connection.py), but no
 # more than this many: a long turn then costs the first of them at most ~3 ms.
 SEND_BATCH: Final = 32
@@ -213,7 +212,7 @@ def _request_headers(options: Options) -> tuple[bytes, dict[str, str]]:
     # A Host of the user's first (it replaces ours, see RequestTemplate), then
     # the credentials: both only for each job's first origin.
     credentials = {k: v for k, v in user_headers.items() if k.lower() == "host"}
-    credentials.update((k, v) for k, v in user_headers.items() if k.lower() in CREDENTIAL_HEADERS)
+    credentials.update((k, v) for k, v in user_headers.items() if k.lower() in SECRET_FIELDS)
     headers = {"User-Agent": options.user_agent, "Accept": "*/*", "Accept-Encoding": "identity"}
     for name, value in user_headers.items():
         if name not in credentials:
