@@ -348,11 +348,10 @@ def check_output_dir(root: str) -> None:
             f"the output directory {root!r} is relative to the current directory, "
             f"which cannot be found: {exc.strerror}"
         ) from None
-    # Also as resolved: through a symlink to a run's .swarmget (or into it),
-    # the run wrote its files beside that run's journal and parts.
+    # Our files would land beside that run's journal and parts; also as
+    # resolved: through a symlink to a run's .swarmget (or into it), they did.
     for path in (absolute, os.path.realpath(absolute)):
         if any(part.lower() == ".swarmget" for part in path.split(os.sep)):
-            # Our files would land beside that run's journal and parts.
             raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
 
 
