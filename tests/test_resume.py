@@ -497,6 +497,45 @@ def test_large_file_keeps_its_part_and_resumes_with_range(
     assert b"if-range:" in ranged[0].lower()
 
 
+@pytest.mark.parametrize(
+    ("fault", "cause"),
+    [
+        ("stall", "no data for 1s"),  # the "hangs at 99%" of a big file
+        ("reset", "connection lost mid-response: Connection reset by peer"),
+    ],
+)
+def test_a_failure_that_keeps_its_part_says_how_much_and_that_a_rerun_resumes(
+    server: TestServer, out_dir: Path, fault: str, cause: str
+) -> None:
+    # "timeout: no data for 1s" alone told neither that half the file had
+    # come nor that it was kept: a user saw a failure, not a resume waiting.
+    size = 3 * MiB
+    url = server.file_url(f"{fault}.bin", size=size, fault=fault, times=1)
+    (failure,) = run([url], out_dir, timeout=1).failures
+    kept = size // 2
+    assert failure.message == f"{cause}; {kept} of {size} bytes are kept: run again to resume"
+    assert part_for(out_dir, url).stat().st_size == kept
+    assert run([url], out_dir).ok == 1
+
+
+def test_a_failure_that_keeps_no_part_does_not_say_it_does(
+    server: TestServer, out_dir: Path
+) -> None:
+    # The resumed file's checksum fails: its part goes (the bytes that came
+    # before may be the wrong ones), and the message must not offer a resume.
+    size = 2 * MiB
+    url = server.file_url("wrong.bin", size=size, fault="truncate", times=1)
+    row = Row(0, url, sha256="0" * 64)
+    (first,) = run([row], out_dir).failures
+    assert first.message.endswith(f"; {size // 2} of {size} bytes are kept: run again to resume")
+    (second,) = run([row], out_dir).failures
+    assert second.error == "checksum" and "kept" not in second.message
+    assert parts(out_dir) == [] and not (out_dir / "wrong.bin").exists()
+    small = server.file_url("small.bin", size=100_000, fault="truncate")
+    (cut,) = run([small], out_dir).failures
+    assert cut.message == "connection closed after 50000 of 100000 body bytes"
+
+
 def test_a_kept_part_that_is_the_whole_file_is_published_not_fetched_again(
     server: TestServer, out_dir: Path
 ) -> None:

@@ -719,6 +719,7 @@ class Engine(ConnectionOwner):
             writer.finish()
         except TransferError as exc:
             self._drop_writer(transfer, keep=False)
+            transfer.start = 0  # its part is gone with the bytes that failed the check
             self._failed(transfer, exc, verdict.status)
             return
         result = FileResult(
@@ -971,12 +972,21 @@ class Engine(ConnectionOwner):
                 error.code,
                 attempts,
                 self._elapsed_ms(job),
-                _redact_message(error.message, row.url),
+                _redact_message(error.message, row.url) + self._kept_part_note(job, transfer),
                 final_url=_redacted(job.final_url),
                 index=row.index,
                 key=row.key,
             )
         )
+
+    def _kept_part_note(self, job: Job, transfer: Transfer | None) -> str:
+        """What a failed row leaves to resume, for its message: "no data for 30s"
+        alone said neither that most of a big file had come nor that it was
+        kept, so a stall at 99% read as a loss, not as a rerun's head start."""
+        if transfer is None or not transfer.start or not self.sink.resumable:
+            return ""
+        of = "" if job.total is None else f" of {job.total}"
+        return f"; {transfer.start}{of} bytes are kept: run again to resume"
 
     def _keep_or_drop_part(self, transfer: Transfer) -> None:
         """Keep a failed large part to continue with Range (same entity only)."""
