@@ -603,3 +603,30 @@ def test_stream_takes_a_progress_listener_as_download_does(
     assert capsys.readouterr().err == ""
     with pytest.raises(swarmget.UsageError, match="ordered must be True or False"):
         swarmget.stream(urls, ordered="no")
+
+
+_SIZE_LIMITED_CHILD = """
+import json, resource, sys, swarmget
+resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, resource.RLIM_INFINITY))  # ulimit -f 3072
+report = swarmget.download(json.loads(sys.argv[1]), sys.argv[2], workers=1, retries=0)
+print(json.dumps([[f.error, f.message] for f in report.failures]), report.ok)
+"""
+
+
+def test_a_file_over_the_size_one_file_may_have_says_which_limit(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # A 5 GB model onto a FAT32 stick, or under `ulimit -f`: the write fails
+    # with EFBIG ("File too large"; Python ignores SIGXFSZ), which read as if
+    # the download were too big for swarmget, and "run again to resume" met
+    # the same limit again.  Only that row fails: the disk is not full.
+    urls = [server.file_url("huge.bin", size=4 << 20), server.file_url("fine.bin", size=1000)]
+    child = subprocess.run(
+        [sys.executable, "-c", _SIZE_LIMITED_CHILD, json.dumps(urls), str(tmp_path / "out")],
+        env=child_env(), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    failures, ok = child.stdout.rsplit(" ", 1)
+    ((error, message),) = json.loads(failures)
+    assert (error, int(ok)) == ("io", 1)
+    assert "File too large: more than one file may hold here" in message, message
+    assert "(ulimit -f, or the file system's own limit" in message, message

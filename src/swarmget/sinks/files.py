@@ -111,7 +111,19 @@ def io_error(action: str, path: str, exc: OSError, elsewhere: bool = False) -> O
     if exc.errno in (errno.EMFILE, errno.ENFILE):
         return OutOfDescriptors(f"cannot {action} {path}: {exc.strerror}")
     fatal = exc.errno in FATAL_ERRNOS and not elsewhere
-    return OutputError(f"cannot {action} {path}: {exc.strerror}", fatal)
+    return OutputError(f"cannot {action} {path}: {exc.strerror}{_why(exc)}", fatal)
+
+
+def _why(exc: OSError) -> str:
+    """What a bare strerror leaves to guess.  EFBIG's "File too large" read as a
+    limit of swarmget's (Python ignores SIGXFSZ, so a write past ``ulimit -f``
+    fails with it rather than killing the process)."""
+    if exc.errno == errno.EFBIG:
+        return (
+            ": more than one file may hold here"
+            " (ulimit -f, or the file system's own limit, FAT32's 4 GiB)"
+        )
+    return ""
 
 
 def state_dir(root: str) -> str:
