@@ -624,6 +624,20 @@ def test_a_progress_listener_whose_update_raises_gives_the_report_so_far(
     assert report.ok == sum(record["status"] == "ok" for record in listed)
 
 
+def test_progress_true_on_a_pipe_ends_on_the_runs_totals(
+    server: TestServer, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Plain lines every 2 s (stderr is no terminal here): the one at 2 s showed
+    # 30/31 files, and was the last word of a run that went on to do all 31.
+    urls = [server.file_url(f"plain{i}.bin", size=100) for i in range(30)]
+    urls.append(server.file_url("slow.bin", size=100, latency=2.6))
+    report = swarmget.download(urls, out_dir, progress=True, workers=1)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 2, lines
+    assert lines[-1].startswith(f"swarmget: {report.total}/31 files, {report.failed} failed,")
+    assert report.ok == 31
+
+
 def test_stream_takes_a_progress_listener_as_download_does(
     server: TestServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
