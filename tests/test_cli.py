@@ -193,6 +193,22 @@ def test_the_library_refuses_what_the_cli_refuses(options: dict[str, object]) ->
         Options.from_kwargs(options)
 
 
+@pytest.mark.parametrize("option", ["max_size", "min_speed"])
+def test_the_library_takes_sizes_as_the_cli_does(option: str) -> None:
+    # max_size="10M" was "--max-size must be a whole number, not '10M'".
+    for text in ["10M", "512k", "1.5G", "1000", " 7 "]:
+        assert getattr(Options.from_kwargs({option: text}), option) == cli.parse_size(text)
+    assert getattr(Options.from_kwargs({option: 2048}), option) == 2048
+    with pytest.raises(
+        UsageError, match=f"^{option}: invalid size '10X' \\(use bytes or a k/M/G/T"
+    ):
+        Options.from_kwargs({option: "10X"})
+    with pytest.raises(UsageError, match=f"^{option}: invalid size '0.5' \\(a fraction of a"):
+        Options.from_kwargs({option: "0.5"})
+    with pytest.raises(UsageError, match="whole number of bytes or a size such as '10M', not True"):
+        Options.from_kwargs({option: True})
+
+
 def test_a_framing_header_is_a_usage_error_naming_why(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["-o", "o", "http://127.0.0.1:9/x", "--header", "Content-Length: 5"]) == 2
     err = capsys.readouterr().err

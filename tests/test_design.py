@@ -14,6 +14,7 @@ import pytest
 
 import swarmget
 from swarmget.errors import SwarmgetError, TransferError
+from swarmget.report import FileResult, Report
 
 SRC = Path(swarmget.__file__).resolve().parent
 # Modules that import optional packages at their top: not imported by the
@@ -144,6 +145,25 @@ def test_every_error_pickles_with_its_code_and_message() -> None:
         assert copy.code == error.code, cls
         if isinstance(error, TransferError):
             assert isinstance(copy, TransferError) and copy.message == error.message, cls
+
+
+def test_every_error_pickles_with_what_was_set_on_it_since() -> None:
+    # The report a stopped run attaches (and a note) were lost by every class
+    # with a __reduce__ of its own: a caller that sends the error to another
+    # process (multiprocessing, a job queue) lost the outcome of every row.
+    failure = FileResult("http://h/a", None, "failed", error="http_404", index=1)
+    for cls in _all_errors():
+        error = _example(cls)
+        error.report = Report(ok=2, failed=1, failures=[failure], manifest="m.jsonl")
+        error.add_note("a note")
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is cls and str(copy) == str(error), cls
+        assert copy.report is not None, cls
+        assert (copy.report.ok, copy.report.failures, copy.report.manifest) == (
+            2, [failure], "m.jsonl"
+        ), cls  # fmt: skip
+        assert copy.__notes__ == ["a note"], cls
+        assert pickle.loads(pickle.dumps(_example(cls))).report is None, cls
 
 
 def test_an_error_made_without_a_message_prints_its_code() -> None:

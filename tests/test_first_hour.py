@@ -263,7 +263,8 @@ def test_a_dest_or_sources_of_the_wrong_type_is_named(tmp_path: Path) -> None:
             swarmget.download([], dest)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"`dest` must be a path"):
             swarmget.download(None, dest, sources=[str(tmp_path / "list.txt")])  # type: ignore[arg-type]
-    for sources in (5, [5], ["a.txt", None]):
+    # A false one (0, "") too: stream() took it for no sources at all.
+    for sources in (5, [5], ["a.txt", None], 0, "", b""):
         with pytest.raises(TypeError, match=r"`sources` must be a list of paths or URLs"):
             swarmget.download(None, tmp_path / "out", sources=sources)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match=r"`sources` must be a list of paths or URLs"):

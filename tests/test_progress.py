@@ -198,6 +198,32 @@ def test_plain_says_nothing_for_a_short_run() -> None:
     assert out.getvalue() == ""
 
 
+def test_plain_ends_on_the_runs_totals_once_it_showed_a_line() -> None:
+    # Its last line was up to an interval old: 4/10000 where the run did all 10.
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock)
+    progress.start()
+    clock.now += 2.0
+    progress.update(snap(4, 2.0, rows_seen=10))
+    clock.now += 1.0
+    progress.update(snap(10, 3.0, rows_seen=10))  # too soon after the first line to show
+    progress.finish(Report(ok=9, failed=1, skipped=0, bytes=5000, elapsed=3.0))
+    assert out.getvalue().splitlines() == [
+        "swarmget: 4/10 files, 0 failed, 204.8 kB, 2.0 files/s",
+        "swarmget: 10/10 files, 1 failed, 5.0 kB, 3.3 files/s",
+    ]
+
+
+def test_plain_ends_a_stopped_run_on_what_finished() -> None:
+    out, clock = io.StringIO(), FakeClock()
+    progress = PlainProgress(out, clock=clock)
+    progress.start()
+    clock.now += 2.0
+    progress.update(snap(4, 2.0, rows_seen=300, input_done=False))
+    progress.finish(Report(ok=5, skipped=2, bytes=500, elapsed=2.5))  # Ctrl-C
+    assert out.getvalue().splitlines()[-1] == "swarmget: 7/300+ files, 0 failed, 500 B, 2.0 files/s"
+
+
 def test_plain_survives_a_closed_stream() -> None:
     out, clock = io.StringIO(), FakeClock()
     progress = PlainProgress(out, clock=clock)

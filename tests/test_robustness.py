@@ -580,6 +580,64 @@ def test_a_progress_listener_that_fails_to_start_lets_the_output_dir_go(
         swarmget.stream(urls, spill_dir=123)
 
 
+class _ListenerFailingIn:
+    """A progress listener whose ``hook`` (update or finish) raises."""
+
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+
+    def start(self) -> None:
+        pass
+
+    def update(self, snapshot: object) -> None:
+        if self.hook == "update":
+            raise RuntimeError("listener bug in update")
+
+    def finish(self, report: object) -> None:
+        if self.hook == "finish":
+            raise RuntimeError("listener bug in finish")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_progress_listener_whose_finish_raises_keeps_the_report(
+    server: TestServer, out_dir: Path, workers: int
+) -> None:
+    # The run was whole, its manifest written, but the caller got the
+    # listener's exception alone: the outcome of every row was lost.
+    urls = [server.file_url(f"fin{i}.bin", size=100) for i in range(20)]
+    with pytest.raises(RuntimeError, match="listener bug in finish") as raised:
+        swarmget.download(urls, out_dir, progress=_ListenerFailingIn("finish"), workers=workers)
+    report = raised.value.report  # type: ignore[attr-defined]
+    assert (report.ok, report.failed) == (20, 0)
+    assert len(swarmget.read_manifest(out_dir)) == 20
+    assert swarmget.download(urls, out_dir).skipped == 20  # the journal knows them done
+
+
+def test_a_progress_listener_whose_update_raises_gives_the_report_so_far(
+    server: TestServer, out_dir: Path
+) -> None:
+    urls = [server.file_url(f"upd{i}.bin", size=100) for i in range(20)]
+    with pytest.raises(RuntimeError, match="listener bug in update") as raised:
+        swarmget.download(urls, out_dir, progress=_ListenerFailingIn("update"), workers=1)
+    report = raised.value.report  # type: ignore[attr-defined]
+    listed = swarmget.read_manifest(out_dir)
+    assert report.ok == sum(record["status"] == "ok" for record in listed)
+
+
+def test_progress_true_on_a_pipe_ends_on_the_runs_totals(
+    server: TestServer, out_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Plain lines every 2 s (stderr is no terminal here): the one at 2 s showed
+    # 30/31 files, and was the last word of a run that went on to do all 31.
+    urls = [server.file_url(f"plain{i}.bin", size=100) for i in range(30)]
+    urls.append(server.file_url("slow.bin", size=100, latency=2.6))
+    report = swarmget.download(urls, out_dir, progress=True, workers=1)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 2, lines
+    assert lines[-1].startswith(f"swarmget: {report.total}/31 files, {report.failed} failed,")
+    assert report.ok == 31
+
+
 def test_stream_takes_a_progress_listener_as_download_does(
     server: TestServer, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -35,8 +35,17 @@ FDS_SPARE = 64
 FDS_MINIMUM = 32
 
 
-def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) -> Iterator[Row]:
-    """The rows of a run: ``sources`` (files, ``-``, URLs) first, then ``urls``.
+def input_rows(urls: Iterable[str | Row] | None, sources: object) -> Iterator[Row]:
+    """The rows of a run: ``sources`` (files, ``-``, URLs; checked here, see
+    :func:`source_list`) first, then ``urls``."""
+    # ``is not None``: sources=0 or "" was taken for no sources at all, where
+    # download() refused them.
+    return listed_input_rows(urls, source_list(sources) if sources is not None else None)
+
+
+def listed_input_rows(urls: Iterable[str | Row] | None, sources: list[str] | None) -> Iterator[Row]:
+    """:func:`input_rows` of ``sources`` already checked by :func:`source_list`
+    (download() needs the list itself, and checked it once).
 
     Every row has its own index (the manifest's key, and what results are
     matched by): see :func:`_then` for how indices are given and why a Row
@@ -45,11 +54,10 @@ def input_rows(urls: Iterable[str | Row] | None, sources: Sequence[str] | None) 
     refuse_single_url(urls)
     rows: Iterator[Row] = iter(())
     if sources:
-        sources = source_list(sources)
         from swarmget.sources.reader import STDIN, read_rows
 
         stdin = private_stdin() if STDIN in sources else None
-        rows = read_rows(list(sources), stdin=stdin)
+        rows = read_rows(sources, stdin=stdin)
         if stdin is not None:
             # A pipe or a terminal: its writer may be slow, and the run must
             # not wait for a batch of lines to start (sources/background.py).
@@ -290,7 +298,7 @@ def download(
     if sources is not None:
         # A list: read twice below, and a generator would be empty the second time.
         sources = source_list(sources)
-    rows = input_rows(urls, sources)
+    rows = listed_input_rows(urls, sources)
     report = run_download(
         rows,
         dest,

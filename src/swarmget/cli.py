@@ -22,12 +22,10 @@ import dataclasses
 import json
 import math
 import os
-import re
 import signal
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from fractions import Fraction
 from typing import IO, Any, NoReturn
 
 import swarmget
@@ -41,6 +39,7 @@ from swarmget.options import (
     check_output_dir,
     combine_headers,
 )
+from swarmget.options import parse_size as options_parse_size
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
@@ -83,30 +82,13 @@ ERROR_CODE_HELP: dict[str, str] = {
     "(http_407: the proxy wants user:password)",
 }
 
-# A unit as 10M, 10MB, 10MiB or 10Mi (the IEC prefix alone, as Kubernetes writes
-# it: "1GiB" passed and "1Gi" was an invalid size); "ib" without a unit is none.
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])i?)?b?\s*", re.IGNORECASE)
-_SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-
 
 def parse_size(text: str) -> int:
-    """``512`` -> 512, ``512k`` -> 524288, ``1.5G`` -> 1610612736 (powers of 1024),
-    rounded to whole bytes.  A fraction of a byte is an error, not 0: ``--max-size
-    0.5`` read as 0 failed every file with too_large."""
-    match = _SIZE_RE.fullmatch(text)
-    if match is None:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
-        )
-    number, suffix = match.groups("")
-    exact = Fraction(number) * _SIZE_SCALE[suffix.lower()]  # exact: no float rounding
-    if exact.denominator != 1 and not suffix:
-        raise argparse.ArgumentTypeError(
-            f"invalid size {text!r} (a fraction of a byte; give whole bytes, or a unit: 0.5M)"
-        )
-    if 0 < exact < 1:
-        raise argparse.ArgumentTypeError(f"invalid size {text!r} (less than one byte)")
-    return round(exact)
+    """A --max-size or --min-speed: ``512k`` -> 524288 (options.parse_size)."""
+    try:
+        return options_parse_size(text)
+    except ValueError as bad:
+        raise argparse.ArgumentTypeError(str(bad)) from None
 
 
 def parse_seconds(text: str) -> float:

@@ -4,8 +4,9 @@ Every failure a user can see carries a short code (``http_404``, ``timeout``,
 ``truncated`` ...).  The codes are part of the public interface: they are
 documented in the README, written to ``manifest.jsonl`` and meant to be grepped
 for, so never rename one.  Exceptions pickle cleanly (worker processes send them
-across process boundaries), which is why every subclass keeps its constructor
-arguments in ``self.args``.  :func:`warn` says what is not an error.
+across process boundaries): each is made again from its constructor's
+arguments (``self.args``, or a subclass's own ``_arguments``), then given what
+was set on it since (its ``report``).  :func:`warn` says what is not an error.
 """
 
 from __future__ import annotations
@@ -110,6 +111,22 @@ class SwarmgetError(Exception):
     def code(self) -> str:
         return "error"
 
+    def _arguments(self) -> tuple[Any, ...]:
+        """What the constructor takes to make this error again (a subclass whose
+        constructor takes other arguments than ``self.args`` says its own)."""
+        return self.args
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The constructor's arguments, then what was set on the error since
+        # (BaseException.__setstate__ sets it again): ``report``, which a run
+        # that stopped attaches, notes, any attribute.  A subclass's own
+        # __reduce__ of its arguments alone lost them, and a compiled class
+        # keeps its attributes outside the instance __dict__ that Exception's
+        # own __reduce__ would carry.
+        state = dict(getattr(self, "__dict__", None) or {})
+        state["report"] = self.report
+        return (type(self), self._arguments(), state)
+
     def __str__(self) -> str:
         if self.args:
             return str(self.args[0])
@@ -153,5 +170,5 @@ class ProtocolError(TransferError):
     def __init__(self, message: str, code: str = ErrorCode.PROTOCOL) -> None:
         super().__init__(code, message)
 
-    def __reduce__(self) -> tuple[type[ProtocolError], tuple[str, str]]:
-        return (ProtocolError, (self.message, self.code))
+    def _arguments(self) -> tuple[str, str]:
+        return (self.message, self.code)

@@ -30,6 +30,7 @@ import numbers
 import os
 import re
 from collections.abc import Iterable, Mapping
+from fractions import Fraction
 from typing import Any, Final
 
 from swarmget.errors import UsageError
@@ -208,14 +209,56 @@ _WHOLE_FIELDS = (
 )
 
 
+# Sizes in bytes, which take "10M" as the CLI's flags do (its parser, parse_size).
+_SIZE_FIELDS = frozenset({"max_size", "min_speed"})
+
+
 def _whole(name: str, value: object) -> int:
+    if isinstance(value, str) and name in _SIZE_FIELDS:
+        try:
+            return parse_size(value)
+        except ValueError as bad:
+            raise UsageError(f"{name}: {bad}") from None
     if not isinstance(value, bool):  # True is an int, but not a count
         if isinstance(value, numbers.Integral):
             return int(value)
         if isinstance(value, float) and value.is_integer():
             return int(value)
     flag = "--" + name.replace("_", "-")
-    raise UsageError(f"{flag} must be a whole number, not {value!r}")
+    kind = (
+        "a whole number of bytes or a size such as '10M'"
+        if name in _SIZE_FIELDS
+        else "a whole number"
+    )
+    raise UsageError(f"{flag} must be {kind}, not {value!r}")
+
+
+# A unit as 10M, 10MB, 10MiB or 10Mi (the IEC prefix alone, as Kubernetes writes
+# it: "1GiB" passed and "1Gi" was an invalid size); "ib" without a unit is none.
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])i?)?b?\s*", re.IGNORECASE)
+_SIZE_SCALE = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """A number of bytes as the CLI's --max-size and --min-speed take it, and the
+    API's max_size and min_speed too: ``512`` -> 512, ``512k`` -> 524288,
+    ``1.5G`` -> 1610612736 (powers of 1024), rounded to whole bytes; else a
+    ValueError saying why.  A fraction of a byte is an error, not 0: ``--max-size
+    0.5`` read as 0 failed every file with too_large."""
+    match = _SIZE_RE.fullmatch(text)
+    if match is None:
+        raise ValueError(
+            f"invalid size {text!r} (use bytes or a k/M/G/T suffix, e.g. 512k, 10M, 1.5G)"
+        )
+    number, suffix = match.groups("")
+    exact = Fraction(number) * _SIZE_SCALE[suffix.lower()]  # exact: no float rounding
+    if exact.denominator != 1 and not suffix:
+        raise ValueError(
+            f"invalid size {text!r} (a fraction of a byte; give whole bytes, or a unit: 0.5M)"
+        )
+    if 0 < exact < 1:
+        raise ValueError(f"invalid size {text!r} (less than one byte)")
+    return round(exact)
 
 
 HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 token

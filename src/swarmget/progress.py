@@ -146,31 +146,53 @@ class PlainProgress:
         self._next = 0.0
         self._meter = RateMeter(window=interval)
         self._stall = StallWatch()
+        self._last: Snapshot | None = None  # the latest update, shown or not
+        self._shown = False  # whether a line was written
 
     def start(self) -> None:
         # The first line waits a full interval: a run that ends sooner needs no progress.
         self._next = self._clock() + self._interval
 
     def update(self, snapshot: Snapshot) -> None:
+        self._last = snapshot
         now = self._clock()
         if now < self._next:
             return
         self._next = now + self._interval
         files_per_s, _ = self._meter.add(snapshot)
         waiting = self._stall.waiting(snapshot)
+        self._write(snapshot, waiting or format_files_rate(files_per_s))
+
+    def finish(self, report: Report) -> None:
+        """A last line with the run's totals, once lines were shown: the latest
+        one was up to an interval old (a log read after a piped
+        ``download(progress=True)``, which prints no summary, ended on it)."""
+        if not self._shown or self._last is None:
+            return  # a short run: no progress was shown, and none is due
+        done = report.total + report.skipped
+        final = Snapshot(
+            done=done,
+            failed=report.failed,
+            bytes=report.received,
+            elapsed=report.elapsed,
+            rows_seen=max(done, self._last.rows_seen),
+            input_done=self._last.input_done,
+            active=0,
+        )
+        self._write(final, format_files_rate(report.files_per_s))
+
+    def _write(self, snapshot: Snapshot, rate: str) -> None:
         line = (
             f"swarmget: {format_done_total(snapshot)} files, {snapshot.failed} failed, "
-            f"{format_bytes(snapshot.bytes)}, {waiting or format_files_rate(files_per_s)}\n"
+            f"{format_bytes(snapshot.bytes)}, {rate}\n"
         )
+        self._shown = True
         try:
             self._stream.write(line)
             self._stream.flush()
         except (OSError, ValueError):
             # A closed or broken stderr must not kill a download run.
             pass
-
-    def finish(self, report: Report) -> None:
-        pass  # the CLI prints the summary; plain mode adds nothing of its own
 
     def close(self) -> None:
         pass

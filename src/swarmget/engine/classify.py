@@ -73,8 +73,8 @@ class HandshakeLost(TransferError):
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.CONNECT, message)
 
-    def __reduce__(self) -> tuple[type[HandshakeLost], tuple[str]]:
-        return (HandshakeLost, (self.message,))
+    def _arguments(self) -> tuple[str]:
+        return (self.message,)
 
 
 # Said when a server that took our TCP connection never answered our

@@ -64,8 +64,8 @@ class Stalled(TransferError):
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.TIMEOUT, message)
 
-    def __reduce__(self) -> tuple[type[Stalled], tuple[str]]:
-        return (Stalled, (self.message,))
+    def _arguments(self) -> tuple[str]:
+        return (self.message,)
 
 
 class RetryState:

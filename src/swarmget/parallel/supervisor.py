@@ -196,8 +196,8 @@ class Supervisor:
             return self._run()
         except KeyboardInterrupt as exc:
             # What finished before the stop goes with it (the CLI's --json
-            # prints it, as after a run-stopping error).
-            exc.report = self.report  # type: ignore[attr-defined]
+            # prints it, as after a run-stopping error), even before the run began.
+            attach_report(exc, self.report)
             raise
         finally:
             if isinstance(self._rows, BackgroundRows):
@@ -221,6 +221,17 @@ class Supervisor:
             except BaseException:  # the caller's listener: the output dir is let go
                 self._abandon()
                 raise
+        try:
+            return self._run_begun()
+        except BaseException as exc:
+            # Whatever stops a run once it began (a listener's exception, a
+            # bug) carries what finished, as a run-stopping error does: a
+            # listener whose finish raised lost the report of a whole run.
+            attach_report(exc, self.report)
+            raise
+
+    def _run_begun(self) -> Report:
+        """The run, from its first deal to its manifest and the listener's finish."""
         interrupted = False
         with self._interrupts:
             try:
@@ -247,6 +258,8 @@ class Supervisor:
                 finally:
                     # Once, however the run ended (interrupted, a fatal error,
                     # the input raising): a listener's start has its finish.
+                    # It comes after the manifest is written: one that raises
+                    # leaves the journal and the manifest whole.
                     if self._progress is not None:
                         self._progress.finish(self.report)
             self._interrupts.check()  # a Ctrl-C while the manifest was written: now
@@ -254,9 +267,8 @@ class Supervisor:
             self._fatal.report = self.report  # what finished before the run stopped
             raise self._fatal
         if self._input_error is not None:
-            # What the rows read before it came to (the CLI's --json prints it).
-            with contextlib.suppress(AttributeError, TypeError):
-                self._input_error.report = self.report  # type: ignore[attr-defined]
+            # With what the rows read before it came to (_run attaches it; the
+            # CLI's --json prints it).
             raise self._input_error
         return self.report
 
@@ -569,6 +581,15 @@ class Supervisor:
                 waiting=longest_waiting([w.waiting for w in workers]),
             )
         )
+
+
+def attach_report(exc: BaseException, report: Report) -> None:
+    """Give ``exc`` the run's ``report`` as ``exc.report``, unless it has one: a
+    caller's exception may hold a ``report`` of its own, and one of a class
+    that takes no attributes goes on without it."""
+    if getattr(exc, "report", None) is None:
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.report = report  # type: ignore[attr-defined]
 
 
 def level_shares(backlogs: list[int], rows: int, start: int = 0) -> list[int]:

@@ -172,8 +172,8 @@ class ConnectionClosed(TransferError):
     def __init__(self, message: str = "connection closed before the response started") -> None:
         super().__init__(ErrorCode.CONNECT, message)
 
-    def __reduce__(self) -> tuple[type[ConnectionClosed], tuple[str]]:
-        return (ConnectionClosed, (self.message,))
+    def _arguments(self) -> tuple[str]:
+        return (self.message,)
 
 
 class ResponseHead:

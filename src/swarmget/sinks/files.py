@@ -80,8 +80,8 @@ class OutputError(TransferError):
         super().__init__(ErrorCode.IO, message)
         self.fatal = fatal
 
-    def __reduce__(self) -> tuple[type[OutputError], tuple[str, bool]]:
-        return (OutputError, (self.message, self.fatal))
+    def _arguments(self) -> tuple[str, bool]:
+        return (self.message, self.fatal)
 
 
 class OutOfDescriptors(OutputError):
@@ -91,8 +91,8 @@ class OutOfDescriptors(OutputError):
     def __init__(self, message: str) -> None:
         super().__init__(message, False)
 
-    def __reduce__(self) -> tuple[type[OutOfDescriptors], tuple[str]]:  # type: ignore[override]
-        return (OutOfDescriptors, (self.message,))
+    def _arguments(self) -> tuple[str]:  # type: ignore[override]
+        return (self.message,)
 
 
 class AppearedMeanwhile(TransferError):
@@ -101,8 +101,8 @@ class AppearedMeanwhile(TransferError):
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.EXISTS, message)
 
-    def __reduce__(self) -> tuple[type[AppearedMeanwhile], tuple[str]]:
-        return (AppearedMeanwhile, (self.message,))
+    def _arguments(self) -> tuple[str]:
+        return (self.message,)
 
 
 def io_error(action: str, path: str, exc: OSError, elsewhere: bool = False) -> OutputError:

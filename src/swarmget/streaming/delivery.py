@@ -59,8 +59,8 @@ class ItemError(TransferError):
             return super().__str__()
         return f"{self.code}: {self.message} (item {self.index}: {self.url})"
 
-    def __reduce__(self) -> tuple[type[ItemError], tuple[str, str, str, int]]:
-        return (ItemError, (self.code, self.message, self.url, self.index))
+    def _arguments(self) -> tuple[str, str, str, int]:
+        return (self.code, self.message, self.url, self.index)
 
 
 class Delivery:
