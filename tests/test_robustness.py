@@ -686,5 +686,5 @@ def test_a_file_over_the_size_one_file_may_have_says_which_limit(
     failures, ok = child.stdout.rsplit(" ", 1)
     ((error, message),) = json.loads(failures)
     assert (error, int(ok)) == ("io", 1)
-    assert "File too large: more than one file may hold here" in message, message
+    assert "File too large: over the largest file allowed here (ulimit -f" in message, message
     assert "(ulimit -f, or the file system's own limit" in message, message

@@ -120,8 +120,8 @@ def _why(exc: OSError) -> str:
     fails with it rather than killing the process)."""
     if exc.errno == errno.EFBIG:
         return (
-            ": more than one file may hold here"
-            " (ulimit -f, or the file system's own limit, FAT32's 4 GiB)"
+            ": over the largest file allowed here"
+            " (ulimit -f, or the file system's own limit, such as FAT32's 4 GiB)"
         )
     return ""
 
