@@ -497,6 +497,42 @@ def test_large_file_keeps_its_part_and_resumes_with_range(
     assert b"if-range:" in ranged[0].lower()
 
 
+def test_a_big_chunked_body_cut_short_is_continued_from_its_part(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A chunked body has no length to call it big by, so its validator was
+    # never recorded and 3 MiB that had come were thrown away: the rerun began
+    # at zero.  Its last chunk missing, it is known to be cut (a body read to
+    # the close is not), so it is kept as a body of a stated length is.
+    size = 3 * MiB
+    url = server.file_url("chunked.bin", size=size, fault="chunk_cut", times=1)
+    (failure,) = run([url], out_dir).failures
+    assert failure.error == "truncated"
+    kept = part_for(out_dir, url).stat().st_size
+    assert kept >= size // 2 and failure.message.endswith(
+        f"; {kept} bytes are kept: run again to resume"
+    )
+    seen = len(server.requests)
+    second = run([url], out_dir)
+    assert second.ok == 1 and second.reused == kept
+    assert (out_dir / "chunked.bin").read_bytes() == expected_body("chunked.bin", size)
+    (ranged,) = range_requests(server, seen)
+    assert f"bytes={kept}-".encode() in ranged and b"if-range:" in ranged.lower()
+    assert parts(out_dir) == []
+
+
+def test_a_small_chunked_body_records_no_version(server: TestServer, out_dir: Path) -> None:
+    # Only a cut body of at least RESUME_MIN_BYTES is kept: a small one is
+    # fetched again whole, and a body that ends well leaves nothing behind.
+    url = server.file_url("small.bin", size=200_000, fault="chunk_cut", times=1)
+    (failure,) = run([url], out_dir).failures
+    assert failure.error == "truncated" and "kept" not in failure.message
+    assert parts(out_dir) == []
+    seen = len(server.requests)
+    assert run([url], out_dir).ok == 1
+    assert range_requests(server, seen) == []
+
+
 @pytest.mark.parametrize(
     ("fault", "cause"),
     [

@@ -1039,8 +1039,15 @@ class Engine(ConnectionOwner):
 
     @staticmethod
     def _large(head: ResponseHead) -> bool:
+        """May this body be worth continuing?  One of a stated length if it is
+        at least RESUME_MIN_BYTES; a chunked one of any (it has no length to
+        judge by, and its missing last chunk tells a cut from an end, which a
+        body read to the close cannot): only a part of RESUME_MIN_BYTES is kept,
+        though (:meth:`_keep_or_drop_part`)."""
         length = head.content_length
-        return length is not None and length >= RESUME_MIN_BYTES
+        if length is None:
+            return head.chunked
+        return length >= RESUME_MIN_BYTES
 
     def _hashers_for(self, row: Assignment) -> dict[str, Hasher] | None:
         """Digests to compute while streaming: the row's checksums and ``--hash``."""
