@@ -240,6 +240,10 @@ class Stream(Iterator[Item]):
         self._display: Any = None
         self._spill: SpillDir | None = None
         self.spill_dir: str | None = None
+        # Set before the start, names the spill folder so that another process
+        # can find it (swarmget.torch: the dataset's maker sweeps its loader
+        # workers' folders at its exit, spill.sweep_group).
+        self.spill_group: str = ""
 
     # -- starting -----------------------------------------------------------------------
 
@@ -262,7 +266,7 @@ class Stream(Iterator[Item]):
         # As download() does: sockets beyond the limit of open files would fail
         # items with "Too many open files" (said once, concurrency lowered).
         self._options = fit_concurrency(self._options)
-        self._spill = SpillDir(self._spill_parent)
+        self._spill = SpillDir(self._spill_parent, self.spill_group)
         self.spill_dir = self._spill.path
         backend: Backend | None = None
         try:
