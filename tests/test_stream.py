@@ -918,6 +918,53 @@ def test_ctrl_c_stops_the_stream_promptly_without_orphans(
     assert list(spill.iterdir()) == []
 
 
+BLOCKED_INPUT_CHILD = """
+import json, multiprocessing, os, queue, sys, swarmget
+never = queue.Queue()
+def urls():
+    never.get()  # a producer that has nothing yet (a crawler, a queue)
+    yield "http://127.0.0.1:9/never"
+try:
+    with swarmget.stream(urls(), workers={workers}, spill_dir={spill!r}) as items:
+        print("ready", flush=True)
+        for item in items:
+            pass
+except KeyboardInterrupt:
+    alive = [p.pid for p in multiprocessing.active_children()]
+    print(json.dumps({{"workers": alive, "spill": os.listdir({spill!r})}}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_a_stream_whose_input_has_not_given_a_row(
+    tmp_path: Path, workers: int
+) -> None:
+    # The run's thread read the first row itself, inside the caller's generator:
+    # a Ctrl-C waited 2 s for it in close(), in vain, and the worker processes
+    # ran on after the KeyboardInterrupt had reached the caller.
+    spill = tmp_path / "spill"
+    child = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_INPUT_CHILD.format(workers=workers, spill=str(spill))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(0.3)  # the run's thread is waiting for the first row
+    os.killpg(child.pid, signal.SIGINT)
+    started = time.monotonic()
+    try:
+        after = json.loads(child.stdout.readline())
+        took = time.monotonic() - started
+        child.communicate(timeout=15)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert took < 1.0
+    assert after == {"workers": [], "spill": []}
+    assert child.returncode == 0
+
+
 CTRL_C_ONE_PROCESS_CHILD = """
 import time, swarmget
 def decode(item):
