@@ -1505,3 +1505,35 @@ def test_a_stream_left_open_at_exit_leaves_no_spill_files(
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"]
     assert list(spill.iterdir()) == []
+
+
+EXIT_PENDING_ASTREAM_CHILD = """
+import asyncio, swarmget
+async def main():
+    items = swarmget.astream({urls!r}, spill_dir={spill!r}, workers={workers})
+    await items.__aenter__()
+    try:
+        await asyncio.wait_for(items.__anext__(), 0.2)
+    except asyncio.TimeoutError:
+        print("waiting", flush=True)
+asyncio.run(main())  # the astream dropped unclosed, a wait under way; then the exit
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_astream_dropped_with_a_wait_under_way_at_exit_leaves_no_spill_folder(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    # The dropped astream is closed on a thread of its own, which the stream
+    # left the exit hook's list at once: the interpreter ended that thread
+    # before it reached the spill folder, and the hook did not know of it.
+    spill = tmp_path / "spill"
+    urls = [server.file_url(f"ap{i}.bin", size=1000, latency=5) for i in range(20)]
+    code = EXIT_PENDING_ASTREAM_CHILD.format(urls=urls, spill=str(spill), workers=workers)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, env=child_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["waiting"]
+    assert list(spill.iterdir()) == []

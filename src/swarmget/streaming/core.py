@@ -419,15 +419,20 @@ class Stream(Iterator[Item]):
             if self._closed:
                 return
             self._closed = True
-        _open_streams.discard(self)
-        if os.getpid() != self._pid:
-            return  # a forked copy: the stream is its parent's
-        self._end_run()
-        if self._spill is not None:
-            # Every file but those of the items the caller still holds: each
-            # of those goes when its item is dropped (and the folder with the
-            # last), or at the interpreter's exit.
-            self._spill.close()
+        try:
+            if os.getpid() != self._pid:
+                return  # a forked copy: the stream is its parent's
+            self._end_run()
+            if self._spill is not None:
+                # Every file but those of the items the caller still holds: each
+                # of those goes when its item is dropped (and the folder with the
+                # last), or at the interpreter's exit.
+                self._spill.close()
+        finally:
+            # Only now: a close under way on another thread (a dropped astream's)
+            # may be cut short by the interpreter's exit, and the exit hook must
+            # still find the stream and remove its folder.
+            _open_streams.discard(self)
 
     def remove_spill_folder(self) -> None:
         """Remove the spill folder, the files of items still held too (the
