@@ -1537,3 +1537,20 @@ def test_an_astream_dropped_with_a_wait_under_way_at_exit_leaves_no_spill_folder
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["waiting"]
     assert list(spill.iterdir()) == []
+
+
+def test_a_finished_stream_left_unclosed_keeps_no_spill_folder(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Iterated to its end and kept (`items = stream(...)`, no `with`): its empty
+    # spill folder stayed until the stream was dropped, or the program ended.
+    spill = tmp_path / "spill"
+    urls = [server.file_url(f"fin{i}.bin", size=1000) for i in range(10)]
+    items = swarmget.stream(urls, spill_dir=spill, max_buffer_bytes=0, workers=1)
+    held = list(items)
+    assert [len(item.read()) for item in held] == [1000] * 10
+    assert items.ready() is None
+    del held
+    gc.collect()
+    assert list(spill.iterdir()) == []
+    assert items.report is not None and items.report.ok == 10

@@ -365,7 +365,7 @@ class Stream(Iterator[Item]):
             self.close()
             raise
         if item is None:
-            self._end_run()  # spilled files stay until the items (or the stream) go
+            self._ended()
             raise StopIteration
         assert isinstance(item, Item)
         if self.closed:
@@ -386,7 +386,7 @@ class Stream(Iterator[Item]):
             return None
         item = delivery.take(block=False)
         if item is None:
-            self._end_run()
+            self._ended()
         if isinstance(item, Item):
             return delivery.raise_failed(item)
         return item
@@ -442,6 +442,15 @@ class Stream(Iterator[Item]):
         after it kept their files, and the folder stayed in /tmp."""
         if self._spill is not None:
             self._spill.remove()
+
+    def _ended(self) -> None:
+        """Every item has been handed out: the run ends, and the spill folder goes
+        with the last item that holds a file in it (now, if none does), as after
+        close().  A stream kept after its loop (``items = stream(...)``, no
+        ``with``) kept its empty folder until it was dropped."""
+        self._end_run()
+        if self._spill is not None:
+            self._spill.close()
 
     def _end_run(self) -> None:
         """Stop the run and wait for its thread (the workers end with it)."""
