@@ -918,6 +918,53 @@ def test_ctrl_c_stops_the_stream_promptly_without_orphans(
     assert list(spill.iterdir()) == []
 
 
+BLOCKED_INPUT_CHILD = """
+import json, multiprocessing, os, queue, sys, swarmget
+never = queue.Queue()
+def urls():
+    never.get()  # a producer that has nothing yet (a crawler, a queue)
+    yield "http://127.0.0.1:9/never"
+try:
+    with swarmget.stream(urls(), workers={workers}, spill_dir={spill!r}) as items:
+        print("ready", flush=True)
+        for item in items:
+            pass
+except KeyboardInterrupt:
+    alive = [p.pid for p in multiprocessing.active_children()]
+    print(json.dumps({{"workers": alive, "spill": os.listdir({spill!r})}}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ctrl_c_stops_a_stream_whose_input_has_not_given_a_row(
+    tmp_path: Path, workers: int
+) -> None:
+    # The run's thread read the first row itself, inside the caller's generator:
+    # a Ctrl-C waited 2 s for it in close(), in vain, and the worker processes
+    # ran on after the KeyboardInterrupt had reached the caller.
+    spill = tmp_path / "spill"
+    child = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_INPUT_CHILD.format(workers=workers, spill=str(spill))],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
+        start_new_session=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    time.sleep(0.3)  # the run's thread is waiting for the first row
+    os.killpg(child.pid, signal.SIGINT)
+    started = time.monotonic()
+    try:
+        after = json.loads(child.stdout.readline())
+        took = time.monotonic() - started
+        child.communicate(timeout=15)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert took < 1.0
+    assert after == {"workers": [], "spill": []}
+    assert child.returncode == 0
+
+
 CTRL_C_ONE_PROCESS_CHILD = """
 import time, swarmget
 def decode(item):
@@ -1458,3 +1505,52 @@ def test_a_stream_left_open_at_exit_leaves_no_spill_files(
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"]
     assert list(spill.iterdir()) == []
+
+
+EXIT_PENDING_ASTREAM_CHILD = """
+import asyncio, swarmget
+async def main():
+    items = swarmget.astream({urls!r}, spill_dir={spill!r}, workers={workers})
+    await items.__aenter__()
+    try:
+        await asyncio.wait_for(items.__anext__(), 0.2)
+    except asyncio.TimeoutError:
+        print("waiting", flush=True)
+asyncio.run(main())  # the astream dropped unclosed, a wait under way; then the exit
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_astream_dropped_with_a_wait_under_way_at_exit_leaves_no_spill_folder(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    # The dropped astream is closed on a thread of its own, which the stream
+    # left the exit hook's list at once: the interpreter ended that thread
+    # before it reached the spill folder, and the hook did not know of it.
+    spill = tmp_path / "spill"
+    urls = [server.file_url(f"ap{i}.bin", size=1000, latency=5) for i in range(20)]
+    code = EXIT_PENDING_ASTREAM_CHILD.format(urls=urls, spill=str(spill), workers=workers)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, env=child_env(), timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["waiting"]
+    assert list(spill.iterdir()) == []
+
+
+def test_a_finished_stream_left_unclosed_keeps_no_spill_folder(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Iterated to its end and kept (`items = stream(...)`, no `with`): its empty
+    # spill folder stayed until the stream was dropped, or the program ended.
+    spill = tmp_path / "spill"
+    urls = [server.file_url(f"fin{i}.bin", size=1000) for i in range(10)]
+    items = swarmget.stream(urls, spill_dir=spill, max_buffer_bytes=0, workers=1)
+    held = list(items)
+    assert [len(item.read()) for item in held] == [1000] * 10
+    assert items.ready() is None
+    del held
+    gc.collect()
+    assert list(spill.iterdir()) == []
+    assert items.report is not None and items.report.ok == 10

@@ -309,3 +309,32 @@ def test_two_ranks_of_two_loader_workers_cover_every_input_once(server: TestServ
     assert not set(ranks[0]) & set(ranks[1])
     assert sorted(ranks[0] + ranks[1]) == list(range(101))
     assert abs(len(ranks[0]) - len(ranks[1])) <= 1
+
+
+PERSISTENT_CHILD = """
+import json, sys
+from torch.utils.data import DataLoader
+from swarmget.torch import URLDataset
+urls, spill_dir = json.loads(sys.argv[1]), sys.argv[2]
+dataset = URLDataset(urls, spill_dir=spill_dir, max_buffer_bytes=0)
+loader = DataLoader(dataset, num_workers=2, batch_size=None, persistent_workers=True)
+for sample in loader:
+    break  # the loader workers stay, their streams open, until the exit
+print("left")
+"""
+
+
+def test_persistent_loader_workers_leave_no_spill_folder_at_exit(
+    server: TestServer, tmp_path: Any
+) -> None:
+    # At the interpreter's exit, multiprocessing ends daemonic loader workers
+    # with SIGTERM (torch leaves them to it): their streams' spill folders,
+    # bodies and all, stayed until a later stream swept them, a minute on.
+    urls = [server.file_url(f"e{i}.bin", size=1000, latency=0.05) for i in range(40)]
+    done = subprocess.run(
+        [sys.executable, "-c", PERSISTENT_CHILD, json.dumps(urls), str(tmp_path)],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["left"]
+    assert os.listdir(tmp_path) == []

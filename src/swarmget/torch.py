@@ -31,14 +31,24 @@ that persist between epochs (``persistent_workers=True``), and
 ``dataset.failed`` in the main process counts the failures of every loader
 worker of this machine.  Failed items are skipped; the first few are also
 reported through :mod:`warnings`, per process.
+
+At the interpreter's exit, multiprocessing ends the loader workers (daemonic
+processes) with SIGTERM, which runs none of their clean-up: a stream still
+open there (``persistent_workers=True``, a loop left early) kept its spill
+folder.  So their folders carry the dataset's group in their name
+(:func:`swarmget.streaming.spill.sweep_group`), and the process that made the
+dataset removes them at its exit, once multiprocessing has ended its children.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.util
 import numbers
 import os
 import random
+import secrets
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -52,6 +62,7 @@ from swarmget.parallel.workers import worker_shares
 from swarmget.sources.rows import Row
 from swarmget.streaming import Item, Stream, stream
 from swarmget.streaming.core import STREAM_ARGUMENTS
+from swarmget.streaming.spill import sweep_group
 
 try:
     from torch.utils.data import IterableDataset, get_worker_info
@@ -59,6 +70,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError("swarmget.torch needs PyTorch: pip install 'swarmget[torch]'") from exc
 
 WARN_FAILURES = 5  # failures reported through warnings, per process
+# multiprocessing runs exit finalisers of a negative priority after it has
+# ended and joined the daemonic children (multiprocessing.util._exit_function).
+AFTER_CHILDREN = -100
 
 
 def _check_arguments(
@@ -129,6 +143,7 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         self._epoch: Any = shared.Value("q", 0)
         self._failures: Any = shared.Value("q", 0)
         self._warned = 0  # failures reported through warnings by this process
+        self._spill_group = _sweep_at_exit(stream_options.get("spill_dir"))
 
     @property
     def epoch(self) -> int:
@@ -162,7 +177,9 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
         # docstring); set, not passed beside the options: a workers=1 of the
         # caller's own was given twice (a TypeError at every iteration).
         options["workers"] = 1
-        with stream(rows, map=self.map, **options) as items:
+        items = stream(rows, map=self.map, **options)
+        items.spill_group = self._spill_group
+        with items:
             for item in items:
                 if not item.ok:
                     self._failed(item)
@@ -199,6 +216,20 @@ class URLDataset(IterableDataset[Any]):  # type: ignore[misc]
                 RuntimeWarning,
                 stacklevel=3,
             )
+
+
+def _sweep_at_exit(spill_dir: Any) -> str:
+    """A new spill group for a dataset's streams, whose abandoned folders this
+    process removes at its exit, after its loader workers have ended (see the
+    module's docstring)."""
+    group = secrets.token_hex(4)
+    parent = os.path.abspath(
+        os.fspath(spill_dir) if spill_dir is not None else tempfile.gettempdir()
+    )
+    multiprocessing.util.Finalize(
+        None, sweep_group, args=(parent, group), exitpriority=AFTER_CHILDREN
+    )
+    return group
 
 
 class _Number:

@@ -208,13 +208,16 @@ class Supervisor:
         # Bad input fails here, before any process starts (a stream's workers
         # may be running already: they are stopped).
         try:
-            self._first = self._take(min(BATCH, self._delivery.room(0)), wait=True)
+            self._first = self._take_first(min(BATCH, self._delivery.room(0)))
         except BaseException:  # Ctrl-C while the input was read
             self._abandon()
             raise
         if self._input_error is not None and not self._first:
             self._abandon()
             raise self._input_error
+        if not self._first and not self._input_done:
+            self._abandon()  # a stream closed before its input gave a row
+            return self.report
         if self._progress is not None:
             try:
                 self._progress.start()
@@ -405,6 +408,23 @@ class Supervisor:
     def _lowest_backlog(self) -> int:
         live = [w.backlog for w in self._workers if not w.gone]
         return min(live, default=self._backlog_limit)
+
+    def _take_first(self, count: int) -> list[Row]:
+        """The run's first rows, waiting for at least one (none: the input is
+        empty, or a stream was closed first).  A stream's supervisor runs on a
+        thread of its own, its workers started: it waits on the rows' thread
+        (BackgroundRows.wait), and gives up when the stream is closed.  Reading
+        the first row here, in the caller's generator, it waited for as long as
+        that gave nothing, and a Ctrl-C left it and the workers running."""
+        source = self._rows
+        if isinstance(self._delivery, NoDelivery) or not isinstance(source, BackgroundRows):
+            return self._take(count, wait=True)  # download(): before any fork (background.py)
+        while not self._delivery.stopping():
+            rows = self._take(count)
+            if rows or self._input_done:
+                return rows
+            source.wait(self._delivery.wait())
+        return []
 
     def _take(self, count: int, wait: bool = False) -> list[Row]:
         """Up to ``count`` rows.  From a slow producer (BackgroundRows) only what

@@ -17,6 +17,12 @@ lock of whatever the thread was blocked reading, so the thread never reads
 ``sys.stdin`` (which a forked child closes, taking its lock): it reads a
 reader of its own on a duplicate of the descriptor (:func:`private_stdin`),
 which no child touches.
+
+A stream's run starts its worker processes before its own thread, so it need
+not read the first row itself: it waits for it with :meth:`~BackgroundRows.wait`,
+a while at a time, and so hears its caller stop it (a Ctrl-C) even while the
+caller's generator gives nothing.  Inside that generator, it could not: the
+call may never return.
 """
 
 from __future__ import annotations
@@ -63,6 +69,7 @@ class BackgroundRows(Iterator[Row]):
         self._queue: queue.Queue[Row | _End] = queue.Queue(ahead)
         self._thread: threading.Thread | None = None
         self._over: _End | None = None
+        self._arrived: Row | _End | None = None  # taken from the queue by wait()
         self._closed = False
 
     def close(self) -> None:
@@ -83,7 +90,7 @@ class BackgroundRows(Iterator[Row]):
         rows: list[Row] = []
         while len(rows) < count:
             try:
-                item = self._queue.get_nowait() if self._over is None else self._over
+                item = self._next_item() if self._over is None else self._over
             except queue.Empty:
                 break
             if isinstance(item, _End):
@@ -96,9 +103,22 @@ class BackgroundRows(Iterator[Row]):
             rows.append(item)
         return rows
 
+    def wait(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a row (or the end) to arrive, reading
+        on the thread (see the module docstring); ``take`` then has it."""
+        self._start()
+        if self._over is None and self._arrived is None:
+            with contextlib.suppress(queue.Empty):
+                self._arrived = self._queue.get(timeout=timeout)
+
+    def _next_item(self, block: bool = False) -> Row | _End:
+        """What arrived next (queue.Empty if nothing has, unless ``block``)."""
+        item, self._arrived = self._arrived, None
+        return item if item is not None else self._queue.get(block)
+
     def __next__(self) -> Row:
         self._start()
-        item = self._over or self._queue.get()
+        item = self._over or self._next_item(block=True)
         if isinstance(item, _End):
             self._over = item
             if item.error is not None:

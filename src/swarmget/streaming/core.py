@@ -240,6 +240,10 @@ class Stream(Iterator[Item]):
         self._display: Any = None
         self._spill: SpillDir | None = None
         self.spill_dir: str | None = None
+        # Set before the start, names the spill folder so that another process
+        # can find it (swarmget.torch: the dataset's maker sweeps its loader
+        # workers' folders at its exit, spill.sweep_group).
+        self.spill_group: str = ""
 
     # -- starting -----------------------------------------------------------------------
 
@@ -262,7 +266,7 @@ class Stream(Iterator[Item]):
         # As download() does: sockets beyond the limit of open files would fail
         # items with "Too many open files" (said once, concurrency lowered).
         self._options = fit_concurrency(self._options)
-        self._spill = SpillDir(self._spill_parent)
+        self._spill = SpillDir(self._spill_parent, self.spill_group)
         self.spill_dir = self._spill.path
         backend: Backend | None = None
         try:
@@ -361,7 +365,7 @@ class Stream(Iterator[Item]):
             self.close()
             raise
         if item is None:
-            self._end_run()  # spilled files stay until the items (or the stream) go
+            self._ended()
             raise StopIteration
         assert isinstance(item, Item)
         if self.closed:
@@ -382,7 +386,7 @@ class Stream(Iterator[Item]):
             return None
         item = delivery.take(block=False)
         if item is None:
-            self._end_run()
+            self._ended()
         if isinstance(item, Item):
             return delivery.raise_failed(item)
         return item
@@ -415,15 +419,20 @@ class Stream(Iterator[Item]):
             if self._closed:
                 return
             self._closed = True
-        _open_streams.discard(self)
-        if os.getpid() != self._pid:
-            return  # a forked copy: the stream is its parent's
-        self._end_run()
-        if self._spill is not None:
-            # Every file but those of the items the caller still holds: each
-            # of those goes when its item is dropped (and the folder with the
-            # last), or at the interpreter's exit.
-            self._spill.close()
+        try:
+            if os.getpid() != self._pid:
+                return  # a forked copy: the stream is its parent's
+            self._end_run()
+            if self._spill is not None:
+                # Every file but those of the items the caller still holds: each
+                # of those goes when its item is dropped (and the folder with the
+                # last), or at the interpreter's exit.
+                self._spill.close()
+        finally:
+            # Only now: a close under way on another thread (a dropped astream's)
+            # may be cut short by the interpreter's exit, and the exit hook must
+            # still find the stream and remove its folder.
+            _open_streams.discard(self)
 
     def remove_spill_folder(self) -> None:
         """Remove the spill folder, the files of items still held too (the
@@ -433,6 +442,15 @@ class Stream(Iterator[Item]):
         after it kept their files, and the folder stayed in /tmp."""
         if self._spill is not None:
             self._spill.remove()
+
+    def _ended(self) -> None:
+        """Every item has been handed out: the run ends, and the spill folder goes
+        with the last item that holds a file in it (now, if none does), as after
+        close().  A stream kept after its loop (``items = stream(...)``, no
+        ``with``) kept its empty folder until it was dropped."""
+        self._end_run()
+        if self._spill is not None:
+            self._spill.close()
 
     def _end_run(self) -> None:
         """Stop the run and wait for its thread (the workers end with it)."""

@@ -17,6 +17,13 @@ numbers.  Folders without an owner file (another version's, anyone's) are
 never touched, and nor is one younger than :data:`SWEEP_AFTER` (its maker may
 not have taken the lock yet).
 
+A folder may carry a *group* in its name (``swarmget-stream-<group>-*``):
+:mod:`swarmget.torch` gives every loader worker of a dataset the same one, so
+that the process that made the dataset can remove them at its exit
+(:func:`sweep_group`).  It must: at the interpreter's exit multiprocessing
+ends daemonic children, the loader workers, with SIGTERM, which runs no
+clean-up of theirs, and their folders waited a minute for the next stream.
+
 A spilled item the caller holds keeps its file (and so the folder, and its
 lock) past the stream's close, until the item is dropped or closed:
 ``items = list(swarmget.stream(urls))`` drops the stream at once, and every
@@ -46,16 +53,17 @@ SWEEP_AFTER: Final = 60.0  # seconds: a folder younger than this may be in the m
 
 
 class SpillDir:
-    """``SpillDir(parent)``: a new spill folder under ``parent`` (the temporary
-    directory when None; made if missing and then left, as the caller's), its
-    owner lock taken.  ``path`` is the folder; ``adopt()`` ties a file to the
-    item that holds it, ``close()`` removes the rest, ``remove()`` all."""
+    """``SpillDir(parent, group)``: a new spill folder under ``parent`` (the
+    temporary directory when None; made if missing and then left, as the
+    caller's), ``group`` in its name if given, its owner lock taken.  ``path``
+    is the folder; ``adopt()`` ties a file to the item that holds it,
+    ``close()`` removes the rest, ``remove()`` all."""
 
-    def __init__(self, parent: str | None) -> None:
+    def __init__(self, parent: str | None, group: str = "") -> None:
         try:
             if parent is not None:
                 os.makedirs(parent, exist_ok=True)
-            self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
+            self.path = tempfile.mkdtemp(prefix=_prefix(group), dir=parent)
         except OSError as exc:  # a file there, no permission
             raise UsageError(f"spill_dir {parent!r}: cannot make a folder there: {exc}") from None
         self._owner = _take_owner_lock(self.path)
@@ -132,22 +140,37 @@ def _take_owner_lock(path: str) -> int | None:
     return fd
 
 
+def _prefix(group: str) -> str:
+    return f"{PREFIX}{group}-" if group else PREFIX
+
+
 def sweep_abandoned(parent: str) -> None:
     """Remove the spill folders under ``parent`` whose stream has died (best
     effort: a folder that cannot be read or locked is left)."""
+    _sweep(parent, PREFIX, SWEEP_AFTER)
+
+
+def sweep_group(parent: str, group: str) -> None:
+    """Remove ``group``'s spill folders under ``parent`` whose stream has died,
+    however young: the caller knows that every process that makes them has
+    ended (and a live one holds its folder's lock)."""
+    _sweep(parent, _prefix(group), 0.0)
+
+
+def _sweep(parent: str, prefix: str, min_age: float) -> None:
     now = time.time()
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for entry in entries:
-            if entry.name.startswith(PREFIX):
+            if entry.name.startswith(prefix):
                 with contextlib.suppress(OSError):
-                    _remove_if_abandoned(entry, now)
+                    _remove_if_abandoned(entry, now, min_age)
 
 
-def _remove_if_abandoned(entry: os.DirEntry[str], now: float) -> None:
+def _remove_if_abandoned(entry: os.DirEntry[str], now: float, min_age: float) -> None:
     info = entry.stat(follow_symlinks=False)
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
         return
-    if now - info.st_mtime < SWEEP_AFTER:
+    if now - info.st_mtime < min_age:
         return
     fd = os.open(os.path.join(entry.path, OWNER), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
