@@ -613,6 +613,22 @@ def test_a_progress_listener_whose_finish_raises_keeps_the_report(
     assert swarmget.download(urls, out_dir).skipped == 20  # the journal knows them done
 
 
+def test_a_listener_whose_finish_raises_after_a_full_disk_still_tells_of_the_disk(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # The run stopped on a full disk, then the listener's finish raised: the
+    # caller got the listener's exception alone, the disk error in no chain.
+    with small_tmpfs(tmp_path / "small", "2m") as mount:
+        (mount / "filler").write_bytes(b"\0" * (3 << 19))  # 1.5 of the 2 MiB
+        urls = [server.file_url(f"full{i}.bin", size=50_000) for i in range(20)]
+        with pytest.raises(RuntimeError, match="listener bug in finish") as raised:
+            swarmget.download(urls, mount / "out", progress=_ListenerFailingIn("finish"), workers=1)
+        context = raised.value.__context__
+        assert isinstance(context, swarmget.TransferError) and context.code == "io", repr(context)
+        assert "No space left on device" in str(context)
+        assert raised.value.report.ok < 20  # type: ignore[attr-defined]
+
+
 def test_a_progress_listener_whose_update_raises_gives_the_report_so_far(
     server: TestServer, out_dir: Path
 ) -> None:

@@ -263,8 +263,7 @@ class Supervisor:
                     # the input raising): a listener's start has its finish.
                     # It comes after the manifest is written: one that raises
                     # leaves the journal and the manifest whole.
-                    if self._progress is not None:
-                        self._progress.finish(self.report)
+                    self._finish_listener()
             self._interrupts.check()  # a Ctrl-C while the manifest was written: now
         if self._fatal is not None:
             self._fatal.report = self.report  # what finished before the run stopped
@@ -274,6 +273,21 @@ class Supervisor:
             # CLI's --json prints it).
             raise self._input_error
         return self.report
+
+    def _finish_listener(self) -> None:
+        """The progress listener's finish.  An exception of its own goes on (the
+        caller's bug), with the error that stopped the run (a full disk, bad
+        input), held until now and so in no chain, as its context: it was told
+        nowhere."""
+        if self._progress is None:
+            return
+        try:
+            self._progress.finish(self.report)
+        except BaseException as exc:
+            stopped = self._fatal or self._input_error
+            if stopped is not None and exc.__context__ is None and exc is not stopped:
+                exc.__context__ = stopped
+            raise
 
     def _loop(self) -> None:
         next_tick = next_commit = 0.0
