@@ -394,3 +394,25 @@ def test_a_redirect_to_an_empty_host_fails_the_row_at_once(
     (failure,) = report.failures
     assert failure.error == "bad_redirect" and "no host" in failure.message
     assert len(server.requests) == seen + 1  # the page itself was not asked for again
+
+
+def test_conflicting_locations_are_quoted_without_their_passwords(
+    server: TestServer, out_dir: Path
+) -> None:
+    # The refusal quoted both values as they came: a token in a scheme-relative
+    # one, and a password with a space (which ends what a search of the message
+    # takes for a URL), reached the manifest and the terminal.
+    def handler(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(
+            b"HTTP/1.1 302 Found\r\nLocation: http://u:s3 cr3t@127.0.0.2/x\r\n"
+            b"Location: //tok3n@127.0.0.2/y\r\nContent-Length: 0\r\n\r\n"
+        )
+
+    with server.routed("/two-locations", handler) as url:
+        report = run([url], out_dir)
+    (failure,) = report.failures
+    assert failure.error == "protocol" and "conflicting Location" in failure.message
+    assert failure.message.count("***@127.0.0.2") == 2, failure.message
+    text = (out_dir / ".swarmget" / "manifest.jsonl").read_text()
+    for secret in ("s3 cr3t", "cr3t", "tok3n"):
+        assert secret not in text and secret not in failure.message
