@@ -349,6 +349,7 @@ def test_https_to_http_downgrade_is_refused_unless_allowed() -> None:
         ("http:/b.test/x", "http://a.test/b.test/x"),  # the same scheme: relative
         ("http:x", "http://a.test/dir/x"),
         ("//b.test/x", "http://b.test/x"),
+        ("///b.test/x", "http://b.test/x"),  # curl and browsers: the host (was a path here)
     ],
 )
 def test_a_location_with_odd_slashes_names_what_browsers_name(location: str, target: str) -> None:
@@ -361,3 +362,57 @@ def test_a_location_with_odd_slashes_names_what_browsers_name(location: str, tar
     url = "http://a.test/dir/page"
     job = Job(Assignment(0, 7, url, "x"), split_url(url))
     assert redirect_target(job, location.encode(), Options()) == target
+
+
+@pytest.mark.parametrize(
+    "location", ["http://", "http:///", "HTTP://?q", "//", "///", "//?x", "http://#f", "https:"]
+)
+def test_a_location_with_an_empty_host_is_refused(location: str) -> None:
+    # urljoin filled the host in from the page: "http://?q" fetched the page
+    # itself with another query (a file that is not the one asked for), and
+    # "http://" looped until too_many_redirects.  curl: "No host part".
+    from swarmget.engine.job import Job
+    from swarmget.engine.redirects import redirect_target
+    from swarmget.engine.urls import split_url
+    from swarmget.errors import TransferError
+    from swarmget.options import Options
+    from swarmget.sinks.base import Assignment
+
+    url = "http://a.test/dir/page?x=1"
+    job = Job(Assignment(0, 7, url, "x"), split_url(url))
+    with pytest.raises(TransferError) as info:
+        redirect_target(job, location.encode(), Options())
+    assert info.value.code == "bad_redirect"
+    assert "no host" in info.value.message and repr(location) in info.value.message
+
+
+def test_a_redirect_to_an_empty_host_fails_the_row_at_once(
+    server: TestServer, out_dir: Path
+) -> None:
+    seen = len(server.requests)
+    report = run([server.file_url("nohost.bin", redirect=302, to="http://?q=1")], out_dir)
+    (failure,) = report.failures
+    assert failure.error == "bad_redirect" and "no host" in failure.message
+    assert len(server.requests) == seen + 1  # the page itself was not asked for again
+
+
+def test_conflicting_locations_are_quoted_without_their_passwords(
+    server: TestServer, out_dir: Path
+) -> None:
+    # The refusal quoted both values as they came: a token in a scheme-relative
+    # one, and a password with a space (which ends what a search of the message
+    # takes for a URL), reached the manifest and the terminal.
+    def handler(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(
+            b"HTTP/1.1 302 Found\r\nLocation: http://u:s3 cr3t@127.0.0.2/x\r\n"
+            b"Location: //tok3n@127.0.0.2/y\r\nContent-Length: 0\r\n\r\n"
+        )
+
+    with server.routed("/two-locations", handler) as url:
+        report = run([url], out_dir)
+    (failure,) = report.failures
+    assert failure.error == "protocol" and "conflicting Location" in failure.message
+    assert failure.message.count("***@127.0.0.2") == 2, failure.message
+    text = (out_dir / ".swarmget" / "manifest.jsonl").read_text()
+    for secret in ("s3 cr3t", "cr3t", "tok3n"):
+        assert secret not in text and secret not in failure.message

@@ -86,6 +86,26 @@ def test_a_worker_that_dies_hands_its_rows_on(server: TestServer, tmp_path: Path
     assert len(records(tmp_path)) == 301
 
 
+def test_a_row_that_crashes_its_workers_keeps_its_password_out_of_the_manifest(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # The crashed row's record carried its URL as given, user:password and all
+    # (every other outcome redacts it), into the manifest and the failure list.
+    def kill_every_worker(head: bytes, conn: ScriptedConnection) -> None:
+        for worker in multiprocessing.active_children():
+            assert worker.pid is not None
+            os.kill(worker.pid, signal.SIGKILL)
+        conn.close()
+
+    with server.routed("/kills", kill_every_worker) as url:
+        secret = url.replace("http://", "http://bob:hunter2@")
+        report = swarmget.download([secret], tmp_path, workers=2, retries=0)
+    (failure,) = report.failures
+    assert failure.error == "crashed"
+    assert failure.url == url.replace("http://", "http://bob:***@")
+    assert "hunter2" not in (tmp_path / ".swarmget" / "manifest.jsonl").read_text()
+
+
 # -- the same checks in every mode ------------------------------------------------------------
 
 

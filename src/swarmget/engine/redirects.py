@@ -21,6 +21,8 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 OPTIONAL_REDIRECTS: Final = frozenset(range(300, 400)) - REDIRECT_STATUSES - {304, 305, 306}
 # "http:" and what follows it, the slashes (and backslashes) apart.
 _SPECIAL: Final = re.compile(r"(?i)(https?):([/\\]*)(.*)", re.DOTALL)
+# "//", "http://?q", "https://#f": an authority that names no host.
+_NO_HOST: Final = re.compile(r"(?i)(?:https?:)?//(?:[/?#]|$)")
 
 
 def redirect_target(job: Job, location: bytes, options: Options) -> str:
@@ -34,8 +36,15 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             ErrorCode.TOO_MANY_REDIRECTS,
             f"more than {options.max_redirects} redirects (last to {shown!r})",
         )
+    form = _authority_form(text, job.origin[0])
+    if _NO_HOST.match(form):
+        # urljoin takes the page's host for the missing one: "http://?q" asked
+        # the page itself with another query, "http://" looped.  curl refuses.
+        raise TransferError(
+            ErrorCode.BAD_REDIRECT, f"redirect to a URL with no host ({hide_userinfo(text)!r})"
+        )
     try:
-        target = urljoin(job.url, _authority_form(text, job.origin[0]))
+        target = urljoin(job.url, form)
         scheme = urlsplit(target).scheme.lower()
     except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
         shown = hide_userinfo(text)
@@ -61,9 +70,12 @@ def _authority_form(text: str, scheme: str) -> str:
     ``http:\\\\host\\x`` name ``host``, and so does ``https:/host/x`` from a page on
     http.  urljoin read them as paths on the current host (with whatever
     user:password they held, in the path).  Only ``http:/x`` and ``http:x`` from
-    a page on http stay relative, as the standard has them."""
+    a page on http stay relative, as the standard has them; ``///host/x``, which
+    urljoin read as the path ``/host/x``, names ``host`` too (curl agrees)."""
     match = _SPECIAL.match(text)
     if match is None:
+        if text.startswith("///"):
+            return "//" + text.lstrip("/")
         return text
     given, slashes, rest = match.groups()
     if given.lower() == scheme and len(slashes) < 2:

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from typing import Final, Protocol
 
+from swarmget.engine.urls import redact
 from swarmget.errors import ErrorCode, SwarmgetError
 from swarmget.parallel.backend import (
     Backend,
@@ -676,8 +677,10 @@ def _interleave(assignments: list[Assignment], shares: list[int]) -> list[list[A
 
 
 def _crashed(row: Assignment, message: str) -> FileResult:
+    # redact: the row's URL as given may hold user:password (every other
+    # outcome's record is redacted where it is made).
     return FileResult(
-        row.url, None, "failed", None, 0, ErrorCode.CRASHED, 0, 0, message,
+        redact(row.url), None, "failed", None, 0, ErrorCode.CRASHED, 0, 0, message,
         index=row.index, key=row.key,
     )  # fmt: skip
 

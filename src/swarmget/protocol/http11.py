@@ -67,6 +67,7 @@ from typing import ClassVar, Final
 
 import httptools
 
+from swarmget.engine.urls import hide_userinfo
 from swarmget.errors import ErrorCode, ProtocolError, TransferError
 from swarmget.protocol.codings import Decoder, plan_codings
 from swarmget.protocol.head import MAX_CONTENT_LENGTH, repair, transfer_codings
@@ -139,8 +140,11 @@ def _check_locations(block: bytes | bytearray) -> None:
         if colon and name.lower() == b"location":
             values.add(value.strip(b" \t\r"))
     if len(values) > 1:
-        shown = b", ".join(sorted(values)).decode("latin-1")[:120]
-        raise ProtocolError(f"conflicting Location headers: {shown}")
+        # Each without its user:password (a message goes to the manifest and the
+        # terminal), then cut: a cut first could leave a password with no "@"
+        # to recognise it by.
+        shown = [hide_userinfo(value.decode("latin-1"))[:60] for value in sorted(values)]
+        raise ProtocolError(f"conflicting Location headers: {', '.join(shown)}")
 
 
 def _check_status_start(pending: bytes | bytearray) -> None:
