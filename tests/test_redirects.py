@@ -416,3 +416,22 @@ def test_conflicting_locations_are_quoted_without_their_passwords(
     text = (out_dir / ".swarmget" / "manifest.jsonl").read_text()
     for secret in ("s3 cr3t", "cr3t", "tok3n"):
         assert secret not in text and secret not in failure.message
+
+
+def test_a_retry_starts_again_at_the_url_asked_for(
+    server: TestServer, other: TestServer, out_dir: Path
+) -> None:
+    # A redirector (a mirror network, an API handing out presigned URLs) sent
+    # the row to a target that failed: the retry went to that target again,
+    # where a mirror that is down or a link that has expired fails it for
+    # good.  curl --retry asks the first URL again, and so do we.
+    target = other.file_url("mirror.bin", size=5000, status=503, times=1)
+    start = server.file_url("asked.bin", redirect=302, to=target)
+    seen_start, seen_target = len(server.requests), len(other.requests)
+    report = run([start], out_dir, retries=2)
+    assert report.ok == 1
+    assert (out_dir / "asked.bin").read_bytes() == expected_body("mirror.bin", 5000)
+    assert len(server.requests) - seen_start == 2  # asked again, redirected again
+    assert len(other.requests) - seen_target == 2
+    record = journal(out_dir)[0]
+    assert (record["final_url"], record["attempts"]) == (target, 2)

@@ -950,6 +950,11 @@ class Engine(ConnectionOwner):
 
     def _retry_now(self, transfer: Transfer, front: bool) -> None:
         del self._backing_off[transfer]
+        job = transfer.job
+        if job.redirects:
+            # A kept part goes along: whatever the redirects lead to this
+            # time, If-Range and the 206's validator check it is the same file.
+            job.back_to_start(self._split(job.row.url))
         self._submit(transfer, front)
 
     def _record(

@@ -77,6 +77,21 @@ class Job:
         self.target = location.target
         self.host_header = location.host_header
 
+    def back_to_start(self, location: Location) -> None:
+        """Again from the row's own URL (``location``, split), its redirects
+        forgotten: a retry asks the URL the user gave, as curl --retry does.  A
+        redirector (a mirror network, an API handing out presigned URLs) may
+        send it elsewhere this time; the target that failed may be a mirror
+        that is down or a link that has expired."""
+        self.url = self.row.url
+        self.redirects = 0
+        self.redirect_to = None
+        self.cross_origin = False
+        self.origin = location.origin
+        self.target = location.target
+        self.host_header = location.host_header
+        self.authorization = location.authorization
+
     @property
     def final_url(self) -> str | None:
         """The URL after redirects, or None when it is the row's own."""
