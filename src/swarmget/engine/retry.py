@@ -181,6 +181,18 @@ def parse_retry_after(value: bytes | None, now: float | None = None) -> float | 
         return None
 
 
+def retry_after_advice(value: bytes | None, now: float | None = None) -> float | None:
+    """The wait a Retry-After field asks for, None when it gives no advice:
+    absent, unreadable, or asking for no wait at all ("0", a date already
+    past).  Taken at its word, a 429 with "Retry-After: 0" paused its host for
+    no time: the whole queue went out again at once into the same refusal,
+    and --host-failures gave the host up within a fraction of a second.  With
+    no advice the backoff applies, as in curl (whose CURLINFO_RETRY_AFTER is 0
+    then, and which backs off as without the field)."""
+    seconds = parse_retry_after(value, now)
+    return seconds if seconds is not None and seconds > 0 else None
+
+
 def parse_http_date(value: bytes) -> datetime.datetime | None:
     """An HTTP-date field value (Retry-After, Date, Last-Modified); None for one
     that is not.  A field the server got wrong is ignored, never our error: this
