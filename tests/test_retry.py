@@ -528,3 +528,16 @@ def test_a_429_asking_for_no_wait_still_pauses_the_host(
         report = swarmget.download(urls, out_dir, concurrency=4, workers=1)
     assert report.ok == 30, report.error_counts()
     assert answers.count(429) <= 12, answers  # a few per pause, not the queue's worth
+
+
+@pytest.mark.parametrize("status", [522, 524])
+def test_a_cdns_origin_timeout_is_retried_as_curl_does(
+    status: int, server: TestServer, out_dir: Path
+) -> None:
+    # Cloudflare's 522 (the origin did not accept) and 524 (it accepted and
+    # did not answer in time) are a busy origin's, as a 504 is; curl --retry
+    # retries them.  They failed at the first attempt.
+    url = server.file_url(f"cdn-{status}", size=10, status=status, times=1)
+    report = swarmget.download([url], out_dir, workers=1, retries=1)
+    assert report.ok == 1, report.failures
+    assert [record["attempts"] for record in swarmget.read_manifest(out_dir)] == [2]

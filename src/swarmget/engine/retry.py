@@ -41,7 +41,9 @@ import time
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.sinks.files import OutOfDescriptors
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# As curl --retry: 522 and 524 are a CDN's word (Cloudflare) for an origin that
+# did not accept, or did not answer in time: a 504 by another name.
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 522, 524})
 RETRYABLE_CODES = frozenset(
     {ErrorCode.CONNECT, ErrorCode.TIMEOUT, ErrorCode.TRUNCATED}
     | {f"http_{status}" for status in RETRYABLE_STATUS}
