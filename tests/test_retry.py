@@ -30,6 +30,16 @@ def test_backoff_is_full_jitter_and_capped() -> None:
         assert min(delays) < ceiling * 0.2
 
 
+def test_the_backoff_stays_at_its_cap_however_many_attempts() -> None:
+    # 2.0 ** 1025 overflows a float: the 1026th attempt's backoff raised
+    # OverflowError in the engine (--retries 5000 on a host that closes every
+    # connection, which --host-failures does not count, for hours).
+    policy = RetryPolicy(retries=10**6, cap=4.0)
+    assert policy.ceiling(10**6) == 4.0
+    assert 0.0 <= policy.delay(2000) <= 4.0
+    assert policy.push_back(429, 5000, None) == 4.0
+
+
 def test_retry_after_wins_up_to_its_cap() -> None:
     policy = RetryPolicy(retry_after_cap=60)
     assert policy.delay(1, retry_after=5) == 5

@@ -123,7 +123,9 @@ class RetryPolicy:
 
     def ceiling(self, attempts: int) -> float:
         """The longest backoff after ``attempts`` attempts."""
-        return min(self.cap, self.base * 2.0 ** max(0, attempts - 1))
+        # The exponent is bounded: 2.0 ** 1025 overflows (OverflowError), and
+        # any cap is reached long before 2 ** 64 times the base.
+        return min(self.cap, self.base * 2.0 ** min(64, max(0, attempts - 1)))
 
     def asks_too_long(self, error: TransferError, retry_after: float | None) -> bool:
         """Does the server ask this row to wait longer than we ever wait (a 503
