@@ -30,6 +30,16 @@ def test_backoff_is_full_jitter_and_capped() -> None:
         assert min(delays) < ceiling * 0.2
 
 
+def test_the_backoff_stays_at_its_cap_however_many_attempts() -> None:
+    # 2.0 ** 1025 overflows a float: the 1026th attempt's backoff raised
+    # OverflowError in the engine (--retries 5000 on a host that closes every
+    # connection, which --host-failures does not count, for hours).
+    policy = RetryPolicy(retries=10**6, cap=4.0)
+    assert policy.ceiling(10**6) == 4.0
+    assert 0.0 <= policy.delay(2000) <= 4.0
+    assert policy.push_back(429, 5000, None) == 4.0
+
+
 def test_retry_after_wins_up_to_its_cap() -> None:
     policy = RetryPolicy(retry_after_cap=60)
     assert policy.delay(1, retry_after=5) == 5
@@ -463,18 +473,19 @@ def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(
     # Some URLs answer 429 every time, the others once.  The probe after each
     # pause was the row refused before it: refused again and again, it gave
     # the host up (--host-failures) and failed the rest, most never requested.
-    always = [server.file_url(f"always-{i}", size=10, status=429, retry_after=0) for i in range(4)]
+    # (Small: "Retry-After: 0" is no advice, so every pause is the backoff's.)
+    always = [server.file_url(f"always-{i}", size=10, status=429, retry_after=0) for i in range(2)]
     once = [
-        server.file_url(f"once-{i}", size=10, status=429, retry_after=0, times=1) for i in range(12)
+        server.file_url(f"once-{i}", size=10, status=429, retry_after=0, times=1) for i in range(4)
     ]
     urls = []
     for i, url in enumerate(once):
-        urls += [url, always[i // 3]] if i % 3 == 0 else [url]
+        urls += [url, always[i // 2]] if i % 2 == 0 else [url]
     report = swarmget.download(
-        urls, out_dir, retries=3, concurrency=2, per_host=2, workers=1, host_failures=3
+        urls, out_dir, retries=2, concurrency=2, per_host=2, workers=1, host_failures=2
     )
-    assert (report.ok, report.error_counts()) == (12, {"http_429": 4}), report.failures
-    for i in range(12):
+    assert (report.ok, report.error_counts()) == (4, {"http_429": 2}), report.failures
+    for i in range(4):
         assert (out_dir / f"once-{i}").read_bytes() == expected_body(f"once-{i}", 10)
 
 
@@ -494,3 +505,49 @@ def test_a_503_asking_for_more_than_we_wait_is_not_retried(
     (failure,) = report.failures
     assert (failure.error, failure.attempts) == ("http_503", 1)
     assert failure.message == f"HTTP 503; not retried: Retry-After {retry_after} s {why}"
+
+
+@pytest.mark.parametrize("no_wait", ["0", "Thu, 01 Jan 1970 00:00:00 GMT"])
+def test_a_429_asking_for_no_wait_still_pauses_the_host(
+    no_wait: str, server: TestServer, out_dir: Path
+) -> None:
+    # A limiter refuses everything for 1 s with "Retry-After: 0" (or a date
+    # already past).  Taken at its word, the host was paused for no time: the
+    # whole queue went out again at once, 5 refusals in a row gave the host up
+    # within 0.3 s, and every row failed http_429.  A Retry-After that asks for
+    # no wait is no advice (curl reads it so too): the backoff's pause applies.
+    answers: list[int] = []
+    window: list[float] = []
+
+    def limited(head: bytes, conn: ScriptedConnection) -> None:
+        now = time.monotonic()
+        window[:] = window or [now + 1.0]
+        if now < window[0]:
+            answers.append(429)
+            conn.send(
+                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: "
+                + no_wait.encode()
+                + b"\r\nContent-Length: 0\r\n\r\n"
+            )
+        else:
+            answers.append(200)
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    paths = [f"/no-wait-{len(no_wait)}/{i}" for i in range(30)]
+    with routed(server, limited, paths) as urls:
+        report = swarmget.download(urls, out_dir, concurrency=4, workers=1)
+    assert report.ok == 30, report.error_counts()
+    assert answers.count(429) <= 12, answers  # a few per pause, not the queue's worth
+
+
+@pytest.mark.parametrize("status", [522, 524])
+def test_a_cdns_origin_timeout_is_retried_as_curl_does(
+    status: int, server: TestServer, out_dir: Path
+) -> None:
+    # Cloudflare's 522 (the origin did not accept) and 524 (it accepted and
+    # did not answer in time) are a busy origin's, as a 504 is; curl --retry
+    # retries them.  They failed at the first attempt.
+    url = server.file_url(f"cdn-{status}", size=10, status=status, times=1)
+    report = swarmget.download([url], out_dir, workers=1, retries=1)
+    assert report.ok == 1, report.failures
+    assert [record["attempts"] for record in swarmget.read_manifest(out_dir)] == [2]

@@ -41,7 +41,9 @@ import time
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.sinks.files import OutOfDescriptors
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# As curl --retry: 522 and 524 are a CDN's word (Cloudflare) for an origin that
+# did not accept, or did not answer in time: a 504 by another name.
+RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504, 522, 524})
 RETRYABLE_CODES = frozenset(
     {ErrorCode.CONNECT, ErrorCode.TIMEOUT, ErrorCode.TRUNCATED}
     | {f"http_{status}" for status in RETRYABLE_STATUS}
@@ -121,7 +123,9 @@ class RetryPolicy:
 
     def ceiling(self, attempts: int) -> float:
         """The longest backoff after ``attempts`` attempts."""
-        return min(self.cap, self.base * 2.0 ** max(0, attempts - 1))
+        # The exponent is bounded: 2.0 ** 1025 overflows (OverflowError), and
+        # any cap is reached long before 2 ** 64 times the base.
+        return min(self.cap, self.base * 2.0 ** min(64, max(0, attempts - 1)))
 
     def asks_too_long(self, error: TransferError, retry_after: float | None) -> bool:
         """Does the server ask this row to wait longer than we ever wait (a 503
@@ -179,6 +183,18 @@ def parse_retry_after(value: bytes | None, now: float | None = None) -> float | 
         return max(0.0, when.timestamp() - (time.time() if now is None else now))
     except (ValueError, OverflowError, OSError):
         return None
+
+
+def retry_after_advice(value: bytes | None, now: float | None = None) -> float | None:
+    """The wait a Retry-After field asks for, None when it gives no advice:
+    absent, unreadable, or asking for no wait at all ("0", a date already
+    past).  Taken at its word, a 429 with "Retry-After: 0" paused its host for
+    no time: the whole queue went out again at once into the same refusal,
+    and --host-failures gave the host up within a fraction of a second.  With
+    no advice the backoff applies, as in curl (whose CURLINFO_RETRY_AFTER is 0
+    then, and which backs off as without the field)."""
+    seconds = parse_retry_after(value, now)
+    return seconds if seconds is not None and seconds > 0 else None
 
 
 def parse_http_date(value: bytes) -> datetime.datetime | None:

@@ -35,7 +35,7 @@ from swarmget.engine.job import (
     content_range_total,
 )
 from swarmget.engine.redirects import OPTIONAL_REDIRECTS, REDIRECT_STATUSES, redirect_target
-from swarmget.engine.retry import parse_http_date, parse_retry_after
+from swarmget.engine.retry import parse_http_date, retry_after_advice
 from swarmget.errors import ErrorCode, TransferError, http_code
 from swarmget.net.proxy import Proxy
 from swarmget.options import Options
@@ -158,7 +158,7 @@ def judge(
         except TransferError as exc:
             return Verdict(FAIL, status, error=exc)
         return Verdict(REDIRECT, status, location=target, discard=discard)
-    retry_after = parse_retry_after(head.get(b"retry-after"))
+    retry_after = retry_after_advice(head.get(b"retry-after"))
     return Verdict(
         FAIL, status, error=http_error(status, proxy), retry_after=retry_after, discard=discard
     )
