@@ -894,18 +894,25 @@ with swarmget.stream(urls, workers=2, spill_dir={spill!r}, max_buffer_bytes=100_
 """
 
 
-def test_ctrl_c_stops_the_stream_promptly_without_orphans(
-    server: TestServer, tmp_path: Path
-) -> None:
-    spill = tmp_path / "spill"
-    url = server.file_url("cN.bin", size=60_000, latency=0.05)
+def _ready_child(code: str) -> subprocess.Popen[str]:
+    """``python -c code`` in a session of its own (its group takes a terminal's
+    Ctrl-C), once it has printed "ready"."""
     child = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_CHILD.format(url=url, spill=str(spill))],
+        [sys.executable, "-c", code],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
         start_new_session=True,
     )  # fmt: skip
     assert child.stdout is not None
     assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_ctrl_c_stops_the_stream_promptly_without_orphans(
+    server: TestServer, tmp_path: Path
+) -> None:
+    spill = tmp_path / "spill"
+    url = server.file_url("cN.bin", size=60_000, latency=0.05)
+    child = _ready_child(CTRL_C_CHILD.format(url=url, spill=str(spill)))
     workers = _children_of(child.pid)
     assert len(workers) == 2
     os.killpg(child.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole group
@@ -943,13 +950,7 @@ def test_ctrl_c_stops_a_stream_whose_input_has_not_given_a_row(
     # a Ctrl-C waited 2 s for it in close(), in vain, and the worker processes
     # ran on after the KeyboardInterrupt had reached the caller.
     spill = tmp_path / "spill"
-    child = subprocess.Popen(
-        [sys.executable, "-c", BLOCKED_INPUT_CHILD.format(workers=workers, spill=str(spill))],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-        start_new_session=True,
-    )  # fmt: skip
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
+    child = _ready_child(BLOCKED_INPUT_CHILD.format(workers=workers, spill=str(spill)))
     time.sleep(0.3)  # the run's thread is waiting for the first row
     os.killpg(child.pid, signal.SIGINT)
     started = time.monotonic()
@@ -985,13 +986,7 @@ def test_ctrl_c_stops_a_one_process_stream_whose_map_fails_its_own_interrupts(
     # map's own KeyboardInterrupt fails its item with workers=1: the caller's
     # Ctrl-C, in the caller's thread, must still end the stream.
     url = server.file_url("c1N.bin", size=1000, latency=0.01)
-    child = subprocess.Popen(
-        [sys.executable, "-c", CTRL_C_ONE_PROCESS_CHILD.format(url=url)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(),
-        start_new_session=True,
-    )  # fmt: skip
-    assert child.stdout is not None
-    assert child.stdout.readline().strip() == "ready"
+    child = _ready_child(CTRL_C_ONE_PROCESS_CHILD.format(url=url))
     os.killpg(child.pid, signal.SIGINT)
     started = time.monotonic()
     _, stderr = child.communicate(timeout=15)
