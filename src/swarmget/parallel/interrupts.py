@@ -2,7 +2,8 @@
 
 Python raises ``KeyboardInterrupt`` at whatever bytecode the main thread is
 running when SIGINT arrives.  In the driver's own code that is fine (rows and
-results are bookkeeping that the journal commits atomically), but with
+results are bookkeeping that the journal commits atomically, as long as none
+is let go of before the journal has it: ``FilePlanner._flush``), but with
 ``workers=1`` the engine runs there too, inside the backend's ``poll``: an
 interrupt landing between creating a part file and handing it to its transfer
 left a part that no one would remove (about 1 Ctrl-C in 2, pure build).

@@ -281,6 +281,7 @@ class FilePlanner:
         self._stale_validators: list[int] = []
         self._batch: dict[int, Previous] = {}  # see plan()
         self._pending: list[FileResult] = []  # outcomes not yet written (see _record_now)
+        self._flushing = False  # a _flush is under way (or was cut short by Ctrl-C)
         # A journal that started empty holds only this run's outcomes: the manifest
         # can be written as they come, not exported after the last one.
         manifest = manifest_path(self.root)
@@ -1003,28 +1004,45 @@ class FilePlanner:
             self._flush()
 
     def _flush(self) -> None:
-        results, self._pending = self._pending, []
+        """Write the outcomes waiting in ``_pending`` to the table.
+
+        A row leaves ``_in_flight`` only once the table has it, and ``_pending``
+        is emptied last: Ctrl-C lands at whatever bytecode the driver runs
+        (parallel/interrupts.py), and rows taken out before their write were
+        in neither when the run stopped.  Their claims were lost, and the next
+        run took the files they had published for a user's (``exists``).  A
+        flush cut short is done again whole by the next one (the write is an
+        upsert); its manifest lines may be part written, so the journal's
+        export writes the manifest instead."""
+        results = self._pending
         if not results:
             return
+        if self._flushing and self._lines is not None:
+            self._lines.give_up()
+        self._flushing = True
         results.sort(key=_key_of)
+        in_flight, foreign = self._in_flight, self._foreign
         entries: list[tuple[FileResult, str | None, bool]] = []
-        names = self._names_store
         for result in results:
-            plan = self._in_flight.pop(result.key, None)
+            plan = in_flight.get(result.key)
             if plan is not None:
-                path = plan[3]
                 # A file not ours that appeared at the path meanwhile is not ours now.
-                entries.append((result, path, result.error != ErrorCode.EXISTS))
+                entries.append((result, plan[3], result.error != ErrorCode.EXISTS))
             else:
-                path = self._foreign.pop(result.key, None)
-                entries.append((result, path, False))
+                entries.append((result, foreign.get(result.key), False))
+        recorded = self.journal.record(entries)
+        names = self._names_store
+        for result, path, _mine in entries:
+            in_flight.pop(result.key, None)
+            foreign.pop(result.key, None)
             if path is not None:
                 names.release(path)
-        recorded = self.journal.record(entries)
         lines = self._lines
         if lines is not None and lines.active:
             for entry in recorded:
                 lines.add(entry[1], entry[6])
+        self._pending = []
+        self._flushing = False
 
     def partial(self, key: int, validator: str | None, total: int | None) -> None:
         plan = self._in_flight.get(key)
