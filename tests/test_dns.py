@@ -1166,3 +1166,18 @@ def test_an_ipv6_only_answer_is_not_held_up_by_a_lost_a_query(loop: EventLoop) -
             assert resolve(resolver, loop, "v6only.test") == (addresses, None)
         finally:
             resolver.close()
+
+
+def test_a_connect_that_times_out_is_tried_twice_at_most(out_dir: Path) -> None:
+    # Silence at the connect is silence as after the head: retried at most
+    # once, as a stalled transfer is.  Retried as often as any failure, each
+    # dead host of a list held a connection and a row of the window for four
+    # --timeouts and their backoffs, and the rows behind waited.
+    with blackhole(V4, "127.0.0.1") as port:
+        started = time.monotonic()
+        report = swarmget.download([f"http://127.0.0.1:{port}/f"], out_dir, retries=3, timeout=0.5)
+        elapsed = time.monotonic() - started
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("timeout", 2), failure
+    assert failure.message.startswith("connect to 127.0.0.1:"), failure.message
+    assert elapsed < 1.8

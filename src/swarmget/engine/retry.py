@@ -17,8 +17,9 @@ Two values, as in urllib3's ``Retry``:
 after that long) or None (give up).  Three rules bound the time a bad host can
 cost a run:
 
-* a transfer cut for slowness (``--min-speed`` or silence longer than
-  ``--timeout``: a :class:`Stalled` error) is retried at most once;
+* a timeout (silence longer than ``--timeout`` at the connect, in a TLS
+  handshake or a proxy's tunnel, or after the request; or a transfer cut for
+  slowness, ``--min-speed``: a :class:`Stalled` error) is retried at most once;
 * a server's ``Retry-After`` is honoured up to ``retry_after_cap``, but a wait
   that would end after the row's ``--deadline`` fails the row now (the
   engine weighs that, and says it in the row's message);
@@ -111,7 +112,7 @@ class RetryPolicy:
     base: float = 0.5
     cap: float = 30.0
     retry_after_cap: float = 120.0
-    slow_retries: int = 1  # retries after a Stalled failure
+    slow_retries: int = 1  # retries after timeouts (silence, slowness), in all
 
     def should_retry(self, code: str, attempts: int) -> bool:
         return attempts <= self.retries and code in RETRYABLE_CODES
@@ -162,10 +163,14 @@ class RetryPolicy:
             return None
         if self.asks_too_long(error, retry_after):
             return None
-        if isinstance(error, Stalled):
-            if state.count(STALLED) > self.slow_retries:
+        if error.code == ErrorCode.TIMEOUT:
+            # Silence for --timeout (at the connect, in a handshake, after the
+            # request) or slowness: a second such attempt is not worth a third.
+            # A connect retried as often as any failure held a dead host's row
+            # (and its place in the window) for four --timeouts and backoffs.
+            if state.count(ErrorCode.TIMEOUT) + state.count(STALLED) > self.slow_retries:
                 return None
-            return 0.0  # the host was slow, not refusing: no reason to wait
+            return 0.0  # the time was spent already, waiting: no reason to wait more
         return self.delay(state.attempts, retry_after)
 
 
