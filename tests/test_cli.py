@@ -456,6 +456,37 @@ def test_ctrl_c_while_the_script_imports_exits_130_without_a_traceback() -> None
     assert proc.stderr == "swarmget: interrupted\n"
 
 
+# A Ctrl-C while the engine's modules load (the first few hundred ms of a run):
+# the run had not begun, and nothing had finished.
+_INTERRUPTED_ENGINE_IMPORT = """
+import builtins, sys
+real = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "swarmget.api":
+        raise KeyboardInterrupt
+    return real(name, *args, **kwargs)
+builtins.__import__ = interrupted
+from swarmget.__main__ import run
+sys.exit(run())
+"""
+
+
+def test_json_after_a_ctrl_c_before_the_run_began_is_an_empty_summary(tmp_path: Path) -> None:
+    # Printed nothing: a script reading stdout with --json got no JSON to parse.
+    json_to = ["-o", str(tmp_path / "out"), "--json", "-q"]
+    proc = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_ENGINE_IMPORT, "http://127.0.0.1:9/a", *json_to],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 130, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["ok"], summary["failed"], summary["stopped"]) == (0, 0, "SIGINT")
+    assert summary["manifest"] is None  # none was written: read_manifest would not find one
+
+
 def test_importing_swarmget_loads_none_of_its_modules_until_a_name_is_used() -> None:
     code = (
         "import sys, swarmget\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import multiprocessing
 import os
@@ -431,6 +432,26 @@ def test_a_full_disk_stops_cleanly_and_a_rerun_completes(
         for i in range(20):
             assert (out / f"f{i}.bin").read_bytes() == expected_body(f"f{i}.bin", 50_000)
         assert len(records(out)) == 20
+
+
+def test_a_disk_too_full_to_open_the_journal_still_gives_the_json_summary(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Stopped before the run began: exit 1 with its error line, and --json
+    # printed nothing for a script to parse.
+    with small_tmpfs(tmp_path / "small", "256k") as mount:
+        out = mount / "out"
+        out.mkdir()
+        filler = mount / "filler"
+        with contextlib.suppress(OSError), filler.open("wb") as fill:
+            while True:
+                fill.write(b"\0" * 4096)
+        full = cli_over([server.file_url("j.bin", size=10)], tmp_path, out)()
+        assert full.returncode == 1, full.stderr
+        assert "disk is full" in full.stderr and "Traceback" not in full.stderr, full.stderr
+        summary = json.loads(full.stdout)
+        assert (summary["ok"], summary["failed"], summary["stopped"]) == (0, 0, "error")
+        assert summary["manifest"] is None
 
 
 def test_the_rows_done_before_a_full_disk_are_not_fetched_again(

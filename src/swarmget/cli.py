@@ -660,31 +660,42 @@ def _stopped_by_signal(exc: KeyboardInterrupt, args: argparse.Namespace) -> int:
         f"swarmget: {how}; {_where_listed(args.output)}; run the same command again to resume\n",
         sys.stderr,
     )
-    finished = getattr(exc, "report", None)
-    if args.json and isinstance(finished, Report):
+    if args.json:
         print_outcome(
-            finished, args.output, quiet=True, as_json=True, stdout=sys.stdout,
-            stopped=signal.Signals(signum or signal.SIGINT).name,
+            _finished_before_the_stop(exc, args.output), args.output, quiet=True,
+            as_json=True, stdout=sys.stdout, stopped=signal.Signals(signum or signal.SIGINT).name,
         )  # fmt: skip
     return 128 + signum if signum else EXIT_INTERRUPTED
+
+
+def _finished_before_the_stop(exc: BaseException, output: str) -> Report:
+    """The report a stopped run carries; an empty one when it stopped before the
+    run began (a Ctrl-C while the engine loaded, a disk too full to open the
+    journal): nothing had finished, and --json says so rather than print
+    nothing, which a script reading stdout cannot parse."""
+    finished = getattr(exc, "report", None)
+    if isinstance(finished, Report):
+        if finished.manifest and not os.path.exists(finished.manifest):
+            finished.manifest = None  # a full disk left no room for it
+        return finished
+    manifest = os.path.realpath(os.path.join(output, MANIFEST))
+    return Report(manifest=manifest if os.path.exists(manifest) else None)
 
 
 def _stopped_by_error(exc: TransferError, args: argparse.Namespace) -> int:
     """A run-stopping error (a full disk, a read-only output dir)."""
     if exc.report is None:  # before the run began (the output dir refused)
         say(f"swarmget: error: {exc.message}\n", sys.stderr)
-        return EXIT_FAILED
-    say(
-        f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
-        "fix the cause and run the same command again to resume\n",
-        sys.stderr,
-    )
-    if args.json and isinstance(exc.report, Report):
-        if exc.report.manifest and not os.path.exists(exc.report.manifest):
-            exc.report.manifest = None  # the full disk left no room for it
+    else:
+        say(
+            f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
+            "fix the cause and run the same command again to resume\n",
+            sys.stderr,
+        )
+    if args.json:
         print_outcome(
-            exc.report, args.output, quiet=True, as_json=True, stdout=sys.stdout,
-            stopped="error",
+            _finished_before_the_stop(exc, args.output), args.output, quiet=True,
+            as_json=True, stdout=sys.stdout, stopped="error",
         )  # fmt: skip
     return EXIT_FAILED
 
