@@ -234,7 +234,7 @@ def test_a_throttled_host_ramps_up_by_one_per_round_back_to_per_host() -> None:
 
 def test_a_refusal_slows_a_host_down_once_per_round() -> None:
     # Each 429 of one burst (sent before the pause began) halved the limit
-    # again; and a 503 with Retry-After halves it with no pause nor restart.
+    # again; and a later decrease halves it with no pause nor restart.
     scheduler = Scheduler(concurrency=64, per_host=32)
     p = pool()
     dial_all(scheduler, p, 20, now=1.0)
@@ -245,7 +245,7 @@ def test_a_refusal_slows_a_host_down_once_per_round() -> None:
     p.limit = 10  # as after its slow start
     scheduler.slow_down(p, now=5.0, started=1.2)  # sent before the last decrease
     assert p.limit == 10
-    scheduler.slow_down(p, now=5.0, started=4.0)  # a 503 with Retry-After
+    scheduler.slow_down(p, now=5.0, started=4.0)  # a request sent since
     assert (p.limit, p.threshold) == (5, 5)  # no restart from one request
 
 

@@ -890,8 +890,8 @@ class Engine(ConnectionOwner):
             push_back = self.scheduler.pushed_back(
                 pool, now + pause, now, error, started, first=front
             )
-        elif pool is not None:
-            push_back = self._not_pushed_back(pool, status, retry_after, started)
+        elif not status and pool is not None:
+            push_back = self._unanswered(pool, started)
         if self.fatal is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.wait(transfer.retry, error, retry_after)
@@ -906,17 +906,13 @@ class Engine(ConnectionOwner):
         self._execute(push_back)
         self._record(job, error, status, transfer)
 
-    def _not_pushed_back(
-        self, pool: HostPool, status: int, retry_after: float | None, started: float
-    ) -> list[Action]:
-        """What the scheduler is told of a failure that did not pause its host."""
-        if status == 503 and retry_after is not None:
-            # "Come back later" for this row (a 503 may be one URL's trouble:
-            # it alone waits), but a busy server's word too: the host is asked
-            # for less at once (AIMD, engine/scheduler.py).
-            self.scheduler.slow_down(pool, self.loop.now, started)
-        elif not status and (pool.probe_out or pool.limit):
-            # No answer: the probe goes again, or a throttled host's slot is free.
+    def _unanswered(self, pool: HostPool, started: float) -> list[Action]:
+        """A request ``started`` then ended with no answer: a probe after a pause
+        goes again, a throttled host's slot is free.  (A 503, even with a
+        Retry-After, slows no host down: it may be one URL's trouble, and one
+        URL answering it on every retry halved a host serving thousands of
+        others four times.)"""
+        if pool.probe_out or pool.limit:
             return self.scheduler.request_lost(pool, self.loop.now, started)
         return []
 

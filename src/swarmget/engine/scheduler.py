@@ -65,8 +65,7 @@ The rules:
   at once, ``HostPool.limit``:
 
   - *Multiplicative decrease* (:meth:`Scheduler.slow_down`): when a pause
-    begins (429), or a 503 comes with a Retry-After (the server's "come back
-    later": its row alone waits, but the host is asked less of), the limit
+    begins (429; not for a 503, which may be one URL's trouble), the limit
     becomes half of what the host had under way (as TCP halves its flight
     size, not a window it was not using; the probe after a pause halves the
     limit itself), at least 1.  Once per round of requests, as a pause is:
