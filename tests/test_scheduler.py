@@ -102,9 +102,11 @@ def test_a_host_that_pushed_back_gets_nothing_new_until_its_wait_is_over() -> No
     assert kinds(scheduler.wake(p, until=12.0, now=12.0)) == ["Start"]
     assert p.probing and len(p.queue) == 3
     assert scheduler.submit(p, transfer(10), now=12.1) == []
-    # Answered (anything but 429): the queue goes out again, as far as per_host allows.
-    assert kinds(scheduler.host_answered(p, now=12.2, status=200)) == ["Start", "Start"]
-    assert not p.probing and p.push_backs == 0 and len(p.queue) == 2
+    # Answered (anything but 429): the queue goes on, as far as the host is
+    # allowed now (three were under way when it pushed back: half of that,
+    # reached from one request; see the tests of the AIMD below).
+    assert kinds(scheduler.head_came(p, status=200, started=12.0, now=12.2)) == ["Start"]
+    assert not p.probing and p.push_backs == 0 and len(p.queue) == 3
 
 
 def test_the_rows_parked_on_paused_hosts_are_counted_as_they_come_and_go() -> None:
@@ -180,9 +182,101 @@ def test_the_probe_goes_out_past_requests_still_under_way_and_again_if_lost() ->
     assert p.probe_out and len(p.queue) == 2
     assert scheduler.submit(p, transfer(20), now=3.1) == []
     # The probe ended unanswered (a timeout, a reset): another goes.
-    assert kinds(scheduler.probe_lost(p, now=4.0)) == ["Dial"]
+    assert kinds(scheduler.request_lost(p, now=4.0)) == ["Dial"]
     assert kinds(scheduler.host_answered(p, now=4.5, status=200)) == []  # per_host is full
     assert not p.probing and not p.probe_out
+
+
+def answer(scheduler: Scheduler, p: HostPool, sent: float, now: float) -> list[Action]:
+    """A 200's head, then the end of its transfer, and its connection free."""
+    actions = scheduler.head_came(p, status=200, started=sent, now=now)
+    actions += scheduler.host_answered(p, now=now, status=200)
+    return actions + scheduler.released(PooledConnection(p), reusable=True, now=now)
+
+
+def test_a_host_that_pushed_back_is_allowed_half_as_many_requests() -> None:
+    # 16 under way when the host said 429: after the pause it starts again
+    # from one request, each answer allowing one more up to 8 (half), and
+    # there it stays until it has answered that many more.
+    scheduler = Scheduler(concurrency=64, per_host=32)
+    p = pool()
+    dial_all(scheduler, p, 16)
+    scheduler.pushed_back(p, until=2.0, now=1.0, error=REFUSED, started=1.0)
+    assert (p.limit, p.threshold) == (1, 8)
+    for i in range(16):  # the burst's refused rows (and more) wait for the pause
+        scheduler.closed(PooledConnection(p), now=1.1)
+        scheduler.submit(p, transfer(100 + i), now=1.1)
+    assert kinds(scheduler.wake(p, until=2.0, now=2.0)) == ["Dial"]  # the probe, alone
+    # The probe's head (anything but 429): one more may go (two now).
+    assert kinds(scheduler.head_came(p, status=200, started=2.0, now=2.1)) == ["Dial"]
+    # Its end: slow start, one more allowed per answer.
+    assert kinds(scheduler.host_answered(p, now=2.2, status=200)) == ["Dial"]
+    assert p.limit == 2 and p.unanswered == 2
+
+
+def test_a_throttled_host_ramps_up_by_one_per_round_back_to_per_host() -> None:
+    scheduler = Scheduler(concurrency=64, per_host=8)
+    p = pool()
+    p.limit = p.threshold = 4  # as after a push-back
+    now = 1.0
+    dial_all(scheduler, p, 100, now=now)
+    assert p.unanswered == 4 and len(p.queue) == 96  # four under way, not per_host's eight
+    limits = []
+    for _ in range(40):
+        now += 0.1
+        answer(scheduler, p, sent=now - 0.1, now=now)
+        limits.append(p.limit)
+    # +1 once as many answers as the limit came; at per_host, un-throttled (0).
+    assert limits[:4] == [4, 4, 4, 5] and limits[4:9] == [5, 5, 5, 5, 6]
+    assert 0 in limits and limits[limits.index(0) :] == [0] * (40 - limits.index(0))
+    assert p.open == 8  # per_host, no more
+
+
+def test_a_refusal_slows_a_host_down_once_per_round() -> None:
+    # Each 429 of one burst (sent before the pause began) halved the limit
+    # again; and a later decrease halves it with no pause nor restart.
+    scheduler = Scheduler(concurrency=64, per_host=32)
+    p = pool()
+    dial_all(scheduler, p, 20, now=1.0)
+    scheduler.pushed_back(p, until=3.0, now=1.5, error=REFUSED, started=1.0)
+    for now in (1.6, 1.7, 1.8):  # the rest of the burst
+        scheduler.pushed_back(p, until=now + 1, now=now, error=REFUSED, started=1.0)
+    assert (p.limit, p.threshold) == (1, 10)
+    p.limit = 10  # as after its slow start
+    scheduler.slow_down(p, now=5.0, started=1.2)  # sent before the last decrease
+    assert p.limit == 10
+    scheduler.slow_down(p, now=5.0, started=4.0)  # a request sent since
+    assert (p.limit, p.threshold) == (5, 5)  # no restart from one request
+
+
+def test_answers_to_a_paused_host_or_5xx_do_not_ramp_it_up() -> None:
+    scheduler = Scheduler(concurrency=64, per_host=32)
+    p = pool()
+    p.limit = p.threshold = 2
+    for status in (500, 503, 502):
+        scheduler.host_answered(p, now=1.0, status=status)
+    p.paused_until = 9.0
+    for _ in range(5):
+        scheduler.host_answered(p, now=1.0, status=200)
+    assert (p.limit, p.ramp) == (2, 0)
+
+
+def test_a_host_that_never_pushed_back_is_not_throttled() -> None:
+    scheduler = Scheduler(concurrency=64, per_host=4)
+    p = pool()
+    dial_all(scheduler, p, 10)
+    for _ in range(6):
+        scheduler.host_answered(p, now=2.0, status=200)
+        assert kinds(scheduler.released(PooledConnection(p), reusable=True, now=2.0)) == ["Start"]
+    assert (p.limit, p.ramp, p.unanswered) == (0, 0, 0)
+
+
+def test_per_host_one_is_as_slow_as_a_push_back_makes_it() -> None:
+    scheduler = Scheduler(concurrency=64, per_host=1)
+    p = pool()
+    dial_all(scheduler, p, 3)
+    scheduler.pushed_back(p, until=2.0, now=1.0, error=REFUSED, started=1.0)
+    assert p.limit == 0
 
 
 def test_a_host_that_keeps_pushing_back_is_given_up() -> None:

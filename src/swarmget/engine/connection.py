@@ -350,8 +350,8 @@ class HTTPConnection(PooledConnection):
             verdict.stale = True
         self.verdict = verdict
         pool = self.pool
-        if pool.probing and head.status != 429:
-            self.owner.answered(pool, head.status)
+        if pool.probing or pool.limit:  # after a push-back (Scheduler.head_came)
+            self.owner.answered(pool, head.status, self.started)
         if verdict.kind == ACCEPT:
             transfer.job.total = verdict.total
             writer = self.owner.open_writer(transfer, verdict, head)

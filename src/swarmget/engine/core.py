@@ -61,7 +61,7 @@ from swarmget.engine.pool import (
     PooledConnection,
     retire_idle,
 )
-from swarmget.engine.retry import REDIRECT, RESTART, STALE, RetryPolicy, Stalled
+from swarmget.engine.retry import BURST, REDIRECT, RESTART, STALE, RetryPolicy, Stalled
 from swarmget.engine.scheduler import (
     Action,
     Close,
@@ -542,11 +542,10 @@ class Engine(ConnectionOwner):
                 delay = action.until - self.loop.now
                 self.loop.call_later(delay, self._wake, action.pool, action.until)
 
-    def answered(self, pool: HostPool, status: int) -> None:
-        # A head came (a connection reports it at once when it ends a pause's
-        # probe: the queue goes on then, not when the probe's body ends), or a
-        # transfer ended with an answer.
-        self._execute(self.scheduler.host_answered(pool, self.loop.now, status))
+    def answered(self, pool: HostPool, status: int, started: float) -> None:
+        # A head came on a host probed or throttled after a push-back: the
+        # queue goes on then, not when the body ends.
+        self._execute(self.scheduler.head_came(pool, status, started, self.loop.now))
 
     def _wake(self, pool: HostPool, until: float) -> None:
         self._execute(self.scheduler.wake(pool, until, self.loop.now))
@@ -689,7 +688,7 @@ class Engine(ConnectionOwner):
         kind = verdict.kind
         pool = conn.pool
         if verdict.status:
-            self.answered(pool, verdict.status)
+            self._execute(self.scheduler.host_answered(pool, self.loop.now, verdict.status))
         if kind == ACCEPT:
             self._succeeded(transfer, verdict)
         elif kind == REDIRECTED:
@@ -805,8 +804,8 @@ class Engine(ConnectionOwner):
             transfer.retry = transfer.retry.forgiven(STALE)
             transfer.fresh = True
             self._submit(transfer, front=True)
-            if pool.probe_out:  # it was the probe after a pause: it goes again, first
-                self._execute(self.scheduler.probe_lost(pool, self.loop.now))
+            if pool.probe_out or pool.limit:  # the probe goes again, first; or a slot is free
+                self._execute(self.scheduler.request_lost(pool, self.loop.now, started))
             return
         self._host_failed(pool, error, dialling, started)
         self._failed(transfer, error, verdict.status, verdict.retry_after, started)
@@ -883,6 +882,7 @@ class Engine(ConnectionOwner):
             # goes first, not behind the queue it was refused ahead of.
             assert pool is not None
             now = self.loop.now
+            self._forgive_burst(transfer, pool, started)
             # A row refused again goes behind the others: the next probe is
             # another row, which tells whether the host refuses everything or
             # only some URLs (only first refusals count towards giving it up).
@@ -890,8 +890,8 @@ class Engine(ConnectionOwner):
             push_back = self.scheduler.pushed_back(
                 pool, now + pause, now, error, started, first=front
             )
-        elif not status and pool is not None and pool.probe_out:
-            push_back = self.scheduler.probe_lost(pool, self.loop.now)  # no answer: probe again
+        elif not status and pool is not None:
+            push_back = self._unanswered(pool, started)
         if self.fatal is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.wait(transfer.retry, error, retry_after)
@@ -905,6 +905,28 @@ class Engine(ConnectionOwner):
                 error = self._too_long_asked(error, transfer, retry_after, time_left, pool)
         self._execute(push_back)
         self._record(job, error, status, transfer)
+
+    def _unanswered(self, pool: HostPool, started: float) -> list[Action]:
+        """A request ``started`` then ended with no answer: a probe after a pause
+        goes again, a throttled host's slot is free.  (A 503, even with a
+        Retry-After, slows no host down: it may be one URL's trouble, and one
+        URL answering it on every retry halved a host serving thousands of
+        others four times.)"""
+        if pool.probe_out or pool.limit:
+            return self.scheduler.request_lost(pool, self.loop.now, started)
+        return []
+
+    def _forgive_burst(self, transfer: Transfer, pool: HostPool, started: float) -> None:
+        """A 429 to a request under way when its host had said stop (the
+        pause's own refusal came first, ``started`` is before it) is one
+        refusal of the whole burst, which the scheduler counts as neither a
+        pause nor a step towards --host-failures: it costs the row no attempt
+        either (the row did nothing wrong, the rate did).  Each pause begins
+        with a refusal that does count, so a host refusing everything still
+        uses rows' attempts up; and at most --retries of these per row (none
+        with --retries 0: "no retries" holds)."""
+        if started < pool.pause_began and transfer.retry.count(BURST) < self.policy.retries:
+            transfer.retry = transfer.retry.forgiven(BURST)
 
     def _too_long_asked(
         self,

@@ -65,6 +65,7 @@ class HostPool:
         "handshake_lost_at",
         "idle",
         "kind",
+        "limit",
         "open",
         "origin",
         "pause_began",
@@ -74,12 +75,16 @@ class HostPool:
         "proxy",
         "push_backs",
         "queue",
+        "ramp",
         "refresh_at",
         "resolving",
         "resolving_since",
         "reuse_broken",
+        "slowed_at",
         "template",
+        "threshold",
         "tls_session",
+        "unanswered",
         "unsent",
         "via",
         "via_source",
@@ -131,6 +136,15 @@ class HostPool:
         self.push_backs = 0  # pauses in a row with no other answer between them
         self.probing = False  # after a pause: one request, until it is answered
         self.probe_out = False  # that one request has gone out
+        # Politeness (AIMD, see the scheduler's docstring): requests allowed
+        # under way at once since the host pushed back, 0 while it is allowed
+        # the run's per_host (it never pushed back, or has ramped up all the
+        # way): the un-throttled host costs one attribute check.
+        self.limit = 0
+        self.ramp = 0  # answers counted towards the next +1 of ``limit``
+        self.threshold = 0  # below this, each answer adds one to ``limit`` (slow start)
+        self.slowed_at = -1.0  # loop time ``limit`` was last lowered
+        self.unanswered = 0  # requests sent since then, their answer not yet come
         # A request on a kept-alive connection met silence (no byte of an
         # answer before --timeout): a server, or a box on the way, that breaks
         # keep-alive without closing.  From then on each connection here serves

@@ -8,7 +8,8 @@ Two values, as in urllib3's ``Retry``:
   backoff), fixed for the whole run.
 * :class:`RetryState` is one transfer's history: the attempts that counted,
   the ones that did not (a redirect hop, a restart after a mismatched
-  ``Content-Range``, a kept-alive connection the server had already closed),
+  ``Content-Range``, a kept-alive connection the server had already closed, a
+  429 to a request already under way when its host had said so),
   and the error code of every failure so far.  Every event makes a new state;
   nothing edits a counter in place, so "how many attempts" is never out of
   step with "what happened".
@@ -54,6 +55,8 @@ _TOO_MANY = http_code(429)
 REDIRECT = "redirect"
 RESTART = "restart"
 STALE = "stale"
+# A 429 to a request sent before its host's latest pause began (engine._failed).
+BURST = "burst"
 STALLED = "stalled"  # appended after the error code of a Stalled failure
 
 
@@ -89,7 +92,7 @@ class RetryState:
         return RetryState(self.attempts, (*self.history, entry))
 
     def forgiven(self, reason: str) -> RetryState:
-        """The last attempt does not count: ``reason`` is REDIRECT, RESTART or STALE."""
+        """The last attempt does not count: ``reason`` is REDIRECT, RESTART, STALE or BURST."""
         return RetryState(self.attempts - 1, (*self.history, reason))
 
     def count(self, entry: str) -> int:

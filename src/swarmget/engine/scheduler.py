@@ -46,7 +46,7 @@ The rules:
   attempt on it, and hammered a rate-limited host at full concurrency.  After
   a pause the host gets one request (the refused row first) until it is
   answered with anything but 429 (a request that ends unanswered is replaced,
-  :meth:`Scheduler.probe_lost`): a limiter that lets a few through per second
+  :meth:`Scheduler.request_lost`): a limiter that lets a few through per second
   refused the whole ``per_host`` burst that went out at the wake.  Requests
   still under way from before the pause do not hold the probe back.
   After ``host_failures`` pauses in a row with no other answer, the host is
@@ -56,6 +56,43 @@ The rules:
   intake and the driver's dealing leave them out of their windows (up to a
   bound), so the other hosts' rows keep coming meanwhile.  A 503 pauses only
   its row: it may be one URL's trouble.
+* Politeness after push-back, AIMD as in TCP's congestion control (and as
+  polite crawlers do): a pause alone did not teach us the host's pace.  After
+  the probe was answered the whole queue went out again at ``per_host``, most
+  of it was refused again, and each refusal cost its row an attempt (a host
+  letting 5 requests a second through failed 8 of 30 rows, after 61
+  refusals).  So a host that pushes back is allowed fewer requests under way
+  at once, ``HostPool.limit``:
+
+  - *Multiplicative decrease* (:meth:`Scheduler.slow_down`): when a pause
+    begins (429; not for a 503, which may be one URL's trouble), the limit
+    becomes half of what the host had under way (as TCP halves its flight
+    size, not a window it was not using; the probe after a pause halves the
+    limit itself), at least 1.  Once per round of requests, as a pause is:
+    a refusal of a request sent before the last decrease tells nothing new.
+  - *Slow start* after a pause, as TCP after a timeout: the halved value is
+    a threshold, and the host starts again from the probe, one request; each
+    answer adds one up to the threshold.  Jumping straight back to it sent a
+    limiter that had just refilled a burst as big as it (12 of 30 rows), most
+    of it refused again.
+  - *Additive increase* (:meth:`Scheduler.host_answered`): past the
+    threshold, ``limit`` answers below 500 (while not paused) raise the
+    limit by one: about one more request under way per round trip at that
+    rate.  At ``per_host`` the host is un-throttled again.
+  - What the limit counts is requests *awaiting their answer* (the head),
+    sent since the last decrease (``HostPool.unanswered``): a rate limiter
+    meters requests, not bodies.  A long download under way, or the probe
+    whose head said 200 and whose body is still coming, does not hold the
+    queue back (as the probe itself is not held back by what was under way
+    before the pause); ``per_host`` still caps the connections.  A request
+    that ends unanswered (a timeout, a reset) stops counting
+    (:meth:`Scheduler.request_lost`); one lost where nobody tells us (a
+    kept-alive connection found dead) is let go when its connection is: the
+    count never exceeds the connections busy.
+  - ``limit`` 0 means un-throttled (``per_host`` applies): the hot path (a
+    connection's head, :meth:`Scheduler.released`,
+    :meth:`Scheduler.host_answered`) pays one attribute check for it, so a
+    host that never pushes back is served exactly as before.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
@@ -248,7 +285,10 @@ class Scheduler:
             and not pool.queue[0].fresh
             and pool.paused_until == 0.0
             and not pool.probing
+            and (not pool.limit or self._unanswered(pool) < pool.limit)
         ):
+            if pool.limit:
+                pool.unanswered += 1
             return [Start(conn, pool.queue.popleft())]
         if self._starved:
             return [self._close(conn)]
@@ -375,10 +415,102 @@ class Scheduler:
         if status == 429:
             return []
         pool.push_backs = 0
-        if not pool.probing:
-            return []
-        pool.probing = pool.probe_out = False
-        return self._dispatched(pool, now)
+        if pool.probing:
+            # The probe's answer is counted towards the ramp when its transfer
+            # ends (the engine reports a probe's head, then its end).
+            pool.probing = pool.probe_out = False
+            return self._dispatched(pool, now)
+        if pool.limit and self._ramped_up(pool, status):
+            return self._dispatched(pool, now)
+        return []
+
+    def head_came(self, pool: HostPool, status: int, started: float, now: float) -> list[Action]:
+        """A response head came from a host being probed or throttled, for a
+        request sent at loop time ``started``: the request is answered (if
+        that was the probe's, the queue goes on now, not when its body ends)."""
+        answered = self._answered(pool, started)
+        if pool.probing and status != 429:
+            return self.host_answered(pool, now, status)
+        actions: list[Action] = []
+        if answered and pool.queue:
+            # Next turn: a short body ends in this one, and its connection
+            # takes the next request itself (released) rather than idling
+            # beside a new one.  A long body's does not: another goes then.
+            self._defer(pool, actions)
+        return actions
+
+    def request_lost(
+        self, pool: HostPool, now: float, started: float = float("inf")
+    ) -> list[Action]:
+        """A request to ``pool`` sent at loop time ``started`` ended with no
+        answer (a timeout, a reset, a failed connect): it no longer counts
+        against a throttled host's limit, and if it was the probe after a
+        pause, another goes out."""
+        answered = self._answered(pool, started)
+        if pool.probing and pool.probe_out:
+            pool.probe_out = False
+            return self._dispatched(pool, now)
+        if answered and pool.queue:
+            return self._dispatched(pool, now)
+        return []
+
+    @staticmethod
+    def _answered(pool: HostPool, started: float) -> bool:
+        """Count a request sent at loop time ``started`` as no longer awaiting its
+        answer; False if it was not counted (un-throttled, or sent before the
+        last decrease, whose count began at 0)."""
+        if not pool.limit or started < pool.slowed_at or not pool.unanswered:
+            return False
+        pool.unanswered -= 1
+        return True
+
+    def _ramped_up(self, pool: HostPool, status: int) -> bool:
+        """Count an answer of a throttled host: below its threshold, each one
+        allows one more request under way (slow start); past it, every
+        ``limit`` of them (the additive increase).  A 5xx is no sign the host
+        keeps up, nor is an answer while it is paused (to a request sent
+        before it pushed back)."""
+        if status >= 500 or pool.paused_until:
+            return False
+        if pool.limit < pool.threshold:
+            pool.limit += 1
+            return True
+        pool.ramp += 1
+        if pool.ramp < pool.limit:
+            return False
+        pool.ramp = 0
+        pool.limit += 1
+        if pool.limit >= self.per_host:
+            pool.limit = 0  # all the way back: un-throttled
+        return True
+
+    def slow_down(self, pool: HostPool, now: float, started: float = float("inf")) -> None:
+        """``pool``'s host pushed back on a request sent at loop time ``started``:
+        allow it half the requests it had under way (the multiplicative
+        decrease; see the module docstring), unless that request went out
+        before the last decrease, which answered the same round already."""
+        if started < pool.slowed_at:
+            return
+        pool.slowed_at = now
+        pool.ramp = 0
+        pool.unanswered = 0  # what is under way now does not hold back what comes next
+        had = pool.limit or self.per_host
+        if not pool.probing:  # a probe is under way alone by our choice, not the host's
+            had = min(had, self._busy(pool))
+        pool.limit = pool.threshold = max(1, had // 2)
+        if pool.limit >= self.per_host:
+            pool.limit = 0  # per_host 1: already as slow as we go
+
+    @staticmethod
+    def _busy(pool: HostPool) -> int:
+        """Requests under way (or connections being made) to ``pool``'s host."""
+        return pool.open - pool.closing - len(pool.idle)
+
+    def _unanswered(self, pool: HostPool) -> int:
+        """Requests sent to a throttled host since its last decrease, not yet
+        answered: never more than are under way (one that ended unanswered
+        unbeknown to us, on a kept-alive connection found dead, is let go)."""
+        return min(pool.unanswered, self._busy(pool))
 
     def pushed_back(
         self,
@@ -405,6 +537,9 @@ class Scheduler:
             return actions
         if pool.paused_until == 0.0:
             pool.pause_began = now
+            self.slow_down(pool, now, started)
+            if pool.limit:  # slow start: from the probe up to the halved limit
+                pool.threshold, pool.limit = pool.limit, 1
             if first:
                 pool.push_backs += 1
             if self.host_failures and pool.push_backs >= self.host_failures:
@@ -421,14 +556,6 @@ class Scheduler:
                 self._parked += len(pool.queue)
             actions.append(WakeAt(pool, until))
         return actions
-
-    def probe_lost(self, pool: HostPool, now: float) -> list[Action]:
-        """A request to ``pool`` ended with no answer (a timeout, a reset, a failed
-        connect): if it was the probe after a pause, another goes out."""
-        if not pool.probing or not pool.probe_out:
-            return []
-        pool.probe_out = False
-        return self._dispatched(pool, now)
 
     def _end_pause(self, pool: HostPool) -> None:
         pool.paused_until = 0.0
@@ -461,7 +588,11 @@ class Scheduler:
             for pool in pools
             if pool.queue
             and not pool.paused_until
-            and pool.open - pool.closing >= per_host
+            and (
+                self._unanswered(pool) >= pool.limit
+                if pool.limit
+                else pool.open - pool.closing >= per_host
+            )
             and pool.queue[0].job.admitted < since
         )
 
@@ -547,6 +678,8 @@ class Scheduler:
         while queue and not self.stopping:
             if pool.probe_out:
                 return  # after a pause, one request, until it is answered
+            if pool.limit and self._unanswered(pool) >= pool.limit:
+                return  # throttled since it pushed back: an answer brings us back
             if queue[0].fresh:
                 # Its kept-alive connection had been closed by the server: this
                 # one goes out on a new connection, not on another old one (which
@@ -557,7 +690,7 @@ class Scheduler:
                 conn = self._take_idle(pool, actions)
                 if conn is not None:
                     actions.append(Start(conn, queue.popleft()))
-                    pool.probe_out = pool.probing
+                    self._sent(pool)
                 continue
             if pool.open - pool.closing >= self.per_host:
                 return
@@ -571,7 +704,15 @@ class Scheduler:
             pool.open += 1
             self.open += 1
             actions.append(Dial(pool, transfer))
-            pool.probe_out = pool.probing
+            self._sent(pool)
+
+    @staticmethod
+    def _sent(pool: HostPool) -> None:
+        """A request is going to ``pool``'s host: the probe, if it is probed; one
+        awaiting its answer, if it is throttled."""
+        pool.probe_out = pool.probing
+        if pool.limit:
+            pool.unanswered += 1
 
     def _dispatched(self, pool: HostPool, now: float) -> list[Action]:
         """The actions :meth:`_dispatch` takes for ``pool`` now."""
@@ -604,10 +745,14 @@ class Scheduler:
         if self._slice_connects < CONNECT_SLICE:
             self._slice_connects += 1
             return True
+        self._defer(pool, actions)
+        return False
+
+    def _defer(self, pool: HostPool, actions: list[Action]) -> None:
+        """Dispatch ``pool`` in the next loop turn."""
         if not self._deferred:
             actions.append(Defer())
         self._deferred[pool] = None
-        return False
 
     def _take_idle(self, pool: HostPool, actions: list[Action]) -> PooledConnection | None:
         """The pool's most recently parked connection, if the server has not closed
