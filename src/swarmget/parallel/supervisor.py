@@ -266,12 +266,11 @@ class Supervisor:
                     # leaves the journal and the manifest whole.
                     self._finish_listener()
             self._interrupts.check()  # a Ctrl-C while the manifest was written: now
+        # Each with what finished before it (_run attaches the report; the
+        # CLI's --json prints it).
         if self._fatal is not None:
-            self._fatal.report = self.report  # what finished before the run stopped
             raise self._fatal
         if self._input_error is not None:
-            # With what the rows read before it came to (_run attaches it; the
-            # CLI's --json prints it).
             raise self._input_error
         return self.report
 
