@@ -804,8 +804,8 @@ class Engine(ConnectionOwner):
             transfer.retry = transfer.retry.forgiven(STALE)
             transfer.fresh = True
             self._submit(transfer, front=True)
-            if pool.probe_out or pool.limit:  # the probe goes again, first; or a slot is free
-                self._execute(self.scheduler.request_lost(pool, self.loop.now, started))
+            # A probe after a pause goes again, first; a throttled host's slot is free.
+            self._execute(self.scheduler.request_lost(pool, self.loop.now, started))
             return
         self._host_failed(pool, error, dialling, started)
         self._failed(transfer, error, verdict.status, verdict.retry_after, started)
@@ -891,7 +891,7 @@ class Engine(ConnectionOwner):
                 pool, now + pause, now, error, started, first=front
             )
         elif not status and pool is not None:
-            push_back = self._unanswered(pool, started)
+            push_back = self.scheduler.request_lost(pool, self.loop.now, started)
         if self.fatal is None:
             time_left = self.options.deadline - (self.loop.now - job.first_start)
             delay = self.policy.wait(transfer.retry, error, retry_after)
@@ -905,16 +905,6 @@ class Engine(ConnectionOwner):
                 error = self._too_long_asked(error, transfer, retry_after, time_left, pool)
         self._execute(push_back)
         self._record(job, error, status, transfer)
-
-    def _unanswered(self, pool: HostPool, started: float) -> list[Action]:
-        """A request ``started`` then ended with no answer: a probe after a pause
-        goes again, a throttled host's slot is free.  (A 503, even with a
-        Retry-After, slows no host down: it may be one URL's trouble, and one
-        URL answering it on every retry halved a host serving thousands of
-        others four times.)"""
-        if pool.probe_out or pool.limit:
-            return self.scheduler.request_lost(pool, self.loop.now, started)
-        return []
 
     def _forgive_burst(self, transfer: Transfer, pool: HostPool, started: float) -> None:
         """A 429 to a request under way when its host had said stop (the

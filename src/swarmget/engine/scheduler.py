@@ -65,7 +65,9 @@ The rules:
   at once, ``HostPool.limit``:
 
   - *Multiplicative decrease* (:meth:`Scheduler.slow_down`): when a pause
-    begins (429; not for a 503, which may be one URL's trouble), the limit
+    begins (429; not for a 503, even with a Retry-After: it may be one URL's
+    trouble, and one URL answering it on every retry halved a host serving
+    thousands of others four times), the limit
     becomes half of what the host had under way (as TCP halves its flight
     size, not a window it was not using; the probe after a pause halves the
     limit itself), at least 1.  Once per round of requests, as a pause is:
