@@ -365,7 +365,7 @@ class Stream(Iterator[Item]):
             self.close()
             raise
         if item is None:
-            self._ended()
+            self._wind_up()
             raise StopIteration
         assert isinstance(item, Item)
         if self.closed:
@@ -386,7 +386,7 @@ class Stream(Iterator[Item]):
             return None
         item = delivery.take(block=False)
         if item is None:
-            self._ended()
+            self._wind_up()
         if isinstance(item, Item):
             return delivery.raise_failed(item)
         return item
@@ -422,12 +422,7 @@ class Stream(Iterator[Item]):
         try:
             if os.getpid() != self._pid:
                 return  # a forked copy: the stream is its parent's
-            self._end_run()
-            if self._spill is not None:
-                # Every file but those of the items the caller still holds: each
-                # of those goes when its item is dropped (and the folder with the
-                # last), or at the interpreter's exit.
-                self._spill.close()
+            self._wind_up()
         finally:
             # Only now: a close under way on another thread (a dropped astream's)
             # may be cut short by the interpreter's exit, and the exit hook must
@@ -443,11 +438,13 @@ class Stream(Iterator[Item]):
         if self._spill is not None:
             self._spill.remove()
 
-    def _ended(self) -> None:
-        """Every item has been handed out: the run ends, and the spill folder goes
-        with the last item that holds a file in it (now, if none does), as after
-        close().  A stream kept after its loop (``items = stream(...)``, no
-        ``with``) kept its empty folder until it was dropped."""
+    def _wind_up(self) -> None:
+        """End the run and remove the spill files, but those of the items the
+        caller still holds: each goes when its item is dropped (the folder with
+        the last), or at the interpreter's exit.  At close(), and as soon as
+        every item has been handed out: a stream kept after its loop
+        (``items = stream(...)``, no ``with``) kept its empty folder until it
+        was dropped."""
         self._end_run()
         if self._spill is not None:
             self._spill.close()
