@@ -281,12 +281,13 @@ def test_help_documents_options_defaults_exit_statuses_and_codes(
         ("--concurrency", d.concurrency),
         ("--per-host", d.per_host),
         ("--timeout", f"{d.timeout:g}"),
-        ("--deadline", f"{d.deadline:g}"),
         ("--min-speed", d.min_speed),
         ("--retries", d.retries),
     ]:
         assert f"{flag} " in flat
         assert f"(default: {default})" in flat
+    # With none given, a long body gets longer than the hour (Options.long_file_rate).
+    assert f"(default: {Options.AUTO_DEADLINE:g}, or for a body announced longer" in flat
     for flag in ["--max-size", "--header", "--overwrite", "--quiet", "--json", "-o DIR"]:
         assert flag in text
     assert "10M" in text and "1024" in text

@@ -522,6 +522,66 @@ def test_a_firehose_neither_outlives_its_deadline_nor_stalls_the_others(tmp_path
     slow_thread.join(5)
 
 
+class _QuickAutoDeadline(Options):
+    """The rule of the default --deadline (none given), on a scale a test waits for:
+    0.6 s, or for a body announced longer than that takes at 100 kB/s, that long."""
+
+    AUTO_DEADLINE = 0.6
+    AUTO_DEADLINE_RATE = 100_000
+
+
+def _at_200_kb_a_second(chunked: bool) -> Callable[[socket.socket], None]:
+    """240 kB at 200 kB/s (1.2 s), announced by Content-Length or chunked."""
+
+    def serve(conn: socket.socket) -> None:
+        framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: 240000"
+        conn.sendall(b"HTTP/1.1 200 OK\r\n" + framing + b"\r\n\r\n")
+        for _ in range(12):
+            data = b"z" * 20_000
+            conn.sendall(b"4e20\r\n" + data + b"\r\n" if chunked else data)
+            time.sleep(0.1)
+        if chunked:
+            conn.sendall(b"0\r\n\r\n")
+        time.sleep(0.5)  # read before the close
+
+    return serve
+
+
+@pytest.mark.parametrize(
+    ("options", "chunked", "outcome"),
+    [
+        (_QuickAutoDeadline(retries=0), False, "ok"),
+        (_QuickAutoDeadline(retries=0), True, "deadline of 0.6s exceeded"),
+        (Options(retries=0, deadline=0.6), False, "deadline of 0.6s exceeded"),
+    ],
+    ids=["default-long-body", "default-no-length", "explicit"],
+)
+def test_with_no_deadline_given_a_long_body_gets_the_time_its_length_takes(
+    options: Options, chunked: bool, outcome: str, out_dir: Path
+) -> None:
+    # The default deadline (an hour) cut a 20 GB model at 5 MB/s after 18 GB,
+    # where curl, wget and aria2c have none: with none given, a body announced
+    # longer than the hour takes at 256 KiB/s gets the time it takes at that
+    # rate.  A body of unknown length gets no more; an explicit --deadline is
+    # strict, as curl -m.
+    port, thread = _serve_once(_at_200_kb_a_second(chunked))
+    events = RecordedEvents()
+    engine = Engine(FileSink(out_dir), options, events)
+    engine.add([Assignment(0, 0, f"http://127.0.0.1:{port}/model.bin", "model.bin")])
+    engine.close_input()
+    try:
+        engine.run()
+    finally:
+        engine.close()
+    thread.join(5)
+    (result,) = events.results
+    if outcome == "ok":
+        assert result.status == "ok", result
+        assert (out_dir / "model.bin").read_bytes() == b"z" * 240_000
+    else:
+        assert (result.error, result.message) == ("timeout", outcome), result
+
+
 def test_a_host_that_resets_some_connections_is_not_given_up(
     server: TestServer, out_dir: Path
 ) -> None:

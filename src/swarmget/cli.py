@@ -273,7 +273,10 @@ FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "deadline",
-        "seconds one file may take in total, its name lookup included (default: {default:g})",
+        "seconds one file may take in total, its name lookup included, strictly "
+        f"(default: {Options.AUTO_DEADLINE:g}, or for a body announced longer than "
+        f"that takes at {Options.AUTO_DEADLINE_RATE // 1024} KiB/s, the time it takes "
+        "at that rate)",
         "S",
         parse_seconds,
     ),

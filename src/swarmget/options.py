@@ -16,9 +16,13 @@ Defaults are chosen for "many files from a few hosts, politely":
   (``http://[user:pass@]host:port``) for both schemes; ``""`` for none.
   ``no_proxy`` (a comma list, ``*`` for all) replaces ``$no_proxy`` when set.
   See ``net/proxy.py``.
-* ``deadline=3600`` s total per file, and ``min_speed=1024`` B/s averaged over
-  ``min_speed_window=30`` s: a server that stalls is cut by ``timeout``; one that
-  drip-feeds a byte at a time is cut by the speed rule; nothing can hang a run.
+* ``deadline=None``: a file may take an hour in total, or, when its body is
+  announced longer than an hour takes at 256 KiB/s (900 MiB), as long as its
+  length takes at that rate (a 20 GiB model gets 22 hours, not the hour that
+  cut it at 5 MB/s, as no peer would); a number is a strict limit, as ``curl
+  -m``.  With ``min_speed=1024`` B/s averaged over ``min_speed_window=30`` s: a
+  server that stalls is cut by ``timeout``; one that drip-feeds a byte at a time
+  is cut by the speed rule; nothing can hang a run.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from swarmget.errors import UsageError
 from swarmget.net.proxy import parse_proxy_url
@@ -42,7 +46,7 @@ class Options:
     concurrency: int = 128
     per_host: int = 32
     timeout: float = 30.0
-    deadline: float = 3600.0
+    deadline: float | None = None  # seconds per file; None: AUTO_DEADLINE (deadline_for)
     min_speed: int = 1024
     min_speed_window: float = 30.0
     max_size: int | None = None
@@ -64,6 +68,10 @@ class Options:
     no_proxy: str | None = None  # hosts that go direct; None: from the environment
     trust_env: bool = True  # read the proxy environment variables
 
+    # With no deadline given: what a file may take (see the module docstring).
+    AUTO_DEADLINE: ClassVar[float] = 3600.0
+    AUTO_DEADLINE_RATE: ClassVar[int] = 256 * 1024  # bytes/s
+
     def __post_init__(self) -> None:
         servers: object = self.dns_servers  # callers pass lists, or one bare string
         servers = (servers,) if isinstance(servers, str) else tuple(self.dns_servers)
@@ -83,7 +91,7 @@ class Options:
         object.__setattr__(self, "headers", combine_headers(self.headers.items()))
         for flag, number in (
             ("--timeout", self.timeout),
-            ("--deadline", self.deadline),
+            ("--deadline", self.first_deadline),
             ("min_speed_window", self.min_speed_window),
         ):
             # NaN passes every "< 0" test and then compares false with everything:
@@ -100,7 +108,7 @@ class Options:
             raise UsageError("--per-host must be at least 1")
         if self.timeout <= 0:
             raise UsageError("--timeout must be positive")
-        if self.deadline <= 0:
+        if self.first_deadline <= 0:
             raise UsageError("--deadline must be positive")
         if self.min_speed < 0:
             raise UsageError("--min-speed must be >= 0 (0 = no minimum)")
@@ -120,6 +128,17 @@ class Options:
             raise UsageError("--host-failures must be >= 0 (0 = never give a host up)")
         if self.proxy:
             parse_proxy_url(self.proxy)  # raises UsageError naming --proxy
+
+    @property
+    def first_deadline(self) -> float:
+        """A file's deadline until the length of its body is known."""
+        return self.AUTO_DEADLINE if self.deadline is None else self.deadline
+
+    @property
+    def long_file_rate(self) -> int:
+        """With no deadline given, a body announced longer than ``first_deadline``
+        takes at this rate (bytes/s) gets the time it does take; 0: none does."""
+        return self.AUTO_DEADLINE_RATE if self.deadline is None else 0
 
     def check_environment(self) -> None:
         """Check what the options point at, outside themselves: the proxy environment

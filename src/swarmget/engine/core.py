@@ -276,7 +276,9 @@ class Engine(ConnectionOwner):
         self._to_publish: list[tuple[Transfer, FileResult]] = []  # complete, not yet published
         self._outbox: list[HTTPConnection] = []  # requests to send at the end of this turn
         self._end_turn_scheduled = False
-        sweep = min(options.timeout, options.min_speed_window, options.deadline) / 8
+        self._first_deadline = options.first_deadline
+        self._long_file_rate = options.long_file_rate
+        sweep = min(options.timeout, options.min_speed_window, self._first_deadline) / 8
         self._sweep_interval = min(1.0, max(0.02, sweep))
         self._sweeping = False
 
@@ -458,9 +460,9 @@ class Engine(ConnectionOwner):
             try:
                 location = self._split(row.url)
             except TransferError as exc:
-                self._record(Job(row, Location(("", "", 0), "", "", None)), exc)
+                self._record(Job(row, Location(("", "", 0), "", "", None), 0.0), exc)
                 continue
-            job = Job(row, location)
+            job = Job(row, location, self._first_deadline)
             job.admitted = self.loop.now
             self._submit(Transfer(job, start=row.resume_from))
 
@@ -616,9 +618,9 @@ class Engine(ConnectionOwner):
         self.dialing[dial] = pool
         dial.start()
         # The race's own limit is --timeout; the row's --deadline may come first.
-        ends = transfer.job.first_start + self.options.deadline
+        ends = transfer.job.first_start + transfer.job.deadline
         if ends < self.loop.now + self.options.timeout:
-            error = deadline_exceeded(self.options.deadline, f"connect{where}")
+            error = deadline_exceeded(transfer.job.deadline, f"connect{where}")
             self.loop.call_at(ends, dial.abandon, error)  # once over, a no-op
 
     def _dial_failed(
@@ -663,6 +665,9 @@ class Engine(ConnectionOwner):
         if verdict.start < job.carried:
             job.carried = verdict.start  # an earlier run's bytes are written over
         length = head.content_length if not head.chunked and not verdict.complete else None
+        rate = self._long_file_rate
+        if rate and length is not None and length > job.deadline * rate:
+            job.deadline = length / rate  # a long file, and no --deadline given
         writer = self.sink.open(job.row, verdict.start, length, self._hashers_for(job.row))
         if verdict.start == 0 and self.sink.resumable:
             try:
@@ -864,7 +869,7 @@ class Engine(ConnectionOwner):
         said = False  # the message already says why the row is not retried
         if status and pool is not None:
             pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
-        if pause is not None and pause >= self.options.deadline:
+        if pause is not None and pause >= self._first_deadline:
             # No row may wait that long (--deadline): waiting would only delay
             # every queued row's failure.  The host is given up at once.
             assert pool is not None
@@ -893,7 +898,7 @@ class Engine(ConnectionOwner):
         elif not status and pool is not None:
             push_back = self.scheduler.request_lost(pool, self.loop.now, started)
         if self.fatal is None:
-            time_left = self.options.deadline - (self.loop.now - job.first_start)
+            time_left = job.deadline - (self.loop.now - job.first_start)
             delay = self.policy.wait(transfer.retry, error, retry_after)
             if delay is not None and delay < time_left and (pool is None or pool.given_up is None):
                 self._retry_later(transfer, error, delay, front, pool)
@@ -1150,19 +1155,17 @@ class Engine(ConnectionOwner):
         was looked up (or waited for a lookup): the resolver's own limit is
         --timeout, and a thread's getaddrinfo has none of ours at all.  The
         lookup goes on; its answer serves the host's later rows."""
-        deadline = self.options.deadline
         for pool in list(self._unnamed):
             if pool.addresses is not None or not pool.queue:
                 del self._unnamed[pool]
                 continue
-            late = [t for t in pool.queue if now - _clock_start(t.job, now) > deadline]
+            late = [t for t in pool.queue if now - _clock_start(t.job, now) > t.job.deadline]
             if not late:
                 continue
             self.scheduler.unqueue(pool, late)
-            error = deadline_exceeded(deadline, "name resolution")
             for transfer in late:
                 _start_clock(transfer.job, now)  # what its elapsed time counts from
-                self._failed(transfer, error)
+                self._failed(transfer, deadline_exceeded(transfer.job.deadline, "name resolution"))
 
 
 def _named(job: Job, now: float) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from swarmget.engine.retry import RetryState
 from swarmget.engine.urls import Location
+from swarmget.options import Options
 from swarmget.sinks.base import Assignment, Writer
 
 
@@ -23,6 +24,7 @@ class Job:
         "authorization",
         "carried",
         "cross_origin",
+        "deadline",
         "first_start",
         "host_header",
         "named_for",
@@ -37,7 +39,9 @@ class Job:
         "validator",
     )
 
-    def __init__(self, row: Assignment, location: Location) -> None:
+    def __init__(
+        self, row: Assignment, location: Location, deadline: float = Options.AUTO_DEADLINE
+    ) -> None:
         self.row = row
         self.url = row.url  # the current URL: differs from row.url after a redirect
         self.redirects = 0
@@ -48,6 +52,9 @@ class Job:
         self.host_header = location.host_header
         self.authorization = location.authorization  # from user:password@ in the URL
         self.first_start = 0.0  # loop time of the first attempt (--deadline counts from it)
+        # Seconds from then the row may take: --deadline, or with none given, more
+        # once a long body is announced (Options.long_file_rate).
+        self.deadline = deadline
         # Before it: waiting for the host's name counts in --deadline too, as in
         # curl -m (engine/core.py): since when it waits (0.0: it does not), and
         # for how long it waited before.  Not the wait for a free connection.
