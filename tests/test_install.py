@@ -16,7 +16,7 @@ runs a checkout; these tests install one:
 The copy holds the files git would commit now (tracked ones with their
 uncommitted edits, plus new files that are not ignored), so a developer tests
 the tree they have, without .venv, build/ or caches; under CI, a fresh clone,
-that is exactly HEAD.  pip and build fetch setuptools, mypy and our three
+that is exactly HEAD.  pip and build fetch setuptools, mypy and our four
 dependencies through pip's cache.  All of it takes a few minutes, mostly
 mypyc's C compiling twice (wheel and sdist), so these tests are marked
 ``install`` and run once per ``./dev test`` (tests/conftest.py).

@@ -572,6 +572,24 @@ def test_a_failure_that_keeps_no_part_does_not_say_it_does(
     assert cut.message == "connection closed after 50000 of 100000 body bytes"
 
 
+@pytest.mark.parametrize(
+    ("fault", "size"), [("chunk_cut", 100_000), ("truncate", 3 * MiB // 2)], ids=str
+)
+def test_a_body_cut_before_a_part_is_worth_keeping_leaves_no_validator_in_the_manifest(
+    server: TestServer, out_dir: Path, fault: str, size: int
+) -> None:
+    # The README: a row whose part is kept for resuming has its validator.  A
+    # body that began as resumable (chunked, or of 1 MiB or more) and was cut
+    # before 1 MiB had come lost its part but kept its validator in the record,
+    # offering a resume there was nothing for.
+    url = server.file_url(f"{fault}.bin", size=size, fault=fault)
+    (failure,) = run([url], out_dir).failures
+    assert failure.error == "truncated" and "kept" not in failure.message
+    assert parts(out_dir) == []
+    (record,) = journal(out_dir)
+    assert "validator" not in record
+
+
 def test_a_kept_part_that_is_the_whole_file_is_published_not_fetched_again(
     server: TestServer, out_dir: Path
 ) -> None:

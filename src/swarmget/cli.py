@@ -70,7 +70,8 @@ ERROR_CODE_HELP: dict[str, str] = {
     ErrorCode.TLS: "TLS handshake or record-layer failure",
     ErrorCode.TLS_VERIFY: "the server's certificate failed verification",
     ErrorCode.TOO_MANY_REDIRECTS: "redirect chain too long",
-    ErrorCode.BAD_REDIRECT: "redirect with no usable Location, or to a non-http(s) URL",
+    ErrorCode.BAD_REDIRECT: "redirect with no usable Location, to a non-http(s) URL, "
+    "or from https to http (--allow-downgrade)",
     ErrorCode.CHECKSUM: "the body did not match the row's sha256/md5",
     ErrorCode.SIZE_MISMATCH: "the body length did not match the row's size",
     ErrorCode.CANCELLED: "(--dedupe) the row this copy shares did not finish",

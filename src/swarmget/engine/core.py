@@ -1021,6 +1021,11 @@ class Engine(ConnectionOwner):
         )
         transfer.start = writer.written if keep else 0
         self._drop_writer(transfer, keep)
+        if not keep and job.validator is not None and self.sink.resumable:
+            # The part is gone, so the validator offers nothing to continue:
+            # the journal (and the manifest's record) must not keep it.
+            job.validator = None
+            self.events.partial(job.row, None, None)
 
     def _drop_part(self, transfer: Transfer) -> None:
         """No part stays for a file over --max-size: a rerun under the same limit

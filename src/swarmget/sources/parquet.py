@@ -14,7 +14,7 @@ group at a time, and only the known columns are decoded, so a list of any
 length costs about one row group's URLs, whatever the file holds besides.
 
 pyarrow is imported only when a Parquet input is met: the core install stays
-three small wheels, and without pyarrow the run stops at once saying how to
+four small wheels, and without pyarrow the run stops at once saying how to
 get it.  A Parquet file is read from its end (its footer says where the
 columns are), so it must be a file, by its path or on stdin redirected from
 it (``swarmget - < list.parquet``): a pipe cannot be one.
