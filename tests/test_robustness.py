@@ -393,6 +393,35 @@ def test_a_low_descriptor_limit_lowers_the_concurrency_and_says_so_once(
     assert len(os.listdir(tmp_path / "out")) == 401
 
 
+# The CLI in a process that can start no thread: every new thread's stack is
+# larger than the address space allowed (as at `ulimit -u`, which counts
+# threads, but also as root, whom that limit does not bind).
+_NO_THREADS = (
+    "import resource, sys, threading\n"
+    "resource.setrlimit(resource.RLIMIT_AS, (1 << 44, 1 << 44))\n"
+    "threading.stack_size(1 << 45)\n"
+    "from swarmget.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_workers_that_can_start_no_thread_still_download_every_row(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Each worker died starting its orphan watch, a traceback each, and every
+    # row of the run failed with crashed.
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(f"t{i}.bin", size=300) + "\n" for i in range(300)))
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREADS, str(urls), "-o", str(tmp_path / "out"), "--json",
+         "--workers", "2"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["ok"] == 300
+
+
 def cli_over(
     urls: list[str], tmp_path: Path, out: Path, *flags: str
 ) -> Callable[[], subprocess.CompletedProcess[str]]:

@@ -347,9 +347,16 @@ def _end_if_orphaned() -> None:
     """
     parent = multiprocessing.parent_process()
     parent_pid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
-    threading.Thread(
+    watch = threading.Thread(
         target=_watch_parent, args=(parent_pid,), name="swarmget-orphan-watch", daemon=True
-    ).start()
+    )
+    # No thread to be had (the limit of processes, ulimit -u, counts threads;
+    # or no memory for its stack): the worker downloads without this watch.
+    # The driver's death still ends it (the pipe's EOF, the parent-death
+    # signal); only a map stuck in C code would outlive it.  Dying here
+    # instead failed every row of the run with crashed.
+    with contextlib.suppress(RuntimeError):
+        watch.start()
 
 
 def _watch_parent(parent_pid: int) -> None:
