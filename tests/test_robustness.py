@@ -422,6 +422,24 @@ def test_workers_that_can_start_no_thread_still_download_every_row(
     assert json.loads(done.stdout)["ok"] == 300
 
 
+def test_stdin_that_no_thread_can_read_stops_the_run_in_one_line_with_its_json(
+    server: TestServer, tmp_path: Path
+) -> None:
+    lines = "".join(server.file_url(f"s{i}.bin", size=300) + "\n" for i in range(300))
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREADS, "-", "-o", str(tmp_path / "out"), "--json",
+         "--workers", "1"],
+        input=lines, capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert "cannot start a thread to read the input" in done.stderr, done.stderr
+    assert "(ulimit -u)" in done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["stopped"] == "error"
+    assert summary["ok"] + summary["failed"] == summary["total"]
+
+
 def cli_over(
     urls: list[str], tmp_path: Path, out: Path, *flags: str
 ) -> Callable[[], subprocess.CompletedProcess[str]]:

@@ -633,12 +633,15 @@ def _download_command(argv: list[str]) -> int:
         return _stopped_by_signal(exc, args)
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
-        return _stopped_by_error(exc, args)
+        return _stopped_by_error(exc.message, exc, args)
     except UsageError as exc:
         finished = getattr(exc, "report", None)
         if isinstance(finished, Report):
             return _stopped_by_input(exc, finished, args)
         raise
+    except SwarmgetError as exc:
+        # The machine refused the run a process or a thread (ulimit -u).
+        return _stopped_by_error(str(exc), exc, args)
     if report.total + report.skipped == 0:
         say("swarmget: warning: the input has no rows: nothing to download\n", sys.stderr)
     if not print_outcome(
@@ -682,13 +685,14 @@ def _finished_before_the_stop(exc: BaseException, output: str) -> Report:
     return Report(manifest=manifest if os.path.exists(manifest) else None)
 
 
-def _stopped_by_error(exc: TransferError, args: argparse.Namespace) -> int:
-    """A run-stopping error (a full disk, a read-only output dir)."""
+def _stopped_by_error(message: str, exc: SwarmgetError, args: argparse.Namespace) -> int:
+    """A run-stopping error (a full disk, a read-only output dir, no worker
+    process to be had)."""
     if exc.report is None:  # before the run began (the output dir refused)
-        say(f"swarmget: error: {exc.message}\n", sys.stderr)
+        say(f"swarmget: error: {message}\n", sys.stderr)
     else:
         say(
-            f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
+            f"swarmget: error: {message}; the run stopped; {_where_listed(args.output)}; "
             "fix the cause and run the same command again to resume\n",
             sys.stderr,
         )
