@@ -440,6 +440,46 @@ def test_stdin_that_no_thread_can_read_stops_the_run_in_one_line_with_its_json(
     assert summary["ok"] + summary["failed"] == summary["total"]
 
 
+# The CLI whose forked workers have 2 MiB of address space to spare: too little
+# for an engine's 4 MiB receive buffer (as under a tight ulimit -v).
+_WORKERS_WITHOUT_MEMORY = (
+    "import os, resource, sys\n"
+    "def tight():\n"
+    "    with open('/proc/self/status') as status:\n"
+    "        kib = next(int(f.split()[1]) for f in status if f.startswith('VmSize:'))\n"
+    "    limit = (kib << 10) + (2 << 20)\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))\n"
+    "os.register_at_fork(after_in_child=tight)\n"
+    "from swarmget.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_workers_without_memory_for_an_engine_stop_the_run_in_one_line(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Each worker died with a traceback, and so did its replacements, until
+    # every row of the run had failed with crashed.
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(f"m{i}.bin", size=300) + "\n" for i in range(40)))
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKERS_WITHOUT_MEMORY, str(urls), "-o", str(out), "--json",
+         "--workers", "2"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "a worker process could not start downloading" in done.stderr, done.stderr
+    assert json.loads(done.stdout)["stopped"] == "error"
+    again = subprocess.run(  # with the memory back, the same command does every row
+        [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "--json"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["ok"] == 40
+
+
 def cli_over(
     urls: list[str], tmp_path: Path, out: Path, *flags: str
 ) -> Callable[[], subprocess.CompletedProcess[str]]:

@@ -192,9 +192,7 @@ def worker_main(
     try:
         _end_if_orphaned()
         _terminate_with_parent(forked_by_main_thread)
-        engine = Engine(
-            make_sink(worker), options, events, warn_to=io.StringIO()
-        )  # the driver warns
+        engine = _new_engine(make_sink(worker), options, events)
         events.engine = engine
         engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
         _report_periodically(engine, events)
@@ -224,6 +222,21 @@ def worker_main(
     if engine is not None:
         engine.close()
     _leave()
+
+
+def _new_engine(sink: Sink, options: Options, events: PipeEvents) -> Engine:
+    """This worker's engine (the driver warns, not it), or a SwarmgetError that
+    stops the run: without the memory or descriptors for an engine, every
+    worker dies the same way, and each death was a traceback and its rows
+    dealt again, until every row of the run had failed with crashed."""
+    try:
+        return Engine(sink, options, events, warn_to=io.StringIO())
+    except (MemoryError, OSError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) else None) or "out of memory"
+        raise SwarmgetError(
+            f"a worker process could not start downloading: {why} "
+            "(too little memory, ulimit -v?); with workers=1 swarmget needs less"
+        ) from None
 
 
 def _leave() -> None:
