@@ -832,3 +832,22 @@ def test_a_file_over_the_size_one_file_may_have_says_which_limit(
     assert (error, int(ok)) == ("io", 1)
     assert "File too large: over the largest file allowed here (ulimit -f" in message, message
     assert "(ulimit -f, or the file system's own limit" in message, message
+
+
+def _small_files_only() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+
+
+def test_a_journal_over_the_size_one_file_may_have_names_that_limit(tmp_path: Path) -> None:
+    # SQLite calls a write past `ulimit -f` a "disk I/O error", and the user
+    # went looking at a disk with room to spare.
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(f"http://127.0.0.1:9/f{i}\n" for i in range(100)))
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmget", str(urls), "-o", str(tmp_path / "out"), "-q"],
+        capture_output=True, text=True, env=child_env(), timeout=60, check=False,
+        preexec_fn=_small_files_only,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "the limit of file size, 100000 bytes: ulimit -f" in done.stderr, done.stderr
