@@ -8,10 +8,12 @@ import json
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -587,6 +589,36 @@ def test_a_full_disk_in_one_worker_gives_back_the_other_workers_parts(
             swarmget.download(urls, out, workers=2, concurrency=2)
         assert info.value.code == "io" and "No space left" in info.value.message
         assert not parts(out)
+
+
+@pytest.mark.parametrize("removed", [".swarmget", ""])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_output_dir_removed_during_the_run_stops_it_at_once(
+    server: TestServer, tmp_path: Path, removed: str, workers: int
+) -> None:
+    # Every row after it failed io one by one, for as long as the list
+    # lasted, recorded in a journal no longer there (a whole night's list).
+    out = tmp_path / "out"
+    urls = [server.file_url(f"r{i}.bin", size=1000, latency=0.1) for i in range(300)]
+
+    def remove_after_the_first_file() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(out.glob("r*.bin")):
+            time.sleep(0.01)
+        while (out / removed).exists():  # again if a file was published meanwhile
+            shutil.rmtree(out / removed, ignore_errors=True)
+
+    remover = threading.Thread(target=remove_after_the_first_file)
+    remover.start()
+    try:
+        with pytest.raises(swarmget.TransferError) as info:
+            swarmget.download(urls, out, workers=workers, concurrency=8)
+    finally:
+        remover.join()
+    assert info.value.code == "io"
+    assert "was removed during the run" in info.value.message, info.value.message
+    report = info.value.report
+    assert report.failed <= 16 and report.ok + report.failed < 150, report.error_counts()
 
 
 def test_rows_keep_flowing_when_the_journal_is_big(tmp_path: Path) -> None:

@@ -581,13 +581,16 @@ def fail(message: str, status: int = EXIT_USAGE, prog: str = "swarmget") -> int:
     return status
 
 
-def _where_listed(output: str) -> str:
+def _where_listed(output: str, finished: Report | None = None) -> str:
     """Where a stopped run's finished rows can be read: the manifest, if there is
     one (a full disk may not have left room to write it)."""
     manifest = os.path.join(output, MANIFEST)
     if os.path.exists(manifest):
         return f"rows that finished are listed in {manifest}"
     if not os.path.exists(os.path.join(output, JOURNAL)):
+        if finished is not None and finished.ok:
+            # The output dir, or its .swarmget, was removed during the run.
+            return "no journal or manifest is left to list the rows that finished"
         # Stopped before the output was set up (a Ctrl-C at once): there is
         # no journal to keep anything, and nothing had finished.
         return "no row had finished"
@@ -692,7 +695,8 @@ def _stopped_by_error(message: str, exc: SwarmgetError, args: argparse.Namespace
         say(f"swarmget: error: {message}\n", sys.stderr)
     else:
         say(
-            f"swarmget: error: {message}; the run stopped; {_where_listed(args.output)}; "
+            f"swarmget: error: {message}; the run stopped; "
+            f"{_where_listed(args.output, exc.report)}; "
             "fix the cause and run the same command again to resume\n",
             sys.stderr,
         )
