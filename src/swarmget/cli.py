@@ -217,7 +217,8 @@ output:
 exit status:
   0    every file was downloaded
   1    at least one file failed (see the summary and the manifest)
-  2    usage error: bad option or value, unreadable input, missing -o
+  2    usage error: bad option or value, unreadable input, missing -o,
+       an output dir another swarmget run is using
   130  interrupted (Ctrl-C); rows that finished are already in the manifest
   143  stopped by SIGTERM (a scheduler, `kill`): the same as Ctrl-C
   129  stopped by SIGHUP (the terminal closed): the same as Ctrl-C
