@@ -8,10 +8,12 @@ import json
 import multiprocessing
 import os
 import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -393,6 +395,93 @@ def test_a_low_descriptor_limit_lowers_the_concurrency_and_says_so_once(
     assert len(os.listdir(tmp_path / "out")) == 401
 
 
+# The CLI in a process that can start no thread: every new thread's stack is
+# larger than the address space allowed (as at `ulimit -u`, which counts
+# threads, but also as root, whom that limit does not bind).
+_NO_THREADS = (
+    "import resource, sys, threading\n"
+    "resource.setrlimit(resource.RLIMIT_AS, (1 << 44, 1 << 44))\n"
+    "threading.stack_size(1 << 45)\n"
+    "from swarmget.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_workers_that_can_start_no_thread_still_download_every_row(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Each worker died starting its orphan watch, a traceback each, and every
+    # row of the run failed with crashed.
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(f"t{i}.bin", size=300) + "\n" for i in range(300)))
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREADS, str(urls), "-o", str(tmp_path / "out"), "--json",
+         "--workers", "2"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert json.loads(done.stdout)["ok"] == 300
+
+
+def test_stdin_that_no_thread_can_read_stops_the_run_in_one_line_with_its_json(
+    server: TestServer, tmp_path: Path
+) -> None:
+    lines = "".join(server.file_url(f"s{i}.bin", size=300) + "\n" for i in range(300))
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_THREADS, "-", "-o", str(tmp_path / "out"), "--json",
+         "--workers", "1"],
+        input=lines, capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+    assert "cannot start a thread to read the input" in done.stderr, done.stderr
+    assert "(ulimit -u)" in done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["stopped"] == "error"
+    assert summary["ok"] + summary["failed"] == summary["total"]
+
+
+# The CLI whose forked workers have 2 MiB of address space to spare: too little
+# for an engine's 4 MiB receive buffer (as under a tight ulimit -v).
+_WORKERS_WITHOUT_MEMORY = (
+    "import os, resource, sys\n"
+    "def tight():\n"
+    "    with open('/proc/self/status') as status:\n"
+    "        kib = next(int(f.split()[1]) for f in status if f.startswith('VmSize:'))\n"
+    "    limit = (kib << 10) + (2 << 20)\n"
+    "    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))\n"
+    "os.register_at_fork(after_in_child=tight)\n"
+    "from swarmget.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_workers_without_memory_for_an_engine_stop_the_run_in_one_line(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Each worker died with a traceback, and so did its replacements, until
+    # every row of the run had failed with crashed.
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(server.file_url(f"m{i}.bin", size=300) + "\n" for i in range(40)))
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKERS_WITHOUT_MEMORY, str(urls), "-o", str(out), "--json",
+         "--workers", "2"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "a worker process could not start downloading" in done.stderr, done.stderr
+    assert json.loads(done.stdout)["stopped"] == "error"
+    again = subprocess.run(  # with the memory back, the same command does every row
+        [sys.executable, "-m", "swarmget", str(urls), "-o", str(out), "--json"],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["ok"] == 40
+
+
 def cli_over(
     urls: list[str], tmp_path: Path, out: Path, *flags: str
 ) -> Callable[[], subprocess.CompletedProcess[str]]:
@@ -500,6 +589,36 @@ def test_a_full_disk_in_one_worker_gives_back_the_other_workers_parts(
             swarmget.download(urls, out, workers=2, concurrency=2)
         assert info.value.code == "io" and "No space left" in info.value.message
         assert not parts(out)
+
+
+@pytest.mark.parametrize("removed", [".swarmget", ""])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_an_output_dir_removed_during_the_run_stops_it_at_once(
+    server: TestServer, tmp_path: Path, removed: str, workers: int
+) -> None:
+    # Every row after it failed io one by one, for as long as the list
+    # lasted, recorded in a journal no longer there (a whole night's list).
+    out = tmp_path / "out"
+    urls = [server.file_url(f"r{i}.bin", size=1000, latency=0.1) for i in range(300)]
+
+    def remove_after_the_first_file() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(out.glob("r*.bin")):
+            time.sleep(0.01)
+        while (out / removed).exists():  # again if a file was published meanwhile
+            shutil.rmtree(out / removed, ignore_errors=True)
+
+    remover = threading.Thread(target=remove_after_the_first_file)
+    remover.start()
+    try:
+        with pytest.raises(swarmget.TransferError) as info:
+            swarmget.download(urls, out, workers=workers, concurrency=8)
+    finally:
+        remover.join()
+    assert info.value.code == "io"
+    assert "was removed during the run" in info.value.message, info.value.message
+    report = info.value.report
+    assert report.failed <= 16 and report.ok + report.failed < 150, report.error_counts()
 
 
 def test_rows_keep_flowing_when_the_journal_is_big(tmp_path: Path) -> None:
@@ -745,3 +864,22 @@ def test_a_file_over_the_size_one_file_may_have_says_which_limit(
     assert (error, int(ok)) == ("io", 1)
     assert "File too large: over the largest file allowed here (ulimit -f" in message, message
     assert "(ulimit -f, or the file system's own limit" in message, message
+
+
+def _small_files_only() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, resource.RLIM_INFINITY))
+
+
+def test_a_journal_over_the_size_one_file_may_have_names_that_limit(tmp_path: Path) -> None:
+    # SQLite calls a write past `ulimit -f` a "disk I/O error", and the user
+    # went looking at a disk with room to spare.
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(f"http://127.0.0.1:9/f{i}\n" for i in range(100)))
+    done = subprocess.run(
+        [sys.executable, "-m", "swarmget", str(urls), "-o", str(tmp_path / "out"), "-q"],
+        capture_output=True, text=True, env=child_env(), timeout=60, check=False,
+        preexec_fn=_small_files_only,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "the limit of file size, 100000 bytes: ulimit -f" in done.stderr, done.stderr

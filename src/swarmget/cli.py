@@ -218,7 +218,8 @@ output:
 exit status:
   0    every file was downloaded
   1    at least one file failed (see the summary and the manifest)
-  2    usage error: bad option or value, unreadable input, missing -o
+  2    usage error: bad option or value, unreadable input, missing -o,
+       an output dir another swarmget run is using
   130  interrupted (Ctrl-C); rows that finished are already in the manifest
   143  stopped by SIGTERM (a scheduler, `kill`): the same as Ctrl-C
   129  stopped by SIGHUP (the terminal closed): the same as Ctrl-C
@@ -585,13 +586,16 @@ def fail(message: str, status: int = EXIT_USAGE, prog: str = "swarmget") -> int:
     return status
 
 
-def _where_listed(output: str) -> str:
+def _where_listed(output: str, finished: Report | None = None) -> str:
     """Where a stopped run's finished rows can be read: the manifest, if there is
     one (a full disk may not have left room to write it)."""
     manifest = os.path.join(output, MANIFEST)
     if os.path.exists(manifest):
         return f"rows that finished are listed in {manifest}"
     if not os.path.exists(os.path.join(output, JOURNAL)):
+        if finished is not None and finished.ok:
+            # The output dir, or its .swarmget, was removed during the run.
+            return "no journal or manifest is left to list the rows that finished"
         # Stopped before the output was set up (a Ctrl-C at once): there is
         # no journal to keep anything, and nothing had finished.
         return "no row had finished"
@@ -637,12 +641,15 @@ def _download_command(argv: list[str]) -> int:
         return _stopped_by_signal(exc, args)
     except TransferError as exc:
         # Only run-stopping errors (disk full, read-only output) get here.
-        return _stopped_by_error(exc, args)
+        return _stopped_by_error(exc.message, exc, args)
     except UsageError as exc:
         finished = getattr(exc, "report", None)
         if isinstance(finished, Report):
             return _stopped_by_input(exc, finished, args)
         raise
+    except SwarmgetError as exc:
+        # The machine refused the run a process or a thread (ulimit -u).
+        return _stopped_by_error(str(exc), exc, args)
     if report.total + report.skipped == 0:
         say("swarmget: warning: the input has no rows: nothing to download\n", sys.stderr)
     if not print_outcome(
@@ -686,13 +693,15 @@ def _finished_before_the_stop(exc: BaseException, output: str) -> Report:
     return Report(manifest=manifest if os.path.exists(manifest) else None)
 
 
-def _stopped_by_error(exc: TransferError, args: argparse.Namespace) -> int:
-    """A run-stopping error (a full disk, a read-only output dir)."""
+def _stopped_by_error(message: str, exc: SwarmgetError, args: argparse.Namespace) -> int:
+    """A run-stopping error (a full disk, a read-only output dir, no worker
+    process to be had)."""
     if exc.report is None:  # before the run began (the output dir refused)
-        say(f"swarmget: error: {exc.message}\n", sys.stderr)
+        say(f"swarmget: error: {message}\n", sys.stderr)
     else:
         say(
-            f"swarmget: error: {exc.message}; the run stopped; {_where_listed(args.output)}; "
+            f"swarmget: error: {message}; the run stopped; "
+            f"{_where_listed(args.output, exc.report)}; "
             "fix the cause and run the same command again to resume\n",
             sys.stderr,
         )

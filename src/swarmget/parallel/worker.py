@@ -192,9 +192,7 @@ def worker_main(
     try:
         _end_if_orphaned()
         _terminate_with_parent(forked_by_main_thread)
-        engine = Engine(
-            make_sink(worker), options, events, warn_to=io.StringIO()
-        )  # the driver warns
+        engine = _new_engine(make_sink(worker), options, events)
         events.engine = engine
         engine.loop.add(conn.fileno(), EVENT_READ, PipeFeed(conn, engine))
         _report_periodically(engine, events)
@@ -224,6 +222,21 @@ def worker_main(
     if engine is not None:
         engine.close()
     _leave()
+
+
+def _new_engine(sink: Sink, options: Options, events: PipeEvents) -> Engine:
+    """This worker's engine (the driver warns, not it), or a SwarmgetError that
+    stops the run: without the memory or descriptors for an engine, every
+    worker dies the same way, and each death was a traceback and its rows
+    dealt again, until every row of the run had failed with crashed."""
+    try:
+        return Engine(sink, options, events, warn_to=io.StringIO())
+    except (MemoryError, OSError) as exc:
+        why = (exc.strerror if isinstance(exc, OSError) else None) or "out of memory"
+        raise SwarmgetError(
+            f"a worker process could not start downloading: {why} "
+            "(too little memory, ulimit -v?); with workers=1 swarmget needs less"
+        ) from None
 
 
 def _leave() -> None:
@@ -347,9 +360,16 @@ def _end_if_orphaned() -> None:
     """
     parent = multiprocessing.parent_process()
     parent_pid = parent.pid if parent is not None and parent.pid is not None else os.getppid()
-    threading.Thread(
+    watch = threading.Thread(
         target=_watch_parent, args=(parent_pid,), name="swarmget-orphan-watch", daemon=True
-    ).start()
+    )
+    # No thread to be had (the limit of processes, ulimit -u, counts threads;
+    # or no memory for its stack): the worker downloads without this watch.
+    # The driver's death still ends it (the pipe's EOF, the parent-death
+    # signal); only a map stuck in C code would outlive it.  Dying here
+    # instead failed every row of the run with crashed.
+    with contextlib.suppress(RuntimeError):
+        watch.start()
 
 
 def _watch_parent(parent_pid: int) -> None:

@@ -577,7 +577,10 @@ class FileSink(Sink):
         final = self.output.final_path(path)
         # Not os.path.join: it is interpreted Python, and this runs once per file.
         part = f"{self.parts}/{part_name(job.key)}"
-        return PartFile(part, final, resume_from=start, hashers=hashers)
+        try:
+            return PartFile(part, final, resume_from=start, hashers=hashers)
+        except OutputError as exc:
+            raise self._unless_removed(exc) from None
 
     def drop_part(self, job: Assignment) -> None:
         remove_part(f"{self.parts}/{part_name(job.key)}")  # and its version
@@ -592,7 +595,20 @@ class FileSink(Sink):
                 writer.publish(replace)
             except TransferError as exc:  # io (an OutputError), bad_path, exists
                 writer.abort()
-                errors.append(exc)
+                errors.append(self._unless_removed(exc) if isinstance(exc, OutputError) else exc)
                 continue
             errors.append(None)
         return errors
+
+    def _unless_removed(self, error: OutputError) -> OutputError:
+        """``error``, or a run-stopping one when the output dir or its .swarmget
+        was removed during the run: every row after it failed `io` one by one,
+        for as long as the list lasted, its outcome recorded in a journal no
+        longer there.  (Looked at only once a file has failed.)"""
+        if error.fatal or os.path.isdir(self.parts):
+            return error
+        return OutputError(
+            f"{error.message} (the output directory {self.output.root}, or its .swarmget "
+            "folder, was removed during the run)",
+            True,
+        )

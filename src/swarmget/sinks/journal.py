@@ -45,6 +45,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import resource
 import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
@@ -789,8 +790,22 @@ def _with_full_disk_hint(message: str, exc: sqlite3.Error, state: str) -> str:
         disk = os.statvfs(state)
     except OSError:
         return message
-    full = disk.f_bavail * disk.f_frsize < (64 << 10)
-    return f"{message} (no space left on the disk)" if full else message
+    if disk.f_bavail * disk.f_frsize < (64 << 10):
+        return f"{message} (no space left on the disk)"
+    return _with_file_size_hint(message)
+
+
+def _with_file_size_hint(message: str) -> str:
+    """``message``, naming the limit of file size when one is set: SQLite calls
+    a write past ``ulimit -f`` (EFBIG; Python ignores SIGXFSZ) a "disk I/O
+    error", which sent the user looking at a disk with room to spare."""
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit == resource.RLIM_INFINITY:
+        return message
+    return (
+        f"{message} (perhaps the limit of file size, {limit} bytes: ulimit -f; "
+        "the journal grows with the list)"
+    )
 
 
 # SQLite's longest file name (unix VFS MAX_PATHNAME), its "-journal" included.

@@ -38,7 +38,7 @@ import threading
 from collections.abc import Iterator
 from typing import BinaryIO, Final
 
-from swarmget.errors import UsageError
+from swarmget.errors import SwarmgetError, UsageError
 from swarmget.sources.rows import Row
 
 # Rows read ahead of the run, at most: from stdin, many (the lines are read
@@ -76,6 +76,9 @@ class BackgroundRows(Iterator[Row]):
         """The run is over: the thread takes no more rows (after the one it may
         be waiting for), lets go of the iterator, and ends.  Safe to repeat."""
         self._closed = True
+        if self._thread is None:  # never started (or could not be): let go here
+            self._let_go()
+            return
         with contextlib.suppress(queue.Empty):
             while True:  # room for a put the thread may be blocked in
                 self._queue.get_nowait()
@@ -128,8 +131,17 @@ class BackgroundRows(Iterator[Row]):
 
     def _start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._pump, name="swarmget-input", daemon=True)
-            self._thread.start()
+            thread = threading.Thread(target=self._pump, name="swarmget-input", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError:
+                # The limit of processes (ulimit -u counts threads) or no
+                # memory for a stack: a traceback from threading said neither.
+                raise SwarmgetError(
+                    "cannot start a thread to read the input: too many processes or "
+                    "threads already (ulimit -u), or too little memory"
+                ) from None
+            self._thread = thread
 
     def _pump(self) -> None:
         end = _End()
@@ -146,14 +158,20 @@ class BackgroundRows(Iterator[Row]):
                 # Closed here, in the thread that runs it (a generator cannot be
                 # closed from another while it runs): the caller's generator is
                 # let go, and its own `finally` runs.
-                close = getattr(self._rows, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        close()
-            if self._owned is not None:
+                self._let_go()
+            elif self._owned is not None:
                 self._owned.close()
             if not self._closed:
                 self._queue.put(end)
+
+    def _let_go(self) -> None:
+        """Close the rows' iterator (its `finally` runs), then what it read."""
+        close = getattr(self._rows, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+        if self._owned is not None:
+            self._owned.close()
 
 
 def private_stdin() -> BinaryIO | None:
