@@ -302,3 +302,25 @@ def test_a_caller_with_sigpipe_at_its_default_is_not_killed_by_a_dying_worker(
     lines = run_script(body, server, tmp_path).splitlines()
     assert len(lines) == 6 and lines[5] == "300 True", lines
     assert all(line.startswith("worker processes keep dying") for line in lines[:5]), lines
+
+
+def test_files_are_created_with_the_mode_the_umask_allows(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Files were made 0o644 whatever the umask: a group sharing a dataset
+    # (umask 002, as curl's and wget's files are then 0o664) could not
+    # rewrite them, nor write the journal of a rerun.
+    body = """
+    import stat
+    for umask in (0o002, 0o077):
+        os.umask(umask)
+        dest = f"{out}{umask:o}"
+        swarmget.download([f"{base}/files/a.bin", f"{base}/files/sub/b.bin"], dest, workers=1)
+        modes = set()
+        for folder, _, names in os.walk(dest):
+            for name in names:
+                if name != "reserve":  # room kept for the last commit: private
+                    modes.add(oct(stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)))
+        print(sorted(modes))
+    """
+    assert run_script(body, server, tmp_path).splitlines() == ["['0o664']", "['0o600']"]
