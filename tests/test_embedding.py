@@ -271,3 +271,56 @@ def test_a_relative_output_dir_in_a_removed_directory_is_a_clear_error(
         "the output directory 'relative' is relative to the current directory, "
         "which cannot be found: No such file or directory"
     )
+
+
+def test_a_caller_with_sigpipe_at_its_default_is_not_killed_by_a_dying_worker(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # A program that restored SIGPIPE's default (as tools piped into `head` do)
+    # died of it, exit status 141 and no word, when a row was sent to a worker
+    # that had just died: the stream's own error never came.
+    body = """
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+    def dies_often(item):
+        if item.index % 50 == 7:
+            os._exit(3)
+        return item.index
+
+    urls = [f"{base}/files/q{i}.bin?size=100" for i in range(1000)]
+    for _ in range(5):  # a row sent as its worker dies: 1 run in 2 or 3 died
+        try:
+            with swarmget.stream(urls, map=dies_often, workers=2, concurrency=8) as items:
+                for item in items:
+                    pass
+        except swarmget.SwarmgetError as exc:
+            print(exc)
+    report = swarmget.download(urls[:300], out, workers=2)
+    print(report.ok, signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask)
+    """
+    lines = run_script(body, server, tmp_path).splitlines()
+    assert len(lines) == 6 and lines[5] == "300 True", lines
+    assert all(line.startswith("worker processes keep dying") for line in lines[:5]), lines
+
+
+def test_files_are_created_with_the_mode_the_umask_allows(
+    server: ProcessServer, tmp_path: Path
+) -> None:
+    # Files were made 0o644 whatever the umask: a group sharing a dataset
+    # (umask 002, as curl's and wget's files are then 0o664) could not
+    # rewrite them, nor write the journal of a rerun.
+    body = """
+    import stat
+    for umask in (0o002, 0o077):
+        os.umask(umask)
+        dest = f"{out}{umask:o}"
+        swarmget.download([f"{base}/files/a.bin", f"{base}/files/sub/b.bin"], dest, workers=1)
+        modes = set()
+        for folder, _, names in os.walk(dest):
+            for name in names:
+                if name != "reserve":  # room kept for the last commit: private
+                    modes.add(oct(stat.S_IMODE(os.stat(os.path.join(folder, name)).st_mode)))
+        print(sorted(modes))
+    """
+    assert run_script(body, server, tmp_path).splitlines() == ["['0o664']", "['0o600']"]

@@ -43,6 +43,7 @@ from swarmget.parallel.backend import (
     Rows,
     Stopped,
 )
+from swarmget.parallel.brokenpipe import broken_pipes_raise
 from swarmget.parallel.worker import WORKER_SIGNALS, worker_main
 from swarmget.sinks.base import Assignment, Sink
 from swarmget.sinks.memory import unpickle_values
@@ -236,7 +237,10 @@ class ForkBackend:
         if slot is None or slot.ended:
             return False
         try:
-            slot.conn.send(message)
+            # Also called from a stream's caller (its items let go of memory):
+            # a worker that just died must not kill it with SIGPIPE.
+            with broken_pipes_raise():
+                slot.conn.send(message)
         except OSError:
             return False
         return True

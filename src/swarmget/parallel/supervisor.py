@@ -43,6 +43,7 @@ from swarmget.parallel.backend import (
     Stopped,
     plain_result,
 )
+from swarmget.parallel.brokenpipe import broken_pipes_raise
 from swarmget.parallel.interrupts import TurnInterrupts
 from swarmget.report import (
     FileResult,
@@ -194,7 +195,10 @@ class Supervisor:
 
     def run(self) -> Report:
         try:
-            return self._run()
+            # The engine's sockets (one process) and the workers' pipes are
+            # written in this thread: see parallel/brokenpipe.py.
+            with broken_pipes_raise():
+                return self._run()
         except KeyboardInterrupt as exc:
             # What finished before the stop goes with it (the CLI's --json
             # prints it, as after a run-stopping error), even before the run began.

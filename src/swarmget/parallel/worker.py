@@ -183,9 +183,15 @@ def worker_main(
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGUSR1, _stop_dropping_parts)
+    # A write to a server that reset the connection, or to a driver that is
+    # gone, is an error to handle, as in any Python program: a caller that
+    # restored SIGPIPE's default handed it to us, and a worker died of it.
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     # Blocked until now (ForkBackend._spawn), or by the caller: a signal that
-    # came meanwhile is handled here, by the handlers above.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, WORKER_SIGNALS)
+    # came meanwhile is handled here, by the handlers above.  SIGPIPE too (the
+    # driver's run blocks it, parallel/brokenpipe.py): ignored, as above, but
+    # not blocked in what map starts (a `cmd | head` in a shell of its own).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (*WORKER_SIGNALS, signal.SIGPIPE))
     events = PipeEvents(conn, worker)
     engine: Engine | None = None
     message: Finished | Stopped

@@ -67,6 +67,11 @@ _VERSION_LIMIT: Final = 1 << 20  # more than a response head may hold (protocol/
 _OPEN_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _APPEND_FLAGS: Final = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# The mode every file of ours is created with, less the umask, as curl, wget
+# and Python's open() do: 0o644 made the files of a group sharing a dataset
+# (umask 002) writable by their owner alone, and a teammate's rerun could not
+# write the journal.  (Spill files are private: 0o600.)
+FILE_MODE: Final = 0o666
 # link() errors of file systems that have no hard links (FAT, some FUSE and SMB).
 _NO_LINKS: Final = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK})
 # Errors that will hit every other file too: the run should stop, not grind on.
@@ -203,12 +208,12 @@ def _create(part: str) -> int:
     one) is not followed (``O_NOFOLLOW``) but removed, so that it cannot fail
     the row on every rerun."""
     try:
-        return os.open(part, _OPEN_FLAGS, 0o644)
+        return os.open(part, _OPEN_FLAGS, FILE_MODE)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
     os.unlink(part)  # the link itself, not what it points at
-    return os.open(part, _OPEN_FLAGS, 0o644)
+    return os.open(part, _OPEN_FLAGS, FILE_MODE)
 
 
 class PartFile(Writer):
@@ -412,7 +417,7 @@ def _copy_file(source: str, target: str) -> None:
     """Copy ``source`` to ``target``, a new file (never through a symlink there)."""
     source_fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        target_fd = os.open(target, _NEW_FLAGS, 0o644)
+        target_fd = os.open(target, _NEW_FLAGS, FILE_MODE)
         try:
             try:
                 size, offset = os.fstat(source_fd).st_size, 0

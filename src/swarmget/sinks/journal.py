@@ -52,7 +52,7 @@ from typing import Any, Final
 
 from swarmget.errors import UsageError
 from swarmget.report import FileResult
-from swarmget.sinks.files import OutputError, state_dir
+from swarmget.sinks.files import FILE_MODE, OutputError, state_dir
 from swarmget.sinks.reserve import Reserve
 
 JOURNAL_NAME: Final = "journal.sqlite3"
@@ -164,6 +164,9 @@ class Journal:
         state = state_dir(root)
         try:
             self._lock = _lock(os.path.join(state, LOCK_NAME))
+            # SQLite makes a new database 0o644, whatever the umask allows;
+            # one made here has FILE_MODE, and SQLite gives its WAL the same.
+            _make_database(os.path.join(state, JOURNAL_NAME))
             self._db = sqlite3.connect(
                 os.path.join(state, JOURNAL_NAME), isolation_level=None, check_same_thread=False
             )
@@ -938,12 +941,18 @@ def storable(text: str) -> str:
 
 def _open_append(path: str, truncate: bool = False) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
-    return os.open(path, flags | os.O_TRUNC if truncate else flags, 0o644)
+    return os.open(path, flags | os.O_TRUNC if truncate else flags, FILE_MODE)
+
+
+def _make_database(path: str) -> None:
+    """An empty file at ``path`` unless there is one, created with FILE_MODE."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
 
 
 def _lock(path: str) -> int:
     """Hold an exclusive lock on the output dir for this run, or fail clearly."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
