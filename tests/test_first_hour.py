@@ -682,6 +682,13 @@ def test_download_output_directory_arguments(server: TestServer, tmp_path: Path)
     with pytest.raises(swarmget.UsageError, match="exists and is not a directory"):
         swarmget.download([url], tmp_path / "afile")
     assert (tmp_path / "afile").read_text() == "x"
+    # A dangling symlink: not "exists and is not a directory" (where no file is).
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(
+        swarmget.UsageError, match=r"is a symlink to .*gone.*, which does not exist"
+    ):
+        swarmget.download([url], tmp_path / "link")
+    assert not (tmp_path / "gone").exists()
     assert swarmget.download([url], os.fsencode(tmp_path / "as-bytes")).ok == 1
     assert (tmp_path / "as-bytes" / "od.bin").read_bytes() == expected_body("od.bin", 10)
 

@@ -415,6 +415,12 @@ def check_output_dir(root: str) -> None:
     for path in (absolute, os.path.realpath(absolute)):
         if any(part.lower() == ".swarmget" for part in path.split(os.sep)):
             raise UsageError(f"the output directory {root!r} is inside a run's .swarmget directory")
+    if os.path.islink(root) and not os.path.exists(root):
+        # makedirs then said "exists and is not a directory": the user looked for a file.
+        raise UsageError(
+            f"the output directory {root!r} is a symlink to {os.readlink(root)!r}, which "
+            "does not exist (create that directory, or use another path)"
+        )
 
 
 def check_dns_server(text: str) -> None:
