@@ -291,6 +291,30 @@ def test_a_host_header_of_the_users_replaces_ours_on_the_first_origin(
         assert _fields(request, b"accept") == [b"image/*"]
 
 
+def test_credentials_go_again_when_a_redirect_comes_back_to_the_first_origin(
+    server: TestServer, other: TestServer, out_dir: Path
+) -> None:
+    # A detour through another host (a sign-in or CDN check) that sends the
+    # row back home: curl sends the first host its credentials again
+    # (Curl_auth_allowed_to_host); they stayed dropped, and the row failed 401.
+    home = server.file_url("home.bin", size=5)
+    detour = other.file_url("detour.bin", redirect=302, to=home)
+    start = server.file_url("start.bin", redirect=302, to=detour)
+    plain, with_password = start, start.replace("http://", "http://bob:s3cret@")
+    headers = {"Authorization": "Bearer secret", "Cookie": "a=b"}
+    for url, options, sent in [
+        (plain, {"headers": headers}, [b"Bearer secret"]),
+        (with_password, {}, [b"Basic Ym9iOnMzY3JldA=="]),
+    ]:
+        before_server, before_other = len(server.requests), len(other.requests)
+        assert run([url], out_dir / str(len(sent[0])), **options).ok == 1
+        first, back = server.requests[before_server:]
+        (away,) = other.requests[before_other:]
+        assert _fields(first, b"authorization") == sent == _fields(back, b"authorization")
+        assert _fields(away, b"authorization") == [] and _fields(away, b"cookie") == []
+        assert _fields(back, b"cookie") == _fields(first, b"cookie")
+
+
 def test_credentials_in_a_same_origin_location_are_sent(server: TestServer, out_dir: Path) -> None:
     # They were dropped (the row failed 401); curl sends them.
     final = server.file_url("uf.bin", size=5).replace("http://", "http://bob:s3cret@")

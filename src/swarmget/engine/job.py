@@ -25,6 +25,8 @@ class Job:
         "carried",
         "cross_origin",
         "deadline",
+        "first_authorization",
+        "first_origin",
         "first_start",
         "host_header",
         "named_for",
@@ -47,10 +49,11 @@ class Job:
         self.redirects = 0
         self.redirect_to: str | None = None  # set by a 3xx head, followed when it completes
         self.cross_origin = False  # a redirect left the first origin: no credentials
-        self.origin = location.origin
+        self.origin = self.first_origin = location.origin
         self.target = location.target
         self.host_header = location.host_header
         self.authorization = location.authorization  # from user:password@ in the URL
+        self.first_authorization = location.authorization
         self.first_start = 0.0  # loop time of the first attempt (--deadline counts from it)
         # Seconds from then the row may take: --deadline, or with none given, more
         # once a long body is announced (Options.long_file_rate).
@@ -73,7 +76,13 @@ class Job:
 
     def move_to(self, url: str, location: Location) -> None:
         """Follow a redirect to ``url``."""
-        if location.origin != self.origin:
+        if location.origin == self.first_origin:
+            # Back at the first origin (curl: its host, port and scheme): the
+            # credentials the user gave for it go again (they did not: a
+            # sign-in detour through another host ended in a 401).
+            self.cross_origin = False
+            self.authorization = location.authorization or self.first_authorization
+        elif location.origin != self.origin:
             self.cross_origin = True  # credentials stay with the first origin
             self.authorization = location.authorization
         elif location.authorization is not None:
