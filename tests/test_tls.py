@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -520,6 +521,35 @@ def test_a_server_that_wants_a_client_certificate_says_so(
         "tlsv13 alert certificate required "
         "(the server wants a client certificate, which swarmget does not send)"
     ), failure.message
+
+
+def test_a_server_that_speaks_only_tls_1_0_and_1_1_says_so(certs: Certs, out_dir: Path) -> None:
+    # Its "tlsv1 alert protocol version" alone left the user to guess which side was old.
+    context = server_context(certs.ca.issue_cert("127.0.0.1"))
+    context.set_ciphers("DEFAULT:@SECLEVEL=0")  # OpenSSL 3 refuses TLS 1.0/1.1 above it
+    context.minimum_version = ssl.TLSVersion.MINIMUM_SUPPORTED
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # TLSv1_1 is, that is the point
+        context.maximum_version = ssl.TLSVersion.TLSv1_1
+    with TLSServer(context, serve_keep_alive) as server:
+        report = swarmget.download([server.url("old.bin")], out_dir, cacert=str(certs.ca_pem))
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("tls", 1)  # the same again: not retried
+    assert failure.message == (
+        "TLS handshake with 127.0.0.1 failed: tlsv1 alert protocol version "
+        "(the server speaks no TLS version swarmget accepts: it needs TLS 1.2 or later)"
+    )
+
+
+def test_a_server_hello_of_an_old_version_is_said_to_be_one() -> None:
+    # What OpenSSL says when the server answers with TLS 1.0 instead of an alert.
+    exc = ssl.SSLError(1, "[SSL: UNSUPPORTED_PROTOCOL] unsupported protocol (_ssl.c:1000)")
+    exc.reason = "UNSUPPORTED_PROTOCOL"
+    error = tls_module.tls_error(exc, "h.test", handshake=True)
+    assert error.message == (
+        "TLS handshake with h.test failed: unsupported protocol "
+        "(the server speaks no TLS version swarmget accepts: it needs TLS 1.2 or later)"
+    )
 
 
 def test_a_close_delimited_body_ended_by_close_notify_is_whole(certs: Certs, out_dir: Path) -> None:

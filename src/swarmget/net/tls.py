@@ -78,6 +78,13 @@ _SSL_LOCATION = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 # and later report as the "record layer failure" it comes wrapped in.
 _NOT_TLS_REASONS = frozenset({"wrong version number", "record layer failure"})
 _CLIENT_CERTIFICATE_REQUIRED: Final = "tlsv13 alert certificate required"
+# A server that speaks only TLS 1.0/1.1: its alert refusing the versions we
+# offer, or (a server that answers with its own version regardless) OpenSSL's
+# refusal of the one it chose.
+_NO_COMMON_VERSION_REASONS = frozenset({"tlsv1 alert protocol version", "unsupported protocol"})
+_NO_COMMON_VERSION_HINT: Final = (
+    " (the server speaks no TLS version swarmget accepts: it needs TLS 1.2 or later)"
+)
 
 
 def client_context(cacert: str | None = None, *, insecure: bool = False) -> ssl.SSLContext:
@@ -254,6 +261,8 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
         # TLS 1.3's alert: the server asks every client for a certificate of
         # its own (mutual TLS), and said only that.
         reason += " (the server wants a client certificate, which swarmget does not send)"
+    elif reason in _NO_COMMON_VERSION_REASONS and handshake:
+        reason += _NO_COMMON_VERSION_HINT
     return TransferError(ErrorCode.TLS, f"{where} {host} failed: {reason}")
 
 
