@@ -465,3 +465,13 @@ def test_an_http2_reply_is_named_as_such() -> None:
     other = ResponseParser(lambda h: None, lambda b: None)
     with pytest.raises(ProtocolError, match=r"not an HTTP/1\.x reply"):
         other.feed(memoryview(b"SSH-2.0-OpenSSH_9.2p1\r\n"))
+
+
+@pytest.mark.parametrize(
+    "reply", [b"\x15\x03\x01\x00\x02\x02\x0a", b"\x16\x03", b"\x15\x03\x03\x00"]
+)
+def test_a_tls_record_in_reply_to_plain_http_is_named_as_such(reply: bytes) -> None:
+    # A TLS server behind an http:// URL; two bytes already tell.
+    parser = ResponseParser(lambda h: None, lambda b: None)
+    with pytest.raises(ProtocolError, match=r"answered in TLS, not plain HTTP \(is it an https://"):
+        parser.feed(memoryview(reply))

@@ -552,6 +552,29 @@ def test_a_server_hello_of_an_old_version_is_said_to_be_one() -> None:
     )
 
 
+def test_a_tls_alert_in_answer_to_a_plain_http_request_says_so(out_dir: Path) -> None:
+    # A TLS server behind an http:// URL that refuses our plain request with an
+    # alert record: "not an HTTP/1.x reply: b'\\x15\\x03...'" named no cause.
+    def answer(listener: socket.socket) -> None:
+        raw, _ = listener.accept()
+        with raw:
+            raw.recv(4096)  # GET /x HTTP/1.1 ...
+            raw.sendall(b"\x15\x03\x01\x00\x02\x02\x0a")  # fatal alert: unexpected_message
+            time.sleep(0.2)
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        thread = threading.Thread(target=answer, args=(listener,), daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/x"
+        report = swarmget.download([url], out_dir, retries=0)
+        thread.join(5)
+    (failure,) = report.failures
+    assert failure.error == "protocol"
+    assert (failure.message or "").startswith(
+        "the server answered in TLS, not plain HTTP (is it an https:// server?)"
+    ), failure.message
+
+
 def test_a_close_delimited_body_ended_by_close_notify_is_whole(certs: Certs, out_dir: Path) -> None:
     def handler(tls: ssl.SSLSocket) -> None:
         read_request(tls)

@@ -159,10 +159,24 @@ def _check_status_start(pending: bytes | bytearray) -> None:
             # A frame header (a 24-bit length under 256, type 4: SETTINGS), what
             # an HTTP/2 server sends first, ignoring that we asked for HTTP/1.1.
             raise ProtocolError(f"the server answered in HTTP/2, not HTTP/1.x: {line!r}")
+        if _begins_tls_record(pending):
+            # A TLS server behind an http:// URL: our request is no ClientHello,
+            # and some servers answer it with an alert record (0x15) before closing.
+            raise ProtocolError(
+                f"the server answered in TLS, not plain HTTP (is it an https:// server?): {line!r}"
+            )
         raise ProtocolError(f"not an HTTP/1.x reply: {line!r}")
 
 
 _STATUS_START: Final = b"HTTP/"
+
+
+def _begins_tls_record(pending: bytes | bytearray) -> bool:
+    """An alert (0x15) or handshake (0x16) record header of TLS 1.x (0x03 0x00-0x04),
+    as far as it came (two bytes already cannot begin "HTTP/")."""
+    if len(pending) < 2 or pending[0] not in (0x15, 0x16) or pending[1] != 3:
+        return False
+    return len(pending) == 2 or pending[2] <= 4
 
 
 class ConnectionClosed(TransferError):
