@@ -331,7 +331,7 @@ def test_bad_certificates_fail_with_tls_verify(
     assert failure.message is not None
     assert "127.0.0.1" in failure.message and reason in failure.message
     # What to do when the issuer is not trusted; nothing to add to the others.
-    hint = "(a private CA is trusted with --cacert FILE, or $SSL_CERT_FILE)"
+    hint = "a private CA is trusted with --cacert FILE, or $SSL_CERT_FILE)"
     assert (hint in failure.message) is (kind in ("self_signed", "unknown_ca"))
     assert_nothing_left(out_dir, "a.bin")
 
@@ -357,6 +357,29 @@ def test_a_cacert_may_be_an_intermediate_or_the_servers_own_certificate(
     assert (report.ok, report.failed) == (1, 0), report.failures
     assert (out_dir / "a.bin").read_bytes() == BODY
     assert [f.error for f in other.failures] == ["tls_verify"]
+
+
+def test_a_chain_without_its_intermediate_says_the_server_may_have_left_it_out(
+    tmp_path: Path, out_dir: Path
+) -> None:
+    # The common misconfiguration of servers with a public CA; the hint told only
+    # of --cacert, which the user trusting the root had already given.
+    root = trustme.CA()
+    leaf = root.create_child_ca().issue_cert("127.0.0.1")
+    root_pem, leaf_pem = tmp_path / "root.pem", tmp_path / "leaf-only.pem"
+    root.cert_pem.write_to_path(str(root_pem))
+    leaf_pem.write_bytes(leaf.private_key_pem.bytes() + leaf.cert_chain_pems[0].bytes())
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(leaf_pem))  # the leaf alone, no intermediate after it
+    with TLSServer(context, serve_keep_alive) as server:
+        report = swarmget.download([server.url("a.bin")], out_dir, cacert=str(root_pem))
+    (failure,) = report.failures
+    assert (failure.error, failure.attempts) == ("tls_verify", 1)
+    assert failure.message == (
+        "certificate verification failed for 127.0.0.1: unable to get local issuer certificate "
+        "(the server may not send its intermediate CA certificate; "
+        "a private CA is trusted with --cacert FILE, or $SSL_CERT_FILE)"
+    )
 
 
 def trusted_root(directory: Path) -> Path:

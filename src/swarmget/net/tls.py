@@ -77,6 +77,7 @@ _SSL_LOCATION = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 # 400 ..." read as a record header): "wrong version number", which OpenSSL 3.2
 # and later report as the "record layer failure" it comes wrapped in.
 _NOT_TLS_REASONS = frozenset({"wrong version number", "record layer failure"})
+_TRUST_HINT: Final = "a private CA is trusted with --cacert FILE, or $SSL_CERT_FILE"
 _CLIENT_CERTIFICATE_REQUIRED: Final = "tlsv13 alert certificate required"
 # A server that speaks only TLS 1.0/1.1: its alert refusing the versions we
 # offer, or (a server that answers with its own version regardless) OpenSSL's
@@ -246,8 +247,14 @@ def tls_error(exc: ssl.SSLError, host: str, *, handshake: bool) -> TransferError
     """The stable error for an ``ssl`` failure on a connection to ``host``."""
     if isinstance(exc, ssl.SSLCertVerificationError):
         detail = exc.verify_message or describe(exc)
-        if "issuer" in detail or "self-signed" in detail or "self signed" in detail:
-            detail += " (a private CA is trusted with --cacert FILE, or $SSL_CERT_FILE)"
+        if "self-signed" in detail or "self signed" in detail:
+            detail += f" ({_TRUST_HINT})"
+        elif "issuer" in detail:
+            # "unable to get local issuer certificate": the chain stops short of
+            # a trusted CA.  Just as often as an untrusted private CA, a server
+            # with a public one that leaves its intermediate out (browsers fetch
+            # it, OpenSSL does not), and then --cacert with the root cannot help.
+            detail += f" (the server may not send its intermediate CA certificate; {_TRUST_HINT})"
         return TransferError(
             ErrorCode.TLS_VERIFY, f"certificate verification failed for {host}: {detail}"
         )
