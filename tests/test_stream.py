@@ -1107,6 +1107,44 @@ def test_memory_stays_within_twice_the_budget_with_a_slow_consumer(
     assert peak - start < 2 * 64 * 1024, (start, peak)
 
 
+BIG_BODY_CHILD = """
+import hashlib, sys
+import swarmget
+
+def peak_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) >> 10
+
+before = peak_mb()
+with swarmget.stream([{url!r}], workers=1, max_buffer_bytes=1 << 30) as items:
+    item = next(items)
+    assert item.ok and item.data is not None, item
+    print(before, peak_mb(), hashlib.sha256(item.data).hexdigest())
+"""
+
+
+@pytest.mark.parametrize(
+    "framing", [{}, {"chunked": 1, "chunk": 1 << 20}], ids=["announced-length", "chunked"]
+)
+def test_a_body_held_in_memory_costs_its_size_once(
+    server: TestServer, framing: dict[str, int]
+) -> None:
+    # With one process a body waited in a bytearray, and bytes(bytearray) made
+    # the caller's copy when it ended: for a moment the body was in memory
+    # twice, past max_buffer_bytes (a 200 MB body peaked at 434 MB).
+    size = 160 << 20
+    url = server.file_url("big.bin", size=size, **framing)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BIG_BODY_CHILD.format(url=url))],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, peak, digest = done.stdout.split()
+    assert digest == hashlib.sha256(expected_body("big.bin", size)).hexdigest()
+    assert int(peak) - int(before) < 1.4 * (size >> 20), (before, peak)
+
+
 FORK_CHILD = """
 import os, sys
 import swarmget
