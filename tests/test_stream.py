@@ -1107,6 +1107,88 @@ def test_memory_stays_within_twice_the_budget_with_a_slow_consumer(
     assert peak - start < 2 * 64 * 1024, (start, peak)
 
 
+RUN_ENDED_CHILD = """
+import time
+import swarmget
+
+def anon_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) >> 10
+
+urls = [{url!r}.replace("N", str(i)) for i in range(300)]
+with swarmget.stream(
+    urls, workers=2, prefetch=400, max_buffer_bytes=256 << 20, spill_dir={spill!r}
+) as items:
+    start = anon_mb()
+    first = next(items)
+    while items.report is None:  # the caller is slow: every body is downloaded
+        time.sleep(0.05)
+    held = anon_mb()
+    assert sum(1 for item in items if item.ok and len(item.read()) == 1 << 20) == 299
+print(start, held)
+"""
+
+
+def test_bodies_waiting_in_the_workers_memory_are_not_copied_when_the_run_ends(
+    server: TestServer, tmp_path: Path
+) -> None:
+    # Bodies waiting in the workers' shared memory were all copied into the
+    # caller's process as soon as the workers ended, past the budget: half of
+    # max_buffer_bytes in bytes was already there, and the shared memory stays
+    # mapped (a 256 MB budget held 384 MB at the end of the run).  They are
+    # copied as the caller takes them, as while the run goes on.
+    url = server.file_url("endN.bin", size=1 << 20)
+    code = textwrap.dedent(RUN_ENDED_CHILD.format(url=url, spill=str(tmp_path)))
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    start, held = (int(x) for x in done.stdout.split())
+    # The caller's half of the budget is 128 MB (about 130 held); the copies
+    # made it about 210.
+    assert held - start < 170, (start, held)
+
+
+BIG_BODY_CHILD = """
+import hashlib, sys
+import swarmget
+
+def peak_mb():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) >> 10
+
+before = peak_mb()
+with swarmget.stream([{url!r}], workers=1, max_buffer_bytes=1 << 30) as items:
+    item = next(items)
+    assert item.ok and item.data is not None, item
+    print(before, peak_mb(), hashlib.sha256(item.data).hexdigest())
+"""
+
+
+@pytest.mark.parametrize(
+    "framing", [{}, {"chunked": 1, "chunk": 1 << 20}], ids=["announced-length", "chunked"]
+)
+def test_a_body_held_in_memory_costs_its_size_once(
+    server: TestServer, framing: dict[str, int]
+) -> None:
+    # With one process a body waited in a bytearray, and bytes(bytearray) made
+    # the caller's copy when it ended: for a moment the body was in memory
+    # twice, past max_buffer_bytes (a 200 MB body peaked at 434 MB).
+    size = 160 << 20
+    url = server.file_url("big.bin", size=size, **framing)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(BIG_BODY_CHILD.format(url=url))],
+        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, peak, digest = done.stdout.split()
+    assert digest == hashlib.sha256(expected_body("big.bin", size)).hexdigest()
+    assert int(peak) - int(before) < 1.4 * (size >> 20), (before, peak)
+
+
 FORK_CHILD = """
 import os, sys
 import swarmget

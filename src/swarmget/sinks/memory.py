@@ -15,12 +15,12 @@ says how long the body will be:
   (:meth:`MemorySink.release`).  Nothing is pickled, nothing crosses a pipe
   but ``(offset, length)``.
 * **In the driver's own process** (``workers=1``, the engine on a thread) the
-  body goes into a ``bytearray`` of its announced length, and becomes the
-  item's ``bytes`` when complete.
+  body goes into a buffer of its announced length, which becomes the
+  item's ``bytes`` when complete, without a copy (:class:`BufferWriter`).
 * **A body of unknown length** (chunked, or ended by the close) starts in a
   provisional share: in a worker, an arena slot of up to :data:`PROVISIONAL`
   bytes that shrinks to the body when it ends (:class:`GrowingArenaWriter`);
-  in the driver's process, a ``bytearray`` charged to the budget as it grows.
+  in the driver's process, a buffer charged to the budget as it grows.
 * **Anything that does not fit** -- larger than the arena's free space, or
   than what the byte budget has left, or of unknown length and growing past
   its share -- goes to a file under the stream's spill directory
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import io
 import mmap
 import os
 import pickle
@@ -289,7 +290,16 @@ class GrowingArenaWriter(OverflowWriter):
 
 
 class BufferWriter(OverflowWriter):
-    """A body in this process's memory, charged to the byte budget as it grows."""
+    """A body in this process's memory, charged to the byte budget as it grows.
+
+    Held in a ``BytesIO``, not a ``bytearray``: the ``bytes`` the caller gets
+    had to be copied from a bytearray when the body ended, so for a moment a
+    body cost twice its size, beyond the budget (a 200 MB body peaked at
+    434 MB).  CPython's ``BytesIO.getvalue()`` hands over its own buffer when
+    nothing else refers to it, and a buffer grown by ``write`` is resized in
+    place (``realloc``), so the body is in memory once.  A body of announced
+    length gets its whole buffer at the start: no resize at all.
+    """
 
     __slots__ = ("_budget", "_buffer", "_reserved")
 
@@ -303,32 +313,45 @@ class BufferWriter(OverflowWriter):
         super().__init__(spill_path, hashers)
         self._budget = budget
         self._reserved = reserved  # budget bytes taken for this body so far
-        self._buffer = bytearray()
+        self._buffer = _buffer_of(reserved)
 
     def _hold(self, data: memoryview | bytes) -> bool:
-        need = len(self._buffer) + len(data) - self._reserved
+        need = self.written + len(data) - self._reserved
         if need > 0:
             if not self._budget.take(max(need, 1 << 16)):
                 return False
             self._reserved += max(need, 1 << 16)
-        self._buffer += data
+        self._buffer.write(data)
         return True
 
     def _held(self) -> memoryview:
-        return memoryview(self._buffer)
+        return self._buffer.getbuffer()[: self.written]
 
     def _let_go(self) -> None:
         self._budget.give(self._reserved)
         self._reserved = 0
-        self._buffer = bytearray()
+        self._buffer = io.BytesIO()
 
     def _finish_held(self) -> None:
-        data = bytes(self._buffer)
-        self._buffer = bytearray()
+        buffer, self._buffer = self._buffer, io.BytesIO()
+        buffer.truncate(self.written)  # a body shorter than its room (never, for a whole one)
+        data = buffer.getvalue()  # the buffer itself, not a copy (see the class docstring)
         # What stays charged is exactly the body; the caller gives it back.
         self._budget.give(self._reserved - len(data))
         self._reserved = len(data)
         self.payload = (BYTES, data)
+
+
+def _buffer_of(length: int) -> io.BytesIO:
+    """An empty ``BytesIO`` whose buffer already has room for ``length`` bytes:
+    writing one byte at the end sizes it once (the zeros it leaves are written
+    over), and the position goes back to the start."""
+    buffer = io.BytesIO()
+    if length > 0:
+        buffer.seek(length - 1)
+        buffer.write(b"\0")
+        buffer.seek(0)
+    return buffer
 
 
 class SpillWriter(Writer):

@@ -14,7 +14,9 @@ The supervisor runs on a thread of its own and hands every outcome to
   the arena, and the arena being full makes the workers spill new bodies to
   files.  So a slow consumer costs disk, not memory.  The one exception keeps
   ``ordered=True`` from deadlocking: the very item the caller waits for is
-  always copied;
+  always copied.  Once the run has ended (the workers too: the arenas are
+  mapped here as well), the caller's :meth:`take` copies them, as it comes
+  to them;
 * **order**: ``ordered=True`` yields in the order rows were read, else in
   completion order.
 
@@ -124,7 +126,9 @@ class Delivery:
     def finished(self, error: BaseException | None = None, report: Report | None = None) -> None:
         """The run has ended: with its ``report``, or with ``error``."""
         with self._cond:
-            self._copy_all_waiting()
+            # Bodies still in the arenas stay there (the driver maps them too):
+            # take() copies each as the caller comes to it.  Copied all at once
+            # here, they held the arenas' half of the budget a second time.
             self._error = self._error or error
             self.report = report
             self._done = True
@@ -160,10 +164,13 @@ class Delivery:
         with self._cond:
             self._copy(force_next=True)
 
-    def _copy_all_waiting(self) -> None:
-        self._copy(force_all=True)
+    def _copy_after_the_run(self) -> bool:
+        """The run has ended and the caller waits: bodies from the arenas, as far as
+        the budget lets, and at least one (the next, when ordered); True if any."""
+        return self._copy(force_next=True, force_one=True) > 0
 
-    def _copy(self, *, force_next: bool = False, force_all: bool = False) -> None:
+    def _copy(self, *, force_next: bool = False, force_one: bool = False) -> int:
+        """Copy what the budget lets (and the forced item); the number queued."""
         keep: list[FileResult] = []
         released: dict[int, list[int]] = {}
         items: list[tuple[int, Item]] = []
@@ -174,10 +181,11 @@ class Delivery:
             offset: int = payload[2]
             length: int = payload[3]
             head_of_line = force_next and self._ordered and result.key == self._next
-            if not (force_all or head_of_line or self._budget.take(length)):
+            forced = head_of_line or (force_one and not items and not keep)
+            if not (forced or self._budget.take(length)):
                 keep.append(result)
                 continue
-            if force_all or head_of_line:
+            if forced:
                 self._budget.force(length)  # no room check: see the module docstring
             assert self._arenas is not None
             data = bytes(self._arenas[worker].view[offset : offset + length])
@@ -186,9 +194,11 @@ class Delivery:
             item.data = data
             items.append((result.key, item))
         self._waiting = keep
-        for worker, tokens in released.items():
-            self._backend.release(worker, tokens)
+        if not self._done:  # the workers have ended, and the backend is closed
+            for worker, tokens in released.items():
+                self._backend.release(worker, tokens)
         self._queue_locked(items)
+        return len(items)
 
     def _queue(self, items: list[tuple[int, Item]]) -> None:
         if items:
@@ -236,6 +246,8 @@ class Delivery:
                     self._give_back(item)
                     if item.ok or self._on_error != "skip":
                         return item
+                    continue
+                if self._done and self._waiting and self._copy_after_the_run():
                     continue
                 if self._error is not None:
                     error, self._error = self._error, None
