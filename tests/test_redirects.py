@@ -459,3 +459,14 @@ def test_a_retry_starts_again_at_the_url_asked_for(
     assert len(other.requests) - seen_target == 2
     record = journal(out_dir)[0]
     assert (record["final_url"], record["attempts"]) == (target, 2)
+
+
+def test_a_location_with_a_tab_inside_is_a_bad_redirect(server: TestServer, out_dir: Path) -> None:
+    # urljoin dropped the tab: the row was saved with /files/tabx.bin, a file
+    # the server never named (curl refuses the Location: "Bad path").
+    seen = len(server.requests)
+    report = run([server.file_url("tabbed.bin", redirect=302, to="/files/tab\tx.bin")], out_dir)
+    (failure,) = report.failures
+    assert failure.error == "bad_redirect" and "a tab inside it" in failure.message
+    assert len(server.requests) == seen + 1  # nothing was asked for at the mangled URL
+    assert not (out_dir / "tabbed.bin").exists()

@@ -7,7 +7,7 @@ from typing import Final
 from urllib.parse import urljoin, urlsplit
 
 from swarmget.engine.job import Job
-from swarmget.engine.urls import hide_userinfo
+from swarmget.engine.urls import control_inside, hide_userinfo
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.options import Options
 from swarmget.sources.rows import strip_url
@@ -35,6 +35,15 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
         raise TransferError(
             ErrorCode.TOO_MANY_REDIRECTS,
             f"more than {options.max_redirects} redirects (last to {shown!r})",
+        )
+    control = control_inside(text)
+    if control is not None:
+        # urljoin drops tabs and line breaks without a word: "/a<TAB>b.jpg" asked
+        # for /ab.jpg, another file, and saved it as this row's.  curl refuses
+        # such a Location, as we refuse such a URL in a list (bad_url).
+        raise TransferError(
+            ErrorCode.BAD_REDIRECT,
+            f"redirect to a URL with {control} inside it ({hide_userinfo(text)!r})",
         )
     form = _authority_form(text, job.origin[0])
     if _NO_HOST.match(form):

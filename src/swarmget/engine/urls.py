@@ -121,9 +121,9 @@ def split_url(url: str) -> Location:
             shown = url.encode("utf-8", "backslashreplace").decode("ascii", "replace")
             raise TransferError(ErrorCode.BAD_URL, f"URL is not valid text: {shown!r}") from None
     stripped = strip_url(url)
-    control = _CONTROL.search(stripped)
+    control = control_inside(stripped)
     if control is not None:
-        raise TransferError(ErrorCode.BAD_URL, _control_message(control.group(), url))
+        raise TransferError(ErrorCode.BAD_URL, _control_message(control, url))
     try:
         parts = urlsplit(stripped)
         port = parts.port
@@ -168,10 +168,17 @@ def split_url(url: str) -> Location:
     return Location((scheme, host, port), target, host_header, authorization)
 
 
+def control_inside(text: str) -> str | None:
+    """What the first control character in ``text`` is ("a tab"), or None when it has none."""
+    control = _CONTROL.search(text)
+    if control is None:
+        return None
+    return _CONTROL_NAMES.get(control.group(), f"control character U+{ord(control.group()):04X}")
+
+
 def _control_message(control: str, url: str) -> str:
-    name = _CONTROL_NAMES.get(control, f"control character U+{ord(control):04X}")
-    hint = " (a TSV list without a header line?)" if control == "\t" else ""
-    return f"{name} inside the URL {redact(url)!r}{hint}"
+    hint = " (a TSV list without a header line?)" if control == _CONTROL_NAMES["\t"] else ""
+    return f"{control} inside the URL {redact(url)!r}{hint}"
 
 
 def _check_brackets(authority: str, host: str, url: str) -> None:
