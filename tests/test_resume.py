@@ -572,6 +572,21 @@ def test_a_failure_that_keeps_no_part_does_not_say_it_does(
     assert cut.message == "connection closed after 50000 of 100000 body bytes"
 
 
+def test_a_server_that_takes_no_ranges_leaves_no_part_to_resume(
+    server: TestServer, out_dir: Path
+) -> None:
+    # "Accept-Ranges: none": the part was kept and the failure said "run again
+    # to resume", but the rerun could only fetch the file again from zero.
+    size = 3 * MiB
+    url = server.file_url("norange.bin", size=size, fault="truncate", norange=1, times=1)
+    (failure,) = run([url], out_dir).failures
+    assert failure.error == "truncated" and "kept" not in failure.message, failure.message
+    assert parts(out_dir) == []
+    assert "validator" not in journal(out_dir)[0]
+    assert run([url], out_dir).ok == 1
+    assert (out_dir / "norange.bin").read_bytes() == expected_body("norange.bin", size)
+
+
 @pytest.mark.parametrize(
     ("fault", "size"), [("chunk_cut", 100_000), ("truncate", 3 * MiB // 2)], ids=str
 )
@@ -1042,7 +1057,7 @@ def test_max_size_refuses_before_and_during_transfer(server: TestServer, out_dir
     assert not parts(out_dir)
 
 
-@pytest.mark.parametrize("norange", [0, 1], ids=["206", "200"])
+@pytest.mark.parametrize("norange", [0, 2], ids=["206", "200"])
 def test_a_kept_part_goes_with_its_row_when_the_file_is_over_max_size(
     server: TestServer, out_dir: Path, norange: int
 ) -> None:

@@ -312,7 +312,12 @@ def resume_validator(head: ResponseHead) -> str | None:
     """What ``If-Range`` may send to continue this body later: a strong ETag, else
     a Last-Modified that is a strong validator (RFC 9110 8.8.2.2: at least a
     second before the response's Date; a file changed within that second keeps
-    its date)."""
+    its date).  None when the server says it takes no ranges (``Accept-Ranges:
+    none``): a part kept of its body could only be fetched again from zero, and
+    the failure said "run again to resume"."""
+    ranges = head.get(b"accept-ranges")
+    if ranges is not None and ranges.strip().lower() == b"none":
+        return None
     etag = head.get(b"etag")
     if etag is not None and etag.startswith(b'"'):  # strong, and quoted: an ETag
         return etag.decode("latin-1")

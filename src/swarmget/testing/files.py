@@ -10,7 +10,8 @@ so a typo in a test fails loudly instead of silently testing nothing)::
     status=N          answer status N with a short text body; retry_after=X adds Retry-After: X
     redirect=N        answer 30N (N in 1,2,3,7,8; or the full code) with Location: <to>,
                       where to=URL defaults to this same URL without redirect/to
-    norange=1         ignore Range (and say Accept-Ranges: none)
+    norange=1         ignore Range (and say Accept-Ranges: none); norange=2: ignore it
+                      while saying Accept-Ranges: bytes (a proxy on the way drops Range)
     fault=F           one of faults.FAULTS; drip_interval=S for fault=drip (default 0.5)
     times=K           fault/status/redirect apply only to the first K requests for this
                       exact URL; later ones are answered normally (for retry tests)
@@ -55,7 +56,7 @@ class FileOptions:
     drip_interval: float = 0.5
     redirect: int | None = None
     to: str | None = None
-    norange: bool = False
+    norange: int = 0  # 1: Range ignored, "Accept-Ranges: none"; 2: ignored, "bytes"
     times: int | None = None
 
     @property
@@ -70,6 +71,10 @@ def _flag(value: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise ValueError(f"not a flag: {value!r}")
+
+
+def _norange(value: str) -> int:
+    return 2 if value == "2" else int(_flag(value))
 
 
 def _count(value: str) -> int:
@@ -125,7 +130,7 @@ _PARSERS: dict[str, Callable[[str], Any]] = {
     "drip_interval": _seconds,
     "redirect": _redirect,
     "to": str,
-    "norange": _flag,
+    "norange": _norange,
     "times": _count,
 }
 

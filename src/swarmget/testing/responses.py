@@ -62,14 +62,15 @@ class FileHead:
         return self.stop - self.start
 
 
-def file_head(request: Request, name: str, size: int, norange: bool) -> FileHead:
-    """Resolve Range / If-Range for file ``name`` of ``size`` bytes."""
+def file_head(request: Request, name: str, size: int, norange: int) -> FileHead:
+    """Resolve Range / If-Range for file ``name`` of ``size`` bytes (``norange``:
+    files.FileOptions)."""
     tag = etag(name, size)
     headers = [
         "Content-Type: application/octet-stream",
         f"ETag: {tag}",
         f"Last-Modified: {LAST_MODIFIED}",
-        "Accept-Ranges: none" if norange else "Accept-Ranges: bytes",
+        "Accept-Ranges: none" if norange == 1 else "Accept-Ranges: bytes",
     ]
     spec = request.headers.get("range")
     if norange or spec is None:
