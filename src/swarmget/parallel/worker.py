@@ -20,6 +20,7 @@ the parts worth resuming.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import io
 import multiprocessing
@@ -238,10 +239,12 @@ def _new_engine(sink: Sink, options: Options, events: PipeEvents) -> Engine:
     try:
         return Engine(sink, options, events, warn_to=io.StringIO())
     except (MemoryError, OSError) as exc:
-        why = (exc.strerror if isinstance(exc, OSError) else None) or "out of memory"
+        failed = exc if isinstance(exc, OSError) else None
+        memory = failed is None or failed.errno == errno.ENOMEM
+        why = "out of memory" if memory or failed is None else (failed.strerror or str(failed))
+        hint = " (too little memory, ulimit -v?); with workers=1 swarmget needs less"
         raise SwarmgetError(
-            f"a worker process could not start downloading: {why} "
-            "(too little memory, ulimit -v?); with workers=1 swarmget needs less"
+            f"a worker process could not start downloading: {why}{hint if memory else ''}"
         ) from None
 
 
