@@ -118,6 +118,15 @@ class Delivery:
     def stopping(self) -> bool:
         return self._closing
 
+    def worker_died(self, worker: int) -> None:
+        """Its bodies waiting in its arena are copied out now, whatever the budget:
+        the worker started in its place shares that memory and begins with all of
+        it free (its first bodies overwrote them, and releasing them later freed
+        the new worker's own slots)."""
+        if self._waiting:
+            with self._cond:
+                self._copy(dead=worker)
+
     def wait(self) -> float:
         return FAST_POLL if self._waiting else 0.1
 
@@ -163,7 +172,10 @@ class Delivery:
     def _copy_all_waiting(self) -> None:
         self._copy(force_all=True)
 
-    def _copy(self, *, force_next: bool = False, force_all: bool = False) -> None:
+    def _copy(
+        self, *, force_next: bool = False, force_all: bool = False, dead: int | None = None
+    ) -> None:
+        """``dead``: copy all that worker's bodies (and only them), releasing none."""
         keep: list[FileResult] = []
         released: dict[int, list[int]] = {}
         items: list[tuple[int, Item]] = []
@@ -173,15 +185,20 @@ class Delivery:
             worker: int = payload[1]
             offset: int = payload[2]
             length: int = payload[3]
-            head_of_line = force_next and self._ordered and result.key == self._next
-            if not (force_all or head_of_line or self._budget.take(length)):
+            if dead is not None and worker != dead:
                 keep.append(result)
                 continue
-            if force_all or head_of_line:
+            head_of_line = force_next and self._ordered and result.key == self._next
+            forced = force_all or head_of_line or worker == dead
+            if not (forced or self._budget.take(length)):
+                keep.append(result)
+                continue
+            if forced:
                 self._budget.force(length)  # no room check: see the module docstring
             assert self._arenas is not None
             data = bytes(self._arenas[worker].view[offset : offset + length])
-            released.setdefault(worker, []).append(offset)
+            if worker != dead:
+                released.setdefault(worker, []).append(offset)
             item = self._item(result)
             item.data = data
             items.append((result.key, item))
