@@ -1631,3 +1631,29 @@ def test_a_finished_stream_left_unclosed_keeps_no_spill_folder(
     gc.collect()
     assert list(spill.iterdir()) == []
     assert items.report is not None and items.report.ok == 10
+
+
+def test_bodies_waiting_in_a_killed_workers_memory_are_not_overwritten_by_its_replacement(
+    server: TestServer,
+) -> None:
+    # The worker that takes a dead one's place shares its memory (the arena
+    # made before the first fork) and begins with all of it free: the bodies
+    # the dead worker had left there, waiting for room in the byte budget,
+    # came out with the replacement's bytes in them (the right length, the
+    # wrong content), and releasing them freed the replacement's own slots.
+    files = [(f"waiting{i}.bin", 20_000) for i in range(300)]
+    urls = [server.file_url(name, size=size) for name, size in files]
+    expected = {
+        url: expected_body(name, size) for url, (name, size) in zip(urls, files, strict=True)
+    }
+    with swarmget.stream(urls, workers=2, max_buffer_bytes=1 << 20, prefetch=64) as items:
+        got = [next(items)]
+        time.sleep(0.8)  # the budget is full: the next bodies wait in the workers' memory
+        for worker in multiprocessing.active_children():
+            os.kill(worker.pid, signal.SIGKILL)  # (whichever holds them)
+        for item in items:
+            got.append(item)
+            time.sleep(0.01)  # a slow consumer: new bodies come in while old ones wait
+    assert sorted(item.url for item in got) == sorted(urls)
+    wrong = [item.url for item in got if not item.ok or item.read() != expected[item.url]]
+    assert wrong == []

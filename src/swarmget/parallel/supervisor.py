@@ -106,6 +106,10 @@ class Delivery(Protocol):
         """The longest the supervisor may wait for events before asking again."""
         ...
 
+    def worker_died(self, worker: int) -> None:
+        """``worker`` is dead and another is about to take its place (and its memory)."""
+        ...
+
 
 class NoDelivery:
     """A run to files: outcomes go to the journal only, and nothing paces it."""
@@ -121,6 +125,9 @@ class NoDelivery:
 
     def wait(self) -> float:
         return TICK
+
+    def worker_died(self, worker: int) -> None:
+        pass
 
 
 class _Worker:
@@ -563,6 +570,8 @@ class Supervisor:
         message = f"the worker process died (exit code {exitcode}) while downloading this row"
         if why:
             message = f"the worker process was stopped while downloading this row: {why}"
+        # Before its replacement starts writing to the memory they share.
+        self._delivery.worker_died(index)
         fresh = _Worker()
         self._workers[index] = fresh
         if self._replacements < MAX_REPLACEMENTS and self._backend.replace(index):

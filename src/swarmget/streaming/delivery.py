@@ -120,6 +120,15 @@ class Delivery:
     def stopping(self) -> bool:
         return self._closing
 
+    def worker_died(self, worker: int) -> None:
+        """Its bodies waiting in its arena are copied out now, whatever the budget:
+        the worker started in its place shares that memory and begins with all of
+        it free (its first bodies overwrote them, and releasing them later freed
+        the new worker's own slots)."""
+        if self._waiting:
+            with self._cond:
+                self._copy(dead=worker)
+
     def wait(self) -> float:
         return FAST_POLL if self._waiting else 0.1
 
@@ -169,8 +178,11 @@ class Delivery:
         the budget lets, and at least one (the next, when ordered); True if any."""
         return self._copy(force_next=True, force_one=True) > 0
 
-    def _copy(self, *, force_next: bool = False, force_one: bool = False) -> int:
-        """Copy what the budget lets (and the forced item); the number queued."""
+    def _copy(
+        self, *, force_next: bool = False, force_one: bool = False, dead: int | None = None
+    ) -> int:
+        """Copy what the budget lets (and the forced item); the number queued.
+        ``dead``: copy all that worker's bodies (and only them), releasing none."""
         keep: list[FileResult] = []
         released: dict[int, list[int]] = {}
         items: list[tuple[int, Item]] = []
@@ -180,8 +192,11 @@ class Delivery:
             worker: int = payload[1]
             offset: int = payload[2]
             length: int = payload[3]
+            if dead is not None and worker != dead:
+                keep.append(result)
+                continue
             head_of_line = force_next and self._ordered and result.key == self._next
-            forced = head_of_line or (force_one and not items and not keep)
+            forced = head_of_line or worker == dead or (force_one and not items and not keep)
             if not (forced or self._budget.take(length)):
                 keep.append(result)
                 continue
@@ -189,7 +204,8 @@ class Delivery:
                 self._budget.force(length)  # no room check: see the module docstring
             assert self._arenas is not None
             data = bytes(self._arenas[worker].view[offset : offset + length])
-            released.setdefault(worker, []).append(offset)
+            if worker != dead:
+                released.setdefault(worker, []).append(offset)
             item = self._item(result)
             item.data = data
             items.append((result.key, item))
