@@ -407,6 +407,16 @@ _NO_THREADS = (
 )
 
 
+def _cli_under(
+    prelude: str, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI with ``args``, run by ``python -c prelude`` (which sets a limit first)."""
+    return subprocess.run(
+        [sys.executable, "-c", prelude, *args],
+        input=stdin, capture_output=True, text=True, env=child_env(), timeout=120, check=False,
+    )  # fmt: skip
+
+
 def test_workers_that_can_start_no_thread_still_download_every_row(
     server: TestServer, tmp_path: Path
 ) -> None:
@@ -414,11 +424,9 @@ def test_workers_that_can_start_no_thread_still_download_every_row(
     # row of the run failed with crashed.
     urls = tmp_path / "urls.txt"
     urls.write_text("".join(server.file_url(f"t{i}.bin", size=300) + "\n" for i in range(300)))
-    done = subprocess.run(
-        [sys.executable, "-c", _NO_THREADS, str(urls), "-o", str(tmp_path / "out"), "--json",
-         "--workers", "2"],
-        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
-    )  # fmt: skip
+    done = _cli_under(
+        _NO_THREADS, str(urls), "-o", str(tmp_path / "out"), "--json", "--workers", "2"
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert json.loads(done.stdout)["ok"] == 300
@@ -428,11 +436,9 @@ def test_stdin_that_no_thread_can_read_stops_the_run_in_one_line_with_its_json(
     server: TestServer, tmp_path: Path
 ) -> None:
     lines = "".join(server.file_url(f"s{i}.bin", size=300) + "\n" for i in range(300))
-    done = subprocess.run(
-        [sys.executable, "-c", _NO_THREADS, "-", "-o", str(tmp_path / "out"), "--json",
-         "--workers", "1"],
-        input=lines, capture_output=True, text=True, env=child_env(), timeout=120, check=False,
-    )  # fmt: skip
+    done = _cli_under(
+        _NO_THREADS, "-", "-o", str(tmp_path / "out"), "--json", "--workers", "1", stdin=lines
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
     assert "cannot start a thread to read the input" in done.stderr, done.stderr
@@ -465,11 +471,9 @@ def test_workers_without_memory_for_an_engine_stop_the_run_in_one_line(
     urls = tmp_path / "urls.txt"
     urls.write_text("".join(server.file_url(f"m{i}.bin", size=300) + "\n" for i in range(40)))
     out = tmp_path / "out"
-    done = subprocess.run(
-        [sys.executable, "-c", _WORKERS_WITHOUT_MEMORY, str(urls), "-o", str(out), "--json",
-         "--workers", "2"],
-        capture_output=True, text=True, env=child_env(), timeout=120, check=False,
-    )  # fmt: skip
+    done = _cli_under(
+        _WORKERS_WITHOUT_MEMORY, str(urls), "-o", str(out), "--json", "--workers", "2"
+    )
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert "a worker process could not start downloading" in done.stderr, done.stderr
