@@ -250,6 +250,24 @@ def test_csv_without_header(tmp_path: Path) -> None:
     assert "has no 'url' column (columns found: 'http://h/a', 'a.jpg')" in usage_error(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "header"),
+    [
+        ("cc3m.tsv", 'a man\'s "best" friend\thttp://h/a.jpg\n', "caption<TAB>url"),
+        ("cc12m.tsv", "http://h/a.jpg\ta cat\n", "url<TAB>caption"),
+        ("wide.csv", "a,b,http://h/a.jpg\n", "col1,col2,url"),
+    ],
+)
+def test_a_table_without_its_header_line_is_told_the_header_to_add(
+    tmp_path: Path, name: str, text: str, header: str
+) -> None:
+    # It said "the first line must name the columns, e.g. url,path": not that
+    # the line it read was a row, nor where the url column is.
+    said = usage_error(write(tmp_path / name, text))
+    assert said.endswith(f"add a header line naming the columns, such as {header}")
+    assert "the first line is a row, not a header" in said
+
+
 def test_csv_more_fields_than_header(tmp_path: Path) -> None:
     # Most likely an unquoted comma in a URL: the raw line is the row's url.
     path = write(tmp_path / "in.csv", "url\nhttp://h/a,\nhttp://h/a,b\nhttp://h/c\n")
@@ -456,6 +474,11 @@ def test_sniff(line: str, fmt: Format) -> None:
         ),
         ('# x\n{"url": "http://h/a"}\n', "line 1: a '#' comment, but the input is JSON Lines"),
         ("# x\nhttp://h/a.jpg\ta cat\n", "line 2: a tab after the URL"),
+        # Conceptual Captions' caption<TAB>url: each row failed alone, bad_url.
+        (
+            'a man\'s "best" friend, the dog\thttp://h/a.jpg\nsunset\thttp://h/b.jpg\n',
+            "line 1: a tab before the URL: .* such as caption<TAB>url",
+        ),
     ],
 )
 def test_a_table_read_as_a_plain_list_is_refused_before_any_row(text: str, said: str) -> None:

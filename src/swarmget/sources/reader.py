@@ -86,7 +86,13 @@ from typing import IO, Any, BinaryIO, Final, TextIO, TypeGuard, cast
 
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
-from swarmget.sources.formats import BYTE_ERRORS, parse_delimited, parse_jsonl, parse_text
+from swarmget.sources.formats import (
+    BYTE_ERRORS,
+    header_for,
+    parse_delimited,
+    parse_jsonl,
+    parse_text,
+)
 from swarmget.sources.parquet import MAGIC, parse_parquet
 from swarmget.sources.rows import Row, hide_password, strip_url
 
@@ -524,16 +530,21 @@ def _check_text(line: str, lineno: int, name: str) -> None:
 
 
 def _check_not_tabbed(line: str, lineno: int, name: str) -> None:
-    """A plain list whose first line is a URL, a tab and more is a TSV without
-    its header line (CC12M's ``url<TAB>caption``): each row would fail as a URL
-    with a tab in it, so the input is refused at once, saying what it needs."""
-    text = line.strip()
-    if "\t" in text and "://" in text.partition("\t")[0]:
-        raise UsageError(
-            f"input {name!r}, line {lineno}: a tab after the URL: a TSV list needs a "
-            "header line naming its columns (url, and path, sha256, ... or any other), "
-            "and a plain list one URL a line"
-        )
+    """A plain list whose first line is a URL and other columns split by tabs is
+    a TSV without its header line: CC12M's ``url<TAB>caption``, Conceptual
+    Captions' ``caption<TAB>url``.  Each row would fail as a URL with a tab in
+    it (millions of ``bad_url``), so the input is refused at once, saying what
+    it needs."""
+    cells = line.strip().split("\t")
+    if len(cells) < 2 or not any("://" in cell for cell in cells):
+        return
+    where = "after" if "://" in cells[0] else "before"
+    header = header_for(cells, "\t")
+    raise UsageError(
+        f"input {name!r}, line {lineno}: a tab {where} the URL: a TSV list without its "
+        f"header line? Add one naming the columns, such as {header} "
+        "(a plain list has one URL a line)"
+    )
 
 
 # The code points surrogateescape reads the bytes 0x80-0xff that are not UTF-8
