@@ -22,6 +22,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from swarmget import cli
 from swarmget.errors import UsageError
 from swarmget.sources import Row, read_rows, reader
 from swarmget.sources.reader import Format, check_sources, format_from_name, sniff
@@ -591,7 +592,45 @@ def test_missing_file_fails_before_any_row(tmp_path: Path) -> None:
 
 
 def test_directory(tmp_path: Path) -> None:
-    assert usage_error(tmp_path) == f"cannot read input {str(tmp_path)!r}: Is a directory"
+    assert usage_error(tmp_path) == (
+        f"cannot read input {str(tmp_path)!r}: Is a directory "
+        "(give the list files in it as sources)"
+    )
+
+
+def test_a_directory_of_shards_names_the_files_to_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Hugging Face dataset's layout, given whole: it said "Is a directory",
+    # and the command line "it is a directory", with no word of what to give.
+    dataset = tmp_path / "dataset"
+    shards = dataset / "data"
+    shards.mkdir(parents=True)
+    for k in range(2):
+        write(shards / f"train-{k:05d}-of-00002.parquet", "")
+    write(dataset / "README.md", "")
+    pattern = str(shards / "*.parquet")
+    hint = (
+        f"(give the list files in it as sources: {pattern} unquoted, for the shell to "
+        f"expand; in Python, sorted(glob.glob({pattern!r})))"
+    )
+    assert usage_error(dataset) == f"cannot read input {str(dataset)!r}: Is a directory {hint}"
+    assert cli.main([str(dataset), "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.endswith(f"it is a directory {hint}\n")
+
+
+def test_a_pattern_no_shell_expanded_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "(a URL needs http:// or https://)".
+    pattern = str(tmp_path / "data" / "train-*.parquet")
+    hint = (
+        "(swarmget does not expand patterns: leave it unquoted for the shell to expand; "
+        "in Python, sorted(glob.glob(pattern)))"
+    )
+    assert usage_error(pattern).endswith(f"No such file or directory {hint}")
+    assert cli.main([pattern, "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.endswith(f"no such file {hint}\n")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")
