@@ -22,6 +22,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from swarmget import cli
 from swarmget.errors import UsageError
 from swarmget.sources import Row, read_rows, reader
 from swarmget.sources.reader import Format, check_sources, format_from_name, sniff
@@ -250,6 +251,24 @@ def test_csv_without_header(tmp_path: Path) -> None:
     assert "has no 'url' column (columns found: 'http://h/a', 'a.jpg')" in usage_error(path)
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "header"),
+    [
+        ("cc3m.tsv", 'a man\'s "best" friend\thttp://h/a.jpg\n', "caption<TAB>url"),
+        ("cc12m.tsv", "http://h/a.jpg\ta cat\n", "url<TAB>caption"),
+        ("wide.csv", "a,b,http://h/a.jpg\n", "col1,col2,url"),
+    ],
+)
+def test_a_table_without_its_header_line_is_told_the_header_to_add(
+    tmp_path: Path, name: str, text: str, header: str
+) -> None:
+    # It said "the first line must name the columns, e.g. url,path": not that
+    # the line it read was a row, nor where the url column is.
+    said = usage_error(write(tmp_path / name, text))
+    assert said.endswith(f"add a header line naming the columns, such as {header}")
+    assert "the first line is a row, not a header" in said
+
+
 def test_csv_more_fields_than_header(tmp_path: Path) -> None:
     # Most likely an unquoted comma in a URL: the raw line is the row's url.
     path = write(tmp_path / "in.csv", "url\nhttp://h/a,\nhttp://h/a,b\nhttp://h/c\n")
@@ -456,6 +475,11 @@ def test_sniff(line: str, fmt: Format) -> None:
         ),
         ('# x\n{"url": "http://h/a"}\n', "line 1: a '#' comment, but the input is JSON Lines"),
         ("# x\nhttp://h/a.jpg\ta cat\n", "line 2: a tab after the URL"),
+        # Conceptual Captions' caption<TAB>url: each row failed alone, bad_url.
+        (
+            'a man\'s "best" friend, the dog\thttp://h/a.jpg\nsunset\thttp://h/b.jpg\n',
+            "line 1: a tab before the URL: .* such as caption<TAB>url",
+        ),
     ],
 )
 def test_a_table_read_as_a_plain_list_is_refused_before_any_row(text: str, said: str) -> None:
@@ -568,7 +592,45 @@ def test_missing_file_fails_before_any_row(tmp_path: Path) -> None:
 
 
 def test_directory(tmp_path: Path) -> None:
-    assert usage_error(tmp_path) == f"cannot read input {str(tmp_path)!r}: Is a directory"
+    assert usage_error(tmp_path) == (
+        f"cannot read input {str(tmp_path)!r}: Is a directory "
+        "(give the list files in it as sources)"
+    )
+
+
+def test_a_directory_of_shards_names_the_files_to_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A Hugging Face dataset's layout, given whole: it said "Is a directory",
+    # and the command line "it is a directory", with no word of what to give.
+    dataset = tmp_path / "dataset"
+    shards = dataset / "data"
+    shards.mkdir(parents=True)
+    for k in range(2):
+        write(shards / f"train-{k:05d}-of-00002.parquet", "")
+    write(dataset / "README.md", "")
+    pattern = str(shards / "*.parquet")
+    hint = (
+        f"(give the list files in it as sources: {pattern} unquoted, for the shell to "
+        f"expand; in Python, sorted(glob.glob({pattern!r})))"
+    )
+    assert usage_error(dataset) == f"cannot read input {str(dataset)!r}: Is a directory {hint}"
+    assert cli.main([str(dataset), "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.endswith(f"it is a directory {hint}\n")
+
+
+def test_a_pattern_no_shell_expanded_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It said "(a URL needs http:// or https://)".
+    pattern = str(tmp_path / "data" / "train-*.parquet")
+    hint = (
+        "(swarmget does not expand patterns: leave it unquoted for the shell to expand; "
+        "in Python, sorted(glob.glob(pattern)))"
+    )
+    assert usage_error(pattern).endswith(f"No such file or directory {hint}")
+    assert cli.main([pattern, "-o", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.endswith(f"no such file {hint}\n")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads everything")

@@ -43,6 +43,7 @@ from swarmget.options import parse_size as options_parse_size
 from swarmget.parallel import interrupts
 from swarmget.progress import make_progress, summary_lines
 from swarmget.report import ProgressListener, Report
+from swarmget.sources.reader import directory_hint, missing_path_hint
 from swarmget.sources.rows import Row, hide_password
 
 EXIT_OK = 0
@@ -460,11 +461,9 @@ def check_sources(sources: Sequence[str]) -> None:
             continue
         shown = hide_password(source)
         if os.path.isdir(source):
-            raise UsageError(f"cannot read {shown!r}: it is a directory")
+            raise UsageError(f"cannot read {shown!r}: it is a directory{directory_hint(source)}")
         if not os.path.exists(source):
-            raise UsageError(
-                f"cannot read {shown!r}: no such file (a URL needs http:// or https://)"
-            )
+            raise UsageError(f"cannot read {shown!r}: no such file{missing_path_hint(source)}")
         if not os.access(source, os.R_OK):
             raise UsageError(f"cannot read {shown!r}: permission denied")
 

@@ -435,10 +435,36 @@ def _column_positions(header: list[str], name: str, delimiter: str) -> dict[str,
             # A CSV named .tsv: "columns found: 'url,path'; ... e.g. url,path"
             # told the user to write what they had written.
             hint = "its columns are separated by commas: name the file .csv (or pipe it to stdin)"
+        elif any("://" in cell for cell in header):
+            # A list shipped without a header line (Conceptual Captions'
+            # caption<TAB>url): "e.g. url,path" did not say the line was a row.
+            hint = (
+                f"the first line is a row, not a header (column {url_position(header) + 1} "
+                "holds a URL): add a header line naming the columns, such as "
+                + header_for(header, delimiter)
+            )
         raise UsageError(
             f"input {name!r} has no 'url' column (columns found: {found}{more}); {hint}"
         )
     return positions
+
+
+def header_for(cells: list[str], delimiter: str) -> str:
+    """The header line a row of ``cells`` lacks, to show the user: ``url`` where
+    the first URL is (the other names are the user's choice; swarmget ignores
+    those columns), ``caption<TAB>url`` for Conceptual Captions' rows."""
+    at = url_position(cells)
+    others = len(cells) - 1
+    names = [
+        "url" if i == at else ("caption" if others == 1 else f"col{i + 1}")
+        for i in range(len(cells))
+    ]
+    return ("<TAB>" if delimiter == "\t" else delimiter).join(names)
+
+
+def url_position(cells: list[str]) -> int:
+    """The index of the first cell holding a URL (0 if none does)."""
+    return next((i for i, cell in enumerate(cells) if "://" in cell), 0)
 
 
 def bad_row(index: int, name: str, lineno: int, problem: str, url: str | None, line: str) -> Row:

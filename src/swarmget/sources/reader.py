@@ -86,7 +86,13 @@ from typing import IO, Any, BinaryIO, Final, TextIO, TypeGuard, cast
 
 from swarmget.errors import UsageError
 from swarmget.sources.fields import is_text, why_not_text
-from swarmget.sources.formats import BYTE_ERRORS, parse_delimited, parse_jsonl, parse_text
+from swarmget.sources.formats import (
+    BYTE_ERRORS,
+    header_for,
+    parse_delimited,
+    parse_jsonl,
+    parse_text,
+)
 from swarmget.sources.parquet import MAGIC, parse_parquet
 from swarmget.sources.rows import Row, hide_password, strip_url
 
@@ -524,16 +530,21 @@ def _check_text(line: str, lineno: int, name: str) -> None:
 
 
 def _check_not_tabbed(line: str, lineno: int, name: str) -> None:
-    """A plain list whose first line is a URL, a tab and more is a TSV without
-    its header line (CC12M's ``url<TAB>caption``): each row would fail as a URL
-    with a tab in it, so the input is refused at once, saying what it needs."""
-    text = line.strip()
-    if "\t" in text and "://" in text.partition("\t")[0]:
-        raise UsageError(
-            f"input {name!r}, line {lineno}: a tab after the URL: a TSV list needs a "
-            "header line naming its columns (url, and path, sha256, ... or any other), "
-            "and a plain list one URL a line"
-        )
+    """A plain list whose first line is a URL and other columns split by tabs is
+    a TSV without its header line: CC12M's ``url<TAB>caption``, Conceptual
+    Captions' ``caption<TAB>url``.  Each row would fail as a URL with a tab in
+    it (millions of ``bad_url``), so the input is refused at once, saying what
+    it needs."""
+    cells = line.strip().split("\t")
+    if len(cells) < 2 or not any("://" in cell for cell in cells):
+        return
+    where = "after" if "://" in cells[0] else "before"
+    header = header_for(cells, "\t")
+    raise UsageError(
+        f"input {name!r}, line {lineno}: a tab {where} the URL: a TSV list without its "
+        f"header line? Add one naming the columns, such as {header} "
+        "(a plain list has one URL a line)"
+    )
 
 
 # The code points surrogateescape reads the bytes 0x80-0xff that are not UTF-8
@@ -590,7 +601,69 @@ def _archive(line: str) -> bool:
 
 def _unreadable(name: str, exc: BaseException) -> UsageError:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    hint = " (a URL needs http:// or https://)" if isinstance(exc, FileNotFoundError) else ""
+    hint = ""
+    if isinstance(exc, FileNotFoundError):
+        hint = missing_path_hint(name)
+    elif isinstance(exc, IsADirectoryError):
+        hint = directory_hint(name)
     return UsageError(
         f"cannot read input {hide_password(name)!r}: {reason or type(exc).__name__}{hint}"
     )
+
+
+_PATTERN_CHARACTERS: Final = frozenset("*?[")
+
+
+def missing_path_hint(path: str) -> str:
+    """Why a source that is not there may have been meant otherwise: a URL
+    without its scheme, or a pattern (``'data/*.parquet'``) no shell expanded."""
+    if _PATTERN_CHARACTERS.intersection(path):
+        return (
+            " (swarmget does not expand patterns: leave it unquoted for the shell to "
+            "expand; in Python, sorted(glob.glob(pattern)))"
+        )
+    return " (a URL needs http:// or https://)"
+
+
+def directory_hint(path: str) -> str:
+    """What to give instead of a directory: its list files, by a pattern the
+    shell expands (a Hugging Face dataset's ``data/train-00000-of-00004.parquet``
+    shards).  A directory is not read as its files: which of them are the
+    list (a README, a .json of metadata beside the shards?) is the user's call."""
+    found = _lists_under(path, depth=2)
+    if found is None:
+        return " (give the list files in it as sources)"
+    shown = hide_password(found)
+    return (
+        f" (give the list files in it as sources: {shown} unquoted, for the shell to expand;"
+        f" in Python, sorted(glob.glob({shown!r})))"
+    )
+
+
+# Entries looked at in one directory, for directory_hint: a directory of
+# a million downloaded images must not cost a scan of it.
+_HINT_ENTRIES: Final = 1000
+
+
+def _lists_under(directory: str, depth: int) -> str | None:
+    """``<dir>/*<suffix>`` for the first directory at most ``depth`` levels down
+    holding files of a list format (by name), or None."""
+    try:
+        with os.scandir(directory) as scan:
+            entries = sorted(itertools.islice(scan, _HINT_ENTRIES), key=lambda e: e.name)
+    except OSError:
+        return None
+    for entry in entries:
+        fmt = format_from_name(entry.name)
+        if fmt is not None and entry.is_file():
+            stem, suffix = os.path.splitext(entry.name)
+            if suffix.lower() == ".gz":
+                suffix = os.path.splitext(stem)[1] + suffix
+            return os.path.join(directory, "*" + suffix)
+    if depth > 1:
+        for entry in entries:
+            if entry.is_dir() and not entry.name.startswith("."):
+                found = _lists_under(entry.path, depth - 1)
+                if found is not None:
+                    return found
+    return None
