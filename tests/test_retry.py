@@ -151,10 +151,11 @@ def test_a_429_pauses_the_whole_host_not_only_its_row(
 
 
 def rate_limiter(
-    per_second: int, answers: list[int]
+    per_second: int, answers: list[int], refusal: bytes = b"429 Too Many Requests\r\nRetry-After: 1"
 ) -> Callable[[bytes, ScriptedConnection], None]:
     """A route that lets ``per_second`` requests through in each second from the
-    first one, and refuses the others with ``429, Retry-After: 1``."""
+    first one, and refuses the others with ``refusal`` (status line's rest and
+    headers: ``429, Retry-After: 1``)."""
     start: list[float] = []
     let_through: dict[int, int] = {}
 
@@ -163,10 +164,8 @@ def rate_limiter(
         start[:] = start or [now]
         second = int(now - start[0])
         if let_through.get(second, 0) >= per_second:
-            answers.append(429)
-            conn.send(
-                b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
-            )
+            answers.append(int(refusal[:3]))
+            conn.send(b"HTTP/1.1 " + refusal + b"\r\nContent-Length: 0\r\n\r\n")
             return
         let_through[second] = let_through.get(second, 0) + 1
         answers.append(200)
@@ -210,6 +209,34 @@ def test_a_rate_limited_host_is_sent_less_after_it_pushes_back(
     # measured (60-70 before, with the rows that failed no longer asking).
     assert answers.count(429) <= 50, answers.count(429)
     assert time.monotonic() - started < 10  # 5 s: five a second, a pause between
+
+
+def test_a_host_refusing_its_load_with_503_is_sent_less_too(
+    server: TestServer, out_dir: Path
+) -> None:
+    # nginx's limit_req and limit_conn refuse with 503, no Retry-After, unless
+    # told otherwise.  A 503 paused only its row, so the queue went on at
+    # --per-host into the limiter: a third of the rows failed http_503 after
+    # four attempts each (nginx limit_conn 8: 682 of 2,000).  A 503 to a second
+    # row in a row, no other answer between, is the host refusing the load:
+    # it is slowed down as after a 429.
+    answers: list[int] = []
+    paths = [f"/five-a-second-503/{i}" for i in range(30)]
+    with routed(server, rate_limiter(5, answers, b"503 Service Unavailable"), paths) as urls:
+        report = swarmget.download(urls, out_dir, workers=1)
+    assert report.ok == 30, report.error_counts()
+    assert answers.count(503) <= 50, answers.count(503)
+
+
+def test_one_url_answering_503_does_not_slow_its_host(server: TestServer, out_dir: Path) -> None:
+    # The other side of the rule above: one file's backend down (a 503 on every
+    # try of one URL, 200s between) pauses only its row.
+    broken = server.file_url("down.bin", size=10, status=503)
+    good = [server.file_url(f"up{i}.bin", size=10, latency=0.05) for i in range(60)]
+    started = time.monotonic()
+    report = swarmget.download([broken, *good], out_dir, workers=1, per_host=4)
+    assert report.ok == 60 and report.error_counts() == {"http_503": 1}
+    assert time.monotonic() - started < 3  # 60 x 50 ms over 4 connections: 0.75 s
 
 
 def test_a_host_that_refuses_everything_is_given_up_not_waited_on(

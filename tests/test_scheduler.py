@@ -584,3 +584,16 @@ def test_lookups_in_flight_are_capped_and_the_rest_wait_their_turn() -> None:
     assert asked == pools[MIN_RESOLVING + 1 :]
     assert scheduler.resolving == MIN_RESOLVING - 1  # five ended, four were waiting
     assert kinds(later).count("Fail") == 10  # the failed hosts' queued rows
+
+
+def test_a_503_speaks_of_the_hosts_load_only_when_a_second_row_gets_one_in_a_row() -> None:
+    # One URL's 503s, with other answers between, are that URL's trouble; 503s
+    # to two rows in a row are a limiter's (nginx's limit_req refuses with 503).
+    p = pool()
+    seen = [Scheduler.load_status(p, status, key) for status, key in [
+        (503, 1), (503, 1),  # one row, asked at its head and at its end: the same
+        (200, 2), (503, 1), (200, 3), (503, 1),  # one URL again and again, others between
+        (503, 4), (503, 5), (503, 8),  # then rows in a row: the host refuses its load
+        (404, 6), (503, 7),  # another answer ends the run of them
+    ]]  # fmt: skip
+    assert seen == [503, 503, 200, 503, 200, 503, 429, 429, 429, 404, 503]

@@ -351,7 +351,7 @@ class HTTPConnection(PooledConnection):
         self.verdict = verdict
         pool = self.pool
         if pool.probing or pool.limit:  # after a push-back (Scheduler.head_came)
-            self.owner.answered(pool, head.status, self.started)
+            self.owner.answered(pool, head.status, self.started, transfer.job.row.key)
         if verdict.kind == ACCEPT:
             transfer.job.total = verdict.total
             writer = self.owner.open_writer(transfer, verdict, head)

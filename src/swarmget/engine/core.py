@@ -544,9 +544,10 @@ class Engine(ConnectionOwner):
                 delay = action.until - self.loop.now
                 self.loop.call_later(delay, self._wake, action.pool, action.until)
 
-    def answered(self, pool: HostPool, status: int, started: float) -> None:
+    def answered(self, pool: HostPool, status: int, started: float, key: int) -> None:
         # A head came on a host probed or throttled after a push-back: the
         # queue goes on then, not when the body ends.
+        status = self.scheduler.load_status(pool, status, key)
         self._execute(self.scheduler.head_came(pool, status, started, self.loop.now))
 
     def _wake(self, pool: HostPool, until: float) -> None:
@@ -692,8 +693,10 @@ class Engine(ConnectionOwner):
     def ended(self, conn: PooledConnection, transfer: Transfer, verdict: Verdict) -> None:
         kind = verdict.kind
         pool = conn.pool
-        if verdict.status:
-            self._execute(self.scheduler.host_answered(pool, self.loop.now, verdict.status))
+        status = verdict.status
+        if status:
+            status = self.scheduler.load_status(pool, status, transfer.job.row.key)
+            self._execute(self.scheduler.host_answered(pool, self.loop.now, status))
         if kind == ACCEPT:
             self._succeeded(transfer, verdict)
         elif kind == REDIRECTED:
@@ -705,7 +708,8 @@ class Engine(ConnectionOwner):
             self._restart(transfer, verdict.error, verdict.status)
         else:
             assert isinstance(conn, HTTPConnection)
-            self._transfer_failed(pool, transfer, verdict, conn.state == CONNECTING, conn.started)
+            dialling = conn.state == CONNECTING
+            self._transfer_failed(pool, transfer, verdict, status, dialling, conn.started)
 
     # -- outcomes -----------------------------------------------------------------------
 
@@ -788,9 +792,11 @@ class Engine(ConnectionOwner):
         pool: HostPool,
         transfer: Transfer,
         verdict: Verdict,
+        status: int,
         dialling: bool = False,
         started: float = float("inf"),
     ) -> None:
+        """``status``: the verdict's, as it speaks of the host's load (Scheduler.load_status)."""
         error = verdict.error
         assert error is not None
         if isinstance(error, OutputError) and error.fatal:
@@ -813,7 +819,7 @@ class Engine(ConnectionOwner):
             self._execute(self.scheduler.request_lost(pool, self.loop.now, started))
             return
         self._host_failed(pool, error, dialling, started)
-        self._failed(transfer, error, verdict.status, verdict.retry_after, started)
+        self._failed(transfer, error, status, verdict.retry_after, started)
 
     def _stop_reusing(self, pool: HostPool) -> None:
         """A kept-alive connection to ``pool`` went silent: each connection there

@@ -42,10 +42,10 @@ class ConnectionOwner:
         """The body of ``transfer`` is accepted: where to write it (raises TransferError)."""
         raise NotImplementedError
 
-    def answered(self, pool: HostPool, status: int, started: float) -> None:
+    def answered(self, pool: HostPool, status: int, started: float, key: int) -> None:
         """``pool``'s host sent a response head with ``status``, to a request sent
-        at loop time ``started``, while it was probed or throttled after a
-        push-back (see Scheduler.head_came)."""
+        at loop time ``started`` for row ``key``, while it was probed or throttled
+        after a push-back (see Scheduler.head_came)."""
         raise NotImplementedError
 
     def ended(self, conn: PooledConnection, transfer: Transfer, verdict: Verdict) -> None:

@@ -77,6 +77,7 @@ class HostPool:
         "queue",
         "ramp",
         "refresh_at",
+        "refused_503",
         "resolving",
         "resolving_since",
         "reuse_broken",
@@ -129,9 +130,7 @@ class HostPool:
         # The same, for the rows that never went out when the host was given up
         # after trying it ("not requested: ..."), so the manifest says so.
         self.unsent: TransferError | None = None
-        # Push-back: nothing new is sent here before this loop time (the host
-        # answered 429; see Scheduler.pushed_back).
-        self.paused_until = 0.0
+        self.paused_until = 0.0  # push-back: nothing new goes out before (Scheduler.pushed_back)
         self.pause_began = -1.0  # loop time the latest pause began
         self.push_backs = 0  # pauses in a row with no other answer between them
         self.probing = False  # after a pause: one request, until it is answered
@@ -145,6 +144,7 @@ class HostPool:
         self.threshold = 0  # below this, each answer adds one to ``limit`` (slow start)
         self.slowed_at = -1.0  # loop time ``limit`` was last lowered
         self.unanswered = 0  # requests sent since then, their answer not yet come
+        self.refused_503 = -1  # the row whose 503 began those in a row (Scheduler.load_status)
         # A request on a kept-alive connection met silence (no byte of an
         # answer before --timeout): a server, or a box on the way, that breaks
         # keep-alive without closing.  From then on each connection here serves

@@ -407,6 +407,27 @@ class Scheduler:
         self._give_up(pool, error, why, actions)
         return actions
 
+    @staticmethod
+    def load_status(pool: HostPool, status: int, key: int) -> int:
+        """``status`` as it speaks of the host's load: a 503 to a second row in a
+        row (no other answer between) is read as a 429.  A 503 may be one URL's
+        trouble (one file's backend down), and then pauses only its row; but
+        nginx's limit_req and limit_conn refuse with 503 by default, no
+        Retry-After, and the queue went on into the limiter at --per-host (a
+        third of the rows failed http_503).  From a host that has pushed back
+        and is still slowed down (or probed), any 503 is read so: the row that
+        began each run of them spent an attempt on it, and some ran out.
+        Asked once per response head and again when its transfer ends: the
+        same answer both times."""
+        if status != 503:
+            pool.refused_503 = -1
+            return status
+        if pool.refused_503 < 0:
+            pool.refused_503 = key
+        if pool.refused_503 != key or pool.limit or pool.probing:
+            return 429
+        return status
+
     def host_answered(self, pool: HostPool, now: float = 0.0, status: int = 200) -> list[Action]:
         """The host sent a response head (``status``): it is up, and unless that
         was a 429 it is no longer pushing back (the queue may go out again)."""
