@@ -564,12 +564,16 @@ def test_a_server_that_speaks_only_tls_1_0_and_1_1_says_so(certs: Certs, out_dir
     )
 
 
+def _handshake_error_message(reason: str, text: str) -> str:
+    """The message of the error OpenSSL's ``reason`` in a handshake with h.test becomes."""
+    exc = ssl.SSLError(1, f"[SSL: {reason}] {text} (_ssl.c:1000)")
+    exc.reason = reason
+    return tls_module.tls_error(exc, "h.test", handshake=True).message
+
+
 def test_a_server_hello_of_an_old_version_is_said_to_be_one() -> None:
     # What OpenSSL says when the server answers with TLS 1.0 instead of an alert.
-    exc = ssl.SSLError(1, "[SSL: UNSUPPORTED_PROTOCOL] unsupported protocol (_ssl.c:1000)")
-    exc.reason = "UNSUPPORTED_PROTOCOL"
-    error = tls_module.tls_error(exc, "h.test", handshake=True)
-    assert error.message == (
+    assert _handshake_error_message("UNSUPPORTED_PROTOCOL", "unsupported protocol") == (
         "TLS handshake with h.test failed: unsupported protocol "
         "(the server speaks no TLS version swarmget accepts: it needs TLS 1.2 or later)"
     )
@@ -870,10 +874,7 @@ def test_a_reply_that_begins_no_tls_record_gets_the_hint(out_dir: Path) -> None:
 def test_openssl_3_2s_name_for_a_reply_that_is_not_tls_gets_the_hint_too() -> None:
     # OpenSSL 3.2 and later report "wrong version number" wrapped in a "record
     # layer failure" (the last error, the one Python shows).
-    exc = ssl.SSLError(1, "[SSL: RECORD_LAYER_FAILURE] record layer failure (_ssl.c:1000)")
-    exc.reason = "RECORD_LAYER_FAILURE"
-    error = tls_module.tls_error(exc, "h.test", handshake=True)
-    assert error.message == (
+    assert _handshake_error_message("RECORD_LAYER_FAILURE", "record layer failure") == (
         "TLS handshake with h.test failed: record layer failure (is it an http:// server?)"
     )
 
