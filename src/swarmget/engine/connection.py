@@ -469,11 +469,12 @@ class HTTPConnection(PooledConnection):
             return
         if state == CLOSED:
             return
+        deadline = self._deadline()  # the file's (a long body's may be longer)
         if state in _SETUP_STATES:
             # The deadline too: a connect, tunnel or handshake that is never
             # answered otherwise ran a whole --timeout past it.
-            if self._past_deadline(now):
-                self._fail(self._setup_past_deadline(self._deadline()))
+            if self._past_deadline(now, deadline):
+                self._fail(self._setup_past_deadline(deadline))
             elif now - self.started > options.timeout:
                 self._fail(self._setup_timed_out(options.timeout))
             return
@@ -487,8 +488,8 @@ class HTTPConnection(PooledConnection):
         if now - self.last_activity > options.timeout:
             self._fail(self._stalled(options.timeout))
             return
-        if self._past_deadline(now):
-            self._fail(deadline_exceeded(self._deadline()))
+        if self._past_deadline(now, deadline):
+            self._fail(deadline_exceeded(deadline))
             return
         window = now - self.window_start
         if options.min_speed and window >= self.speed_window:
@@ -510,12 +511,12 @@ class HTTPConnection(PooledConnection):
             return f"slower than --min-speed {min_speed} B/s (no response head after {window:.0f}s)"
         return f"slower than --min-speed {min_speed} B/s ({rate:.0f} B/s over {window:.0f}s)"
 
-    def _past_deadline(self, now: float) -> bool:
+    def _past_deadline(self, now: float, deadline: float) -> bool:
         # The deadline is the file's, from its first attempt: not this request's
         # (a chain of slow redirects, or retries, each got the whole deadline).
         transfer = self.transfer
         began = transfer.job.first_start if transfer is not None else 0.0
-        return now - (began or self.started) > self._deadline()
+        return now - (began or self.started) > deadline
 
     def _deadline(self) -> float:
         """The file's deadline (a long body's may be longer: Job.deadline)."""
