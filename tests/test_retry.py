@@ -174,6 +174,23 @@ def rate_limiter(
     return limited
 
 
+def test_a_host_letting_two_requests_a_second_through_is_paced_not_hammered(
+    server: TestServer, out_dir: Path
+) -> None:
+    # Two a second, the rest refused with a bare 429.  One request at a time
+    # is as fast as the host answers, so every round after a pause ran into
+    # the limiter again: 28-29 refusals for 16 rows, and in two runs of three
+    # a row ran out of attempts (http_429).  Now the host's requests are
+    # spaced at the pace it let them through: the first burst's refusals (14,
+    # nothing known yet) and a few more (20-23 in all).
+    answers: list[int] = []
+    paths = [f"/two-a-second/{i}" for i in range(16)]
+    with routed(server, rate_limiter(2, answers, b"429 Too Many Requests"), paths) as urls:
+        report = swarmget.download(urls, out_dir, workers=1)
+    assert report.ok == 16, report.error_counts()
+    assert answers.count(429) <= 25, answers.count(429)
+
+
 def test_the_refused_row_goes_first_when_the_pause_is_over(
     server: TestServer, out_dir: Path
 ) -> None:
@@ -522,6 +539,10 @@ def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(
     # pause was the row refused before it: refused again and again, it gave
     # the host up (--host-failures) and failed the rest, most never requested.
     # (Small: "Retry-After: 0" is no advice, so every pause is the backoff's.)
+    # host_failures 3: the host is paced after its first rounds (as a rate
+    # limiter would be), so its requests go one at a time, and an always-URL's
+    # first 429 then another row's first 429 with no answer between are two
+    # rows in a row refused, as the rule says.
     always = [server.file_url(f"always-{i}", size=10, status=429, retry_after=0) for i in range(2)]
     once = [
         server.file_url(f"once-{i}", size=10, status=429, retry_after=0, times=1) for i in range(4)
@@ -530,7 +551,7 @@ def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(
     for i, url in enumerate(once):
         urls += [url, always[i // 2]] if i % 2 == 0 else [url]
     report = swarmget.download(
-        urls, out_dir, retries=2, concurrency=2, per_host=2, workers=1, host_failures=2
+        urls, out_dir, retries=2, concurrency=2, per_host=2, workers=1, host_failures=3
     )
     assert (report.ok, report.error_counts()) == (4, {"http_429": 2}), report.failures
     for i in range(4):

@@ -279,6 +279,66 @@ def test_per_host_one_is_as_slow_as_a_push_back_makes_it() -> None:
     assert p.limit == 0
 
 
+def test_a_host_that_pushes_back_again_is_paced_at_the_pace_it_showed() -> None:
+    # A rate limiter (4 a second): one request at a time is as fast as the host
+    # answers, hundreds a second, and every round after a pause ran into it.
+    # The second push-back, after 4 answers in the 1 s since the first pause
+    # began, spaces the requests 0.25 s apart (the pace the host showed); each
+    # answer eases that by 3%.
+    scheduler = Scheduler(concurrency=64, per_host=1)
+    p = pool()
+    dial_all(scheduler, p, 20, now=1.0)
+    scheduler.pushed_back(p, until=1.5, now=1.0, error=REFUSED, started=1.0)
+    assert p.spacing == 0.0  # the first pause: nothing known of the host's pace yet
+    scheduler.closed(PooledConnection(p), now=1.0)
+    assert kinds(scheduler.wake(p, until=1.5, now=1.5)) == ["Dial"]  # the probe
+    for now in (1.6, 1.7, 1.8, 1.9):
+        scheduler.host_answered(p, now=now, status=200)
+        assert kinds(scheduler.released(PooledConnection(p), reusable=True, now=now)) == ["Start"]
+    scheduler.pushed_back(p, until=2.5, now=2.0, error=REFUSED, started=1.9)
+    assert p.spacing == 0.25
+    scheduler.closed(PooledConnection(p), now=2.0)
+    assert kinds(scheduler.wake(p, until=2.5, now=2.5)) == ["Dial"]  # the probe
+    assert p.next_send == 2.75
+    # Answered at once: the next request waits for its time, on a timer...
+    (wake,) = scheduler.host_answered(p, now=2.51, status=200)
+    assert isinstance(wake, WakeAt) and wake.until == 2.75
+    assert p.spacing == 0.25 * 0.97
+    # ... one timer, however many connections and rows come meanwhile.
+    assert scheduler.released(PooledConnection(p), reusable=True, now=2.51) == []
+    assert scheduler.submit(p, transfer(99), now=2.6) == []
+    # Its time: one goes, and the timer for the next one is armed.
+    start, wake = scheduler.wake(p, until=2.75, now=2.75)
+    assert isinstance(start, Start) and isinstance(wake, WakeAt)
+    assert wake.until == p.next_send == 2.75 + p.spacing
+    # A paced host's rows are held for it alone (the intake fetches others).
+    assert scheduler.held_back([p], since=10.0) == len(p.queue)
+
+
+def test_a_paced_host_is_eased_back_to_full_speed() -> None:
+    scheduler = Scheduler(concurrency=64, per_host=4)
+    p = pool()
+    p.spacing = 0.1
+    for _ in range(300):
+        scheduler.host_answered(p, now=1.0, status=200)
+    assert p.spacing == 0.0
+    scheduler.host_answered(p, now=1.0, status=200)  # no longer paced
+    assert p.spacing == 0.0
+
+
+def test_a_host_refusing_everything_for_a_while_is_not_paced() -> None:
+    # Its probe refused, nothing let through since the last pause: the pauses
+    # grow instead; pacing it at their length would crawl long after.
+    scheduler = Scheduler(concurrency=64, per_host=1, host_failures=0)
+    p = pool()
+    dial_all(scheduler, p, 5, now=1.0)
+    scheduler.pushed_back(p, until=1.5, now=1.0, error=REFUSED, started=1.0)
+    scheduler.closed(PooledConnection(p), now=1.0)
+    scheduler.wake(p, until=1.5, now=1.5)
+    scheduler.pushed_back(p, until=3.0, now=1.6, error=REFUSED, started=1.5)
+    assert p.spacing == 0.0
+
+
 def test_a_host_that_keeps_pushing_back_is_given_up() -> None:
     scheduler = Scheduler(concurrency=10, per_host=1, host_failures=3)
     p = pool()

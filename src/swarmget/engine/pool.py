@@ -53,6 +53,7 @@ class PooledConnection:
 
 class HostPool:
     __slots__ = (
+        "accepted",
         "addresses",
         "answered_at",
         "closing",
@@ -66,8 +67,10 @@ class HostPool:
         "idle",
         "kind",
         "limit",
+        "next_send",
         "open",
         "origin",
+        "pace_wake",
         "pause_began",
         "paused_until",
         "probe_out",
@@ -82,6 +85,7 @@ class HostPool:
         "resolving_since",
         "reuse_broken",
         "slowed_at",
+        "spacing",
         "template",
         "threshold",
         "tls_session",
@@ -135,20 +139,21 @@ class HostPool:
         self.push_backs = 0  # pauses in a row with no other answer between them
         self.probing = False  # after a pause: one request, until it is answered
         self.probe_out = False  # that one request has gone out
-        # Politeness (AIMD, see the scheduler's docstring): requests allowed
-        # under way at once since the host pushed back, 0 while it is allowed
-        # the run's per_host (it never pushed back, or has ramped up all the
-        # way): the un-throttled host costs one attribute check.
+        # Politeness (AIMD, see the scheduler's docstring): requests allowed under way
+        # since the host pushed back, 0 for the run's per_host: one attribute check.
         self.limit = 0
         self.ramp = 0  # answers counted towards the next +1 of ``limit``
         self.threshold = 0  # below this, each answer adds one to ``limit`` (slow start)
         self.slowed_at = -1.0  # loop time ``limit`` was last lowered
         self.unanswered = 0  # requests sent since then, their answer not yet come
         self.refused_503 = -1  # the row whose 503 began those in a row (Scheduler.load_status)
-        # A request on a kept-alive connection met silence (no byte of an
-        # answer before --timeout): a server, or a box on the way, that breaks
-        # keep-alive without closing.  From then on each connection here serves
-        # one request: one timeout a host, not one a file.
+        # Pacing (Scheduler._pace): seconds between requests (0: not paced), when
+        # the next may go, the timer armed for it (0: none), and answers since
+        # the latest pause began (the pace the host showed).
+        self.spacing = self.next_send = self.pace_wake = 0.0
+        self.accepted = 0
+        # A kept-alive connection met silence (no byte of an answer before --timeout):
+        # keep-alive broken without a close; from then on, one request a connection.
         self.reuse_broken = False
 
     def mark_given_up(self, error: TransferError, why: str) -> None:

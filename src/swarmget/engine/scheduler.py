@@ -95,6 +95,23 @@ The rules:
     connection's head, :meth:`Scheduler.released`,
     :meth:`Scheduler.host_answered`) pays one attribute check for it, so a
     host that never pushes back is served exactly as before.
+* Pacing (:meth:`Scheduler._pace`): a rate limiter meters requests per
+  second, and even one request at a time is as fast as the host answers
+  (hundreds a second on a near host): every round after a pause ran into
+  it again.  A host letting 2 requests a second through refused each row
+  twice on average, and 1 or 2 rows of 30 ran out of attempts
+  (``http_429``).  So a host that pushes back having
+  let some requests through since its last pause began is *paced*: its
+  requests go out ``HostPool.spacing`` seconds apart, the time that round
+  took per request it let through, its pause included: the pace it showed
+  it keeps.  Each answer below 500 shortens the spacing by 3% (the host is
+  probed for more, as the additive increase does), and under a millisecond
+  pacing ends.  Not from a round that let nothing through (the probe
+  refused: the pause was too short, and pauses grow).  Nor is the spacing
+  doubled at each push-back, as TCP halves its window: with a tenth of a
+  host's URLs answering 429 every time, doubling would outgrow the easing
+  (2 x 0.97^10 > 1) up to a request a minute; set from the pace shown, it
+  settles near a third of the pause.
 * Circuit breaker: after ``host_failures`` connect failures or timeouts in a
   row on one host, with no response in between, the host is given up: its
   queued and future transfers fail at once with the last error, so a dead
@@ -124,6 +141,11 @@ from swarmget.net.address import Address
 from swarmget.protocol import ConnectionClosed
 
 CONNECT_SLICE: Final = 32
+# Pacing (Scheduler._pace): the longest spacing between two requests to a host,
+# what each answer leaves of it, and the shortest worth keeping.
+MAX_SPACING: Final = 60.0
+SPACING_EASE: Final = 0.97
+MIN_SPACING: Final = 0.001
 MIN_RESOLVING: Final = 16
 MAX_RESOLVING: Final = 256
 # Failures that count towards giving up a host: it does not answer.
@@ -184,7 +206,7 @@ class Defer(Action):
 
 class WakeAt(Action):
     """Call :meth:`Scheduler.wake` for ``pool`` at loop time ``until``, when its
-    push-back ends."""
+    push-back ends or, a paced host, when its next request may go."""
 
     __slots__ = ("pool", "until")
 
@@ -288,9 +310,9 @@ class Scheduler:
             and pool.paused_until == 0.0
             and not pool.probing
             and (not pool.limit or self._unanswered(pool) < pool.limit)
+            and (not pool.spacing or now >= pool.next_send)
         ):
-            if pool.limit:
-                pool.unanswered += 1
+            self._sent(pool, now)
             return [Start(conn, pool.queue.popleft())]
         if self._starved:
             return [self._close(conn)]
@@ -438,6 +460,10 @@ class Scheduler:
         if status == 429:
             return []
         pool.push_backs = 0
+        if status < 500:
+            pool.accepted += 1
+            if pool.spacing:
+                self._ease(pool)
         if pool.probing:
             # The probe's answer is counted towards the ramp when its transfer
             # ends (the engine reports a probe's head, then its end).
@@ -525,6 +551,20 @@ class Scheduler:
             pool.limit = 0  # per_host 1: already as slow as we go
 
     @staticmethod
+    def _pace(pool: HostPool, now: float) -> None:
+        """``pool``'s host pushed back, having let some requests
+        through since its last pause began: space them out at the pace it
+        showed (see the module docstring)."""
+        pool.spacing = min(MAX_SPACING, (now - pool.pause_began) / pool.accepted)
+
+    @staticmethod
+    def _ease(pool: HostPool) -> None:
+        """A paced host answered: allow it a little more (see the module docstring)."""
+        pool.spacing *= SPACING_EASE
+        if pool.spacing < MIN_SPACING:
+            pool.spacing = 0.0
+
+    @staticmethod
     def _busy(pool: HostPool) -> int:
         """Requests under way (or connections being made) to ``pool``'s host."""
         return pool.open - pool.closing - len(pool.idle)
@@ -559,7 +599,10 @@ class Scheduler:
         if pool.given_up is not None or started < pool.pause_began:
             return actions
         if pool.paused_until == 0.0:
+            if pool.accepted and pool.pause_began >= 0:
+                self._pace(pool, now)
             pool.pause_began = now
+            pool.accepted = 0
             self.slow_down(pool, now, started)
             if pool.limit:  # slow start: from the probe up to the halved limit
                 pool.threshold, pool.limit = pool.limit, 1
@@ -612,9 +655,12 @@ class Scheduler:
             if pool.queue
             and not pool.paused_until
             and (
-                self._unanswered(pool) >= pool.limit
-                if pool.limit
-                else pool.open - pool.closing >= per_host
+                pool.spacing
+                or (
+                    self._unanswered(pool) >= pool.limit
+                    if pool.limit
+                    else pool.open - pool.closing >= per_host
+                )
             )
             and pool.queue[0].job.admitted < since
         )
@@ -622,6 +668,9 @@ class Scheduler:
     def wake(self, pool: HostPool, until: float, now: float) -> list[Action]:
         """The pause that was to end at ``until`` is over, unless a later one replaced
         it: one request goes out, the rest once the host answers it (probing)."""
+        if until == pool.pace_wake:  # pacing's timer: the next request may go
+            pool.pace_wake = 0.0
+            return self._dispatched(pool, now)
         if pool.paused_until != until:
             return []  # replaced by a later pause, or already over (see _dispatch)
         self._end_pause(pool)
@@ -699,10 +748,8 @@ class Scheduler:
             self._resolve(pool, now, actions)  # in the background; connects use what we have
         queue = pool.queue
         while queue and not self.stopping:
-            if pool.probe_out:
-                return  # after a pause, one request, until it is answered
-            if pool.limit and self._unanswered(pool) >= pool.limit:
-                return  # throttled since it pushed back: an answer brings us back
+            if self._holding_back(pool, now, actions):
+                return
             if queue[0].fresh:
                 # Its kept-alive connection had been closed by the server: this
                 # one goes out on a new connection, not on another old one (which
@@ -713,7 +760,7 @@ class Scheduler:
                 conn = self._take_idle(pool, actions)
                 if conn is not None:
                     actions.append(Start(conn, queue.popleft()))
-                    self._sent(pool)
+                    self._sent(pool, now)
                 continue
             if pool.open - pool.closing >= self.per_host:
                 return
@@ -727,15 +774,36 @@ class Scheduler:
             pool.open += 1
             self.open += 1
             actions.append(Dial(pool, transfer))
-            self._sent(pool)
+            self._sent(pool, now)
+
+    def _holding_back(self, pool: HostPool, now: float, actions: list[Action]) -> bool:
+        """Must ``pool``'s next request wait, since the host pushed back?"""
+        if pool.probe_out:
+            return True  # after a pause, one request, until it is answered
+        if pool.limit and self._unanswered(pool) >= pool.limit:
+            return True  # throttled since it pushed back: an answer brings us back
+        if pool.spacing and now < pool.next_send:
+            self._pace_wake(pool, actions)
+            return True  # paced: its timer brings us back
+        return False
 
     @staticmethod
-    def _sent(pool: HostPool) -> None:
+    def _sent(pool: HostPool, now: float) -> None:
         """A request is going to ``pool``'s host: the probe, if it is probed; one
-        awaiting its answer, if it is throttled."""
+        awaiting its answer, if it is throttled; the next no sooner than its
+        spacing, if it is paced."""
         pool.probe_out = pool.probing
         if pool.limit:
             pool.unanswered += 1
+        if pool.spacing:
+            pool.next_send = now + pool.spacing
+
+    @staticmethod
+    def _pace_wake(pool: HostPool, actions: list[Action]) -> None:
+        """Arm the timer that sends a paced host's next request (one at a time)."""
+        if pool.pace_wake != pool.next_send:
+            pool.pace_wake = pool.next_send
+            actions.append(WakeAt(pool, pool.next_send))
 
     def _dispatched(self, pool: HostPool, now: float) -> list[Action]:
         """The actions :meth:`_dispatch` takes for ``pool`` now."""
