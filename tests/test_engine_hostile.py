@@ -287,6 +287,36 @@ def test_server_closing_keep_alive_connections_is_transparent(
     assert {r["attempts"] for r in manifest(out_dir)} == {1}
 
 
+def _answer_then_close(reply: bytes) -> Callable[[bytes, ScriptedConnection], None]:
+    """A route that sends ``reply`` and then closes, without saying so in the reply."""
+
+    def answer(head: bytes, conn: ScriptedConnection) -> None:
+        conn.send(reply)
+        conn.close()
+
+    return answer
+
+
+def test_a_redirect_from_a_server_closing_unannounced_costs_no_attempt(out_dir: Path) -> None:
+    # Each close races our next request on the connection that just finished:
+    # the row's request met a dead connection, and after the 302 the
+    # redirect's request met another.  One such free retry was allowed per
+    # transfer, not per request, so the row failed under --retries 0 with
+    # "connection closed before the response started".
+    replies = {
+        "/first": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfirst",
+        "/moved": b"HTTP/1.1 302 Found\r\nLocation: /target\r\nContent-Length: 0\r\n\r\n",
+        "/target": b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\ntarget",
+    }
+    with TestServer() as srv:
+        for path, reply in replies.items():
+            srv.route(path, _answer_then_close(reply))
+        report = run([srv.url("/first"), srv.url("/moved")], out_dir, concurrency=1, workers=1)
+    assert report.ok == 2, report.error_counts()
+    assert (out_dir / "moved").read_bytes() == b"target"
+    assert [r["attempts"] for r in manifest(out_dir)] == [1, 1]
+
+
 def test_keep_alive_reuse_against_the_test_server(server: TestServer, out_dir: Path) -> None:
     server.reset_stats()
     urls = [server.file_url(f"ka{i}.bin", size=500) for i in range(200)]

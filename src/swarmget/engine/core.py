@@ -807,11 +807,10 @@ class Engine(ConnectionOwner):
             self._keep_or_drop_part(transfer)
         if verdict.stale and isinstance(error, Stalled):
             self._stop_reusing(pool)
-        if verdict.stale and transfer.retry.count(STALE) <= self.policy.retries:
+        if verdict.stale and self._may_retry_stale(transfer):
             # A dead kept-alive connection is not the server's failure: again,
             # on a new connection (so not twice in a row), first in line when a
-            # slot frees.  Each retry may meet another dead one (a server that
-            # closes after every error reply, unannounced): one per attempt.
+            # slot frees.
             transfer.retry = transfer.retry.forgiven(STALE)
             transfer.fresh = True
             self._submit(transfer, front=True)
@@ -820,6 +819,18 @@ class Engine(ConnectionOwner):
             return
         self._host_failed(pool, error, dialling, started)
         self._failed(transfer, error, status, verdict.retry_after, started)
+
+    def _may_retry_stale(self, transfer: Transfer) -> bool:
+        """Whether ``transfer`` may go again, free, after a dead kept-alive connection.
+
+        Once per attempt, since each retry may meet another dead one (a server
+        that closes after every reply, unannounced), and once per redirect hop
+        too: the hop's request goes at once on the connection that brought the
+        3xx, which such a server has just closed (its first request had met one
+        already, and the row failed under --retries 0).
+        """
+        retry = transfer.retry
+        return retry.count(STALE) <= self.policy.retries + retry.count(REDIRECT)
 
     def _stop_reusing(self, pool: HostPool) -> None:
         """A kept-alive connection to ``pool`` went silent: each connection there
