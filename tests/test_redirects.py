@@ -470,3 +470,37 @@ def test_a_location_with_a_tab_inside_is_a_bad_redirect(server: TestServer, out_
     assert failure.error == "bad_redirect" and "a tab inside it" in failure.message
     assert len(server.requests) == seen + 1  # nothing was asked for at the mangled URL
     assert not (out_dir / "tabbed.bin").exists()
+
+
+@pytest.mark.parametrize("location", ["?", "?#top", "./query.bin?"])
+def test_a_location_with_an_empty_query_asks_for_that_empty_query(
+    server: TestServer, out_dir: Path, location: str
+) -> None:
+    # RFC 3986 section 5.2.2: "?" is this path with an empty query.  urljoin
+    # took the page's own query for an empty one: "?" asked for the page
+    # again (here a loop, too_many_redirects; a server that drops a token or
+    # a tracking query this way got the old URL back), and "x?" lost its "?".
+    start = server.file_url("query.bin", size=10, redirect=302, to=location)
+    seen = len(server.requests)
+    report = run([start], out_dir)
+    assert report.ok == 1, report.failures
+    request_lines = [head.partition(b"\r\n")[0] for head in server.requests[seen:]]
+    assert request_lines[1:] == [b"GET /files/query.bin? HTTP/1.1"]
+
+
+@pytest.mark.parametrize(
+    ("location", "fragment"),
+    [("/files/landed.bin?size=5", "#part-2"), ("/files/landed.bin?size=5#own", "#own")],
+)
+def test_a_location_without_a_fragment_inherits_the_rows_fragment(
+    server: TestServer, out_dir: Path, location: str, fragment: str
+) -> None:
+    # RFC 9110 section 10.2.2: the redirect keeps the fragment of the URL asked
+    # for when the Location has none of its own (as browsers do); final_url
+    # lost it.  The fragment is never sent.
+    start = server.file_url("fragment.bin", redirect=302, to=location) + "#part-2"
+    seen = len(server.requests)
+    report = run([start], out_dir)
+    assert report.ok == 1, report.failures
+    assert journal(out_dir)[0]["final_url"] == server.url("/files/landed.bin?size=5") + fragment
+    assert all(b"#" not in head.partition(b"\r\n")[0] for head in server.requests[seen:])

@@ -306,3 +306,22 @@ def test_a_url_too_long_to_be_served_is_bad_url_and_said_briefly(out_dir: Path) 
     report = swarmget.download([url], out_dir)
     (failure,) = report.failures
     assert (failure.error, failure.attempts) == ("bad_url", 0)
+
+
+@pytest.mark.parametrize(
+    ("url", "hinted"),
+    [
+        ("http:/h.test/x", True),
+        ("http:///h.test/x", True),
+        ("HTTP:\\\\h.test\\x", True),
+        ("http://", False),
+        ("http://:81/x", False),
+    ],
+)
+def test_a_url_with_odd_slashes_says_where_its_host_should_be(url: str, hinted: bool) -> None:
+    # curl and browsers find h.test in these; a list that holds one is damaged,
+    # and "URL has no host" alone sent the user looking at a host that is there.
+    with pytest.raises(TransferError) as caught:
+        split_url(url)
+    assert caught.value.code == "bad_url" and "no host" in caught.value.message
+    assert ("exactly two slashes" in caught.value.message) == hinted

@@ -53,7 +53,7 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             ErrorCode.BAD_REDIRECT, f"redirect to a URL with no host ({hide_userinfo(text)!r})"
         )
     try:
-        target = urljoin(job.url, form)
+        target = resolve_reference(job.url, form)
         scheme = urlsplit(target).scheme.lower()
     except ValueError as exc:  # e.g. "http://[not-an-address]/": urlsplit checks brackets
         shown = hide_userinfo(text)
@@ -70,6 +70,27 @@ def redirect_target(job: Job, location: bytes, options: Options) -> str:
             f"redirect from https to http refused ({hide_userinfo(target)}); "
             "--allow-downgrade permits it",
         )
+    return target
+
+
+def resolve_reference(base: str, reference: str) -> str:
+    """``reference`` resolved against ``base`` (RFC 3986 section 5.2), where urljoin
+    differs: it reads an empty query as none, so ``?`` took the base's query
+    (the page asked for again, where a server dropping a token or a tracking
+    query meant another URL) and ``x?`` lost its ``?``, which a URL in a list
+    keeps.  And the result keeps the base's fragment when the reference has
+    none of its own (RFC 9110 section 10.2.2), as browsers keep it."""
+    head, hash_mark, _ = reference.partition("#")
+    if head.startswith("?"):
+        # The base's path with the reference's query, however empty.
+        target = base.partition("#")[0].partition("?")[0] + reference
+    else:
+        target = urljoin(base, reference)
+        if "?" in head and "?" not in target.partition("#")[0]:
+            path, mark, fragment = target.partition("#")
+            target = f"{path}?{mark}{fragment}"
+    if not hash_mark and "#" in base and "#" not in target:
+        target += "#" + base.partition("#")[2]
     return target
 
 

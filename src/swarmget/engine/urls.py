@@ -134,7 +134,9 @@ def split_url(url: str) -> Location:
         raise TransferError(ErrorCode.BAD_URL, f"not an http(s) URL: {redact(url)!r}")
     host = parts.hostname
     if not host:
-        raise TransferError(ErrorCode.BAD_URL, f"URL has no host: {redact(url)!r}")
+        raise TransferError(
+            ErrorCode.BAD_URL, f"URL has no host: {redact(url)!r}{_slashes_hint(stripped)}"
+        )
     _check_brackets(parts.netloc.rpartition("@")[2], host, url)
     host = wire_host(host, url)
     default = _DEFAULT_PORTS[scheme]
@@ -166,6 +168,18 @@ def split_url(url: str) -> Location:
         token = base64.b64encode(user + b":" + password).decode("ascii")
         authorization = f"Basic {token}"
     return Location((scheme, host, port), target, host_header, authorization)
+
+
+# "http:" followed by other than two forward slashes: "http:/h/x", "http:///h/x", "http:\\h".
+_ODD_SLASHES: Final = re.compile(r"(?i)https?:(?!//(?!/))[/\\]*[^/\\]")
+
+
+def _slashes_hint(url: str) -> str:
+    """Why a URL such as ``http:///h/x`` has no host, said, since the host is
+    there to see (browsers and curl take it; a list that holds it is damaged)."""
+    if _ODD_SLASHES.match(url) is None:
+        return ""
+    return " (a host comes after exactly two slashes: http://host/...)"
 
 
 def control_inside(text: str) -> str | None:
