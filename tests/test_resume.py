@@ -82,6 +82,28 @@ def test_a_symlink_in_place_of_a_done_file_is_replaced_not_skipped(
     assert outside.read_bytes() == b"x" * 1000
 
 
+def test_dedupe_lends_no_symlink_put_in_place_of_an_earlier_runs_file(
+    server: TestServer, out_dir: Path, tmp_path: Path
+) -> None:
+    # An earlier run's file of the URL, replaced by a symlink to a file of the
+    # same size outside the output dir, was still lent to a new row of that URL:
+    # its "copy" was a hard link to the symlink, recorded ok and "linked", and
+    # reading it read the file outside.
+    url = server.file_url("lent.bin", size=6)
+    assert run([url], out_dir, dedupe=True).ok == 1
+    outside = tmp_path / "outside.bin"
+    outside.write_bytes(b"SECRET")  # the same size: a size check alone passes it
+    (out_dir / "lent.bin").unlink()
+    (out_dir / "lent.bin").symlink_to(outside)
+    again = run([f"{url}#again"], out_dir, dedupe=True)  # the same request, a new row
+    assert (again.ok, again.failed) == (1, 0)
+    (record,) = [r for r in journal(out_dir) if r["index"] == 0]
+    copy = out_dir / record["path"]
+    assert not copy.is_symlink()
+    assert copy.read_bytes() == expected_body("lent.bin", 6)
+    assert outside.read_bytes() == b"SECRET"
+
+
 def test_rerun_redoes_failed_rows_and_missing_files(server: TestServer, out_dir: Path) -> None:
     urls = [server.file_url(f"f{i}.bin", size=500, status=503, times=1) for i in range(5)]
     urls += [server.file_url("gone.bin", size=700)]

@@ -492,7 +492,9 @@ class FilePlanner:
         """An earlier run's leader is still good if its file is there (or it failed here)."""
         if outcome is None or outcome.status != OK or outcome.path is None:
             return False
-        return _size(os.path.join(self.root, outcome.path), missing=-1) == outcome.bytes
+        # A symlink put in its place is not the file it wrote: lent, it made
+        # the copy a link to whatever the symlink names, outside the output dir too.
+        return self._whole(outcome.path, outcome.bytes)
 
     def _settle(self, follower: Follower, leader: Outcome) -> FileResult:
         """The row that fetched ``follower``'s URL is done: give it the same result."""
@@ -785,15 +787,19 @@ class FilePlanner:
         """Was the row finished by an earlier run, and is its file still whole?"""
         if previous.status != OK or previous.path is None:
             return False
-        if not self.output.resolves_inside(previous.path):
+        return self._whole(previous.path, previous.bytes)
+
+    def _whole(self, path: str, size: int) -> bool:
+        """Is the file we wrote at ``path``, ``size`` bytes, still there?"""
+        if not self.output.resolves_inside(path):
             return False  # a directory on the way is a symlink out now: done again, refused
         try:
             # lstat: a symlink put in its place (to a file of the same size,
             # anywhere) is not the file we wrote; the row is done again.
-            found = os.lstat(f"{self.root}/{previous.path}")
+            found = os.lstat(f"{self.root}/{path}")
         except OSError:
             return False
-        return stat.S_ISREG(found.st_mode) and found.st_size == previous.bytes
+        return stat.S_ISREG(found.st_mode) and found.st_size == size
 
     def _blocked(self, path: str, ours: bool = False, foreign: bool = False) -> str:
         """Why no file can be published at ``path`` whatever ``--overwrite`` says
@@ -1194,13 +1200,6 @@ def _done_records(manifest: str) -> Iterator[tuple[str, str, str]]:
 
 def _failed(row: Row, key: int, url: str, code: str, message: str) -> FileResult:
     return FileResult(url, None, "failed", None, 0, code, 0, 0, message, index=row.index, key=key)
-
-
-def _size(path: str, missing: int = 0) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return missing
 
 
 def _part_size(part: str) -> int:
