@@ -221,6 +221,19 @@ def is_url(source: object) -> TypeGuard[str]:
     return isinstance(source, str) and "://" in source
 
 
+def is_pipe(source: str | os.PathLike[str]) -> bool:
+    """Is ``source`` a path to something other than a file or a directory (a
+    FIFO, ``<(command)``'s ``/dev/fd/63``, a terminal, a socket), whose writer
+    may be slow or not there yet?  Reading one blocks until its writer writes."""
+    if is_url(source) or (isinstance(source, str) and source == STDIN):
+        return False
+    try:
+        mode = os.stat(source).st_mode
+    except (OSError, ValueError):
+        return False  # reading it fails with its own message
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def input_files(
     sources: Iterable[str | os.PathLike[str]],
     stdin: TextIO | BinaryIO | None = None,
