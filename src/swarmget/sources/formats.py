@@ -16,8 +16,10 @@ URL when one could be read (a JSONL object with a good ``url`` and a bad
 ``sha256``), else the line itself, stripped and clipped to 200 characters.
 The engine fails such a row with ``bad_row``.  Per format:
 
-* text: a line that is not valid UTF-8.  (Every other line is a URL, however
-  wrong; blank lines and ``#`` comments are skipped and take no index.)
+* text: a line that is not valid UTF-8, or longer than any URL a server
+  takes (:data:`~swarmget.sources.rows.MAX_URL`).  (Every other line is a
+  URL, however wrong; blank lines and ``#`` comments are skipped and take
+  no index.)
 * JSONL: a line that is not JSON, or not a JSON object; a column that is
   invalid (:mod:`~swarmget.sources.fields`).  Blank lines are skipped.
 * CSV/TSV: bad quoting; more non-empty fields than the header has (most
@@ -66,10 +68,11 @@ from swarmget.sources.fields import (
     build_row,
     is_text,
     printable,
+    too_long,
     usable_url,
     why_not_text,
 )
-from swarmget.sources.rows import Row, strip_url
+from swarmget.sources.rows import MAX_URL, Row, strip_url
 
 RAW_LIMIT = 200  # characters of a bad line kept as its row's url
 
@@ -104,11 +107,13 @@ def parse_text(
         lineno += 1  # noqa: SIM113 -- compiled, a native int; enumerate() boxes one per line
         url = strip_url(line)
         if url and url[0] != "#" and not url.isspace():  # a line of other spaces: blank
-            if errors.count == byte_errors or is_text(url):
-                yield Row(next(counter), url)
-            else:
+            if errors.count != byte_errors and not is_text(url):
                 problem = f"not valid UTF-8 ({why_not_text(line)})"
                 yield bad_row(next(counter), name, lineno, problem, None, url)
+            elif len(url) > MAX_URL:
+                yield bad_row(next(counter), name, lineno, too_long("url", url), None, url)
+            else:
+                yield Row(next(counter), url)
 
 
 class _Objects:
