@@ -724,6 +724,55 @@ def test_million_lines_stream_in_little_memory(million_lines: Path) -> None:
     assert peak < 20 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
 
 
+@pytest.mark.parametrize(
+    ("suffix", "rows_text"),
+    [
+        (".txt", b"http://h/a\nhttp://h/b\xff\n"),
+        (".jsonl", b'{"url": "http://h/a"}\n{"url": 1}\n'),
+        (".csv", b"url\nhttp://h/a\nhttp://h/b,extra\n"),
+    ],
+)
+def test_blank_lines_before_the_first_row_are_counted_not_held(
+    tmp_path: Path, suffix: str, rows_text: bytes
+) -> None:
+    # Every blank line before the first non-blank one was kept for the parser:
+    # 20 MB of \r\n (a gzip bomb of them is 20 KB) held 750 MB.
+    blanks = 300_000
+    source = tmp_path / f"blank{suffix}"
+    source.write_bytes(b"\r\n" * blanks + rows_text)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        got = list(read_rows([str(source)]))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    assert [row.problem is None for row in got] == [True, False]
+    assert got[0].url == "http://h/a"
+    last = blanks + rows_text.count(b"\n")
+    assert got[1].problem is not None and f"line {last}:" in got[1].problem
+
+
+def test_comments_looked_past_for_the_first_row_are_bounded_in_characters(
+    tmp_path: Path,
+) -> None:
+    # Up to 1,000 comment lines were held to find the line that tells the
+    # format, each up to 16 Mi characters: 16 GB.  Past 1 Mi characters of
+    # them, the list is a plain one (as past 1,000 lines).
+    source = tmp_path / "comments.txt"
+    source.write_text(("#" + "c" * (1 << 20) + "\n") * 24 + "http://h/a\n")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        got = list(read_rows([str(source)]))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [Row(0, "http://h/a")]
+    assert peak < 12 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+
+
 def test_plain_text_speed(million_lines: Path) -> None:
     start = time.perf_counter()
     count = sum(1 for _ in read_rows([million_lines]))
