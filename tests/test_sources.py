@@ -1217,6 +1217,20 @@ _ONLY_GZIP = "only gzip is read as it is"
             b"\xff\xfeh\x00t\x00t\x00p\x00\n\x00",
             "not valid UTF-8 (byte 0xff at column 1); it is UTF-16 text: save it as UTF-8",
         ),
+        (  # UTF-32's byte order mark was taken for UTF-16's
+            "http://h/a\n".encode("utf-32"),
+            "not valid UTF-8 (byte 0xff at column 1); it is UTF-32 text: save it as UTF-8",
+        ),
+        (
+            "http://h/a\n".encode("utf-16-le"),
+            "not text (a NUL byte at column 2); "
+            "it looks like UTF-16 text without a byte order mark: save it as UTF-8",
+        ),
+        (
+            "http://h/a\n".encode("utf-16-be"),
+            "not text (a NUL byte at column 1); "
+            "it looks like UTF-16 text without a byte order mark: save it as UTF-8",
+        ),
         (
             b"\n\n\xe9\xe8\xe0\xf9 caf\xe9\nhttp://h/b\n",  # mostly 8-bit: not a list
             "not valid UTF-8 (byte 0xe9 at column 1); "

@@ -119,6 +119,9 @@ codecs.register_error(_ERRORS, _count_and_escape)
 
 # What a first line that is not text most likely is, by its first bytes.
 _NOT_TEXT_HINTS = (
+    # UTF-32's byte order marks first: the little-endian one starts as UTF-16's.
+    (b"\xff\xfe\x00\x00", "it is UTF-32 text: save it as UTF-8"),
+    (b"\x00\x00\xfe\xff", "it is UTF-32 text: save it as UTF-8"),
     (b"\xff\xfe", "it is UTF-16 text: save it as UTF-8"),
     (b"\xfe\xff", "it is UTF-16 text: save it as UTF-8"),
     (b"PK\x03\x04", "it is a zip archive: an Excel workbook? save it as CSV"),
@@ -555,6 +558,8 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     except UnicodeEncodeError:  # a lone surrogate that was not a byte: a text stdin=
         raw = b""
     hint = next((text for magic, text in _NOT_TEXT_HINTS if raw.startswith(magic)), _NOT_TEXT_HINT)
+    if hint == _NOT_TEXT_HINT and _utf16_without_bom(raw):
+        hint = "it looks like UTF-16 text without a byte order mark: save it as UTF-8"
     if not is_text(line):
         problem = f"not valid UTF-8 ({why_not_text(line)})"
     elif "\x00" in line:
@@ -563,6 +568,17 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     else:
         problem = "not text (an archive's first bytes)"
     raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
+
+
+def _utf16_without_bom(raw: bytes) -> bool:
+    """Do ``raw``'s first characters have every other byte NUL (``h\\0t\\0``
+    or ``\\0h\\0t``), as ASCII text in UTF-16 has?  Such a file said only "a NUL
+    byte at column 2"."""
+    if len(raw) < 4:
+        return False
+    little = raw[1] == 0 == raw[3] and raw[0] != 0 and raw[2] != 0
+    big = raw[0] == 0 == raw[2] and raw[1] != 0 and raw[3] != 0
+    return little or big
 
 
 def _check_not_tabbed(line: str, lineno: int, name: str) -> None:
