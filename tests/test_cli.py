@@ -951,6 +951,40 @@ def test_rows_from_a_slow_producer_start_as_they_come(tmp_path: Path, workers: s
     assert len(swarmget.read_manifest(out)) == 6
 
 
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_rows_of_a_list_before_a_named_pipe_start_while_it_waits(
+    tmp_path: Path, workers: str
+) -> None:
+    # `swarmget -o out a.txt <(crawler)`, or a FIFO nobody has opened yet: the
+    # run waits for the pipe's writer, as cat does, but a.txt's rows waited
+    # with it (the supervisor blocked in opening the pipe, filling a batch).
+    from swarmget.testing import TestServer
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with TestServer() as srv:
+        listed = tmp_path / "a.txt"
+        listed.write_text("".join(srv.file_url(f"a{i}.bin", size=10) + "\n" for i in range(3)))
+        out = tmp_path / "out"
+        command = [sys.executable, "-m", "swarmget", "-q", "-o", str(out), "--workers", workers]
+        proc = subprocess.Popen([*command, str(listed), str(fifo)], env=child_env())
+        try:
+            names = [f"a{i}.bin" for i in range(3)]
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not all((out / n).exists() for n in names):
+                time.sleep(0.02)
+            assert all((out / n).exists() for n in names)  # the pipe not opened yet
+            assert proc.poll() is None
+            with open(fifo, "w") as pipe:
+                pipe.write(srv.file_url("last.bin", size=10) + "\n")
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert len(swarmget.read_manifest(out)) == 4
+
+
 def test_the_demo_never_writes_into_a_directory_with_files(tmp_path: Path) -> None:
     # It ran with --overwrite: a file of the user's named 000000.bin was
     # replaced; run twice into one directory, it named its files around the

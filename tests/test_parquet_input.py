@@ -73,6 +73,19 @@ def test_a_url_column_that_is_not_text_fails_each_row(tmp_path: Path) -> None:
     assert all(r.problem and "'url' must be a string, got int" in r.problem for r in rows)
 
 
+def test_a_url_too_long_to_use_fails_its_row_holding_none_of_it(tmp_path: Path) -> None:
+    # No line limit bounds a Parquet value: a 50 MB URL reached the engine
+    # (which refuses one over 64 Ki characters) and peaked the driver at 700 MB.
+    long_url = "http://h/" + "a" * 100_000
+    source = write_parquet(tmp_path / "list.parquet", {"url": [long_url, "http://h/2"]})
+    rows = list(read_rows([source]))
+    assert rows[1].problem is None
+    assert rows[0].problem is not None and rows[0].problem.startswith(
+        f"input {source!r}, row 1: 'url' is 100,009 characters long (at most 65,536)"
+    )
+    assert len(rows[0].url) == 200
+
+
 def test_binary_text_columns_and_pandas_float_sizes_are_read_as_meant(tmp_path: Path) -> None:
     # Some writers store text as binary; pandas writes an int column with gaps
     # as float64, a gap as NaN.  A float that is no whole number stays wrong.

@@ -724,6 +724,55 @@ def test_million_lines_stream_in_little_memory(million_lines: Path) -> None:
     assert peak < 20 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
 
 
+@pytest.mark.parametrize(
+    ("suffix", "rows_text"),
+    [
+        (".txt", b"http://h/a\nhttp://h/b\xff\n"),
+        (".jsonl", b'{"url": "http://h/a"}\n{"url": 1}\n'),
+        (".csv", b"url\nhttp://h/a\nhttp://h/b,extra\n"),
+    ],
+)
+def test_blank_lines_before_the_first_row_are_counted_not_held(
+    tmp_path: Path, suffix: str, rows_text: bytes
+) -> None:
+    # Every blank line before the first non-blank one was kept for the parser:
+    # 20 MB of \r\n (a gzip bomb of them is 20 KB) held 750 MB.
+    blanks = 300_000
+    source = tmp_path / f"blank{suffix}"
+    source.write_bytes(b"\r\n" * blanks + rows_text)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        got = list(read_rows([str(source)]))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    assert [row.problem is None for row in got] == [True, False]
+    assert got[0].url == "http://h/a"
+    last = blanks + rows_text.count(b"\n")
+    assert got[1].problem is not None and f"line {last}:" in got[1].problem
+
+
+def test_comments_looked_past_for_the_first_row_are_bounded_in_characters(
+    tmp_path: Path,
+) -> None:
+    # Up to 1,000 comment lines were held to find the line that tells the
+    # format, each up to 16 Mi characters: 16 GB.  Past 1 Mi characters of
+    # them, the list is a plain one (as past 1,000 lines).
+    source = tmp_path / "comments.txt"
+    source.write_text(("#" + "c" * (1 << 20) + "\n") * 24 + "http://h/a\n")
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        got = list(read_rows([str(source)]))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [Row(0, "http://h/a")]
+    assert peak < 12 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+
+
 def test_plain_text_speed(million_lines: Path) -> None:
     start = time.perf_counter()
     count = sum(1 for _ in read_rows([million_lines]))
@@ -755,6 +804,41 @@ def test_bad_row_url_is_clipped_to_200_characters(tmp_path: Path) -> None:
     (row,) = rows(path)
     assert row.url == '"' + "x" * 199
     assert row.problem == f"input {path!r}, line 2: not valid CSV: ',' expected after '\"'"
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".csv", ".jsonl"])
+def test_a_url_or_path_too_long_to_use_fails_its_row_as_it_is_read(
+    tmp_path: Path, suffix: str
+) -> None:
+    # Read whole and carried on to the engine (which refuses a URL over 64 Ki
+    # characters), each one cost about five copies in the driver: a list of 60
+    # URLs of 15 MB held 4.5 GB.  Its row now holds 200 characters of it.
+    long_url = "http://h/" + "a" * 70_000
+    long_path = "d/" + "p" * 70_000
+    lines = {
+        ".txt": ["http://h/0", long_url, "http://h/2"],
+        ".csv": ["url,path", "http://h/0,", f"{long_url},", f"http://h/2,{long_path}"],
+        ".jsonl": [
+            json.dumps({"url": "http://h/0"}),
+            json.dumps({"url": long_url}),
+            json.dumps({"url": "http://h/2", "path": long_path}),
+        ],
+    }[suffix]
+    path = write(tmp_path / f"in{suffix}", "\n".join(lines) + "\n")
+    got = rows(path)
+    assert [(r.index, r.problem is None) for r in got] == [
+        (0, True),
+        (1, False),
+        (2, suffix == ".txt"),
+    ]
+    assert got[1].problem is not None and got[1].problem.startswith(
+        f"input {path!r}, line {2 if suffix != '.csv' else 3}: 'url' is 70,009 characters long "
+        "(at most 65,536): 'http://h/aaa"
+    )
+    assert len(got[1].url) <= 200 and len(got[1].problem) < 300
+    if suffix != ".txt":
+        assert got[2].url == "http://h/2"  # a good URL still names the row
+        assert got[2].problem is not None and "'path' is 70,002 characters long" in got[2].problem
 
 
 def test_csv_unclosed_quote_does_not_swallow_the_rows_after_it(tmp_path: Path) -> None:
@@ -1026,15 +1110,24 @@ def test_jsonl_lone_surrogate_and_huge_numbers(tmp_path: Path) -> None:
         None,
         f"input {path!r}, line 2: 'url' is not valid UTF-8: 'http://h/\\ud800'",
         f"input {path!r}, line 3: 'path' is not valid UTF-8: '\\xff'",
-        f"input {path!r}, line 4: not valid JSON: Exceeds the limit (4300 digits) for integer "
-        "string conversion: value has 5001 digits; use sys.set_int_max_str_digits() to "
-        "increase the limit",
+        f"input {path!r}, line 4: 'size' must be a whole number of bytes, got the number inf",
         f"input {path!r}, line 5: 'size' must be a whole number of bytes, got the number inf",
         f"input {path!r}, line 6: not valid JSON: Extra data (column 23)",
         f"input {path!r}, line 7: not valid JSON: Expecting value (column 9)",
     ]
     for row in got:  # every bad row can be written to a UTF-8 manifest
         (row.url + (row.problem or "")).encode("utf-8")
+
+
+def test_jsonl_an_integer_too_long_for_int_in_a_column_not_read_is_no_problem(
+    tmp_path: Path,
+) -> None:
+    # json.loads refuses an integer of over 4,300 digits (a ValueError saying to
+    # call sys.set_int_max_str_digits()): the row failed for a column swarmget
+    # never reads, and on the first line the whole input, where 1e400 was fine.
+    huge = "9" * 5000
+    text = f'{{"url": "http://h/a", "id": {huge}}}\n{{"url": "http://h/b", "id": -{huge}}}\n'
+    assert rows(write(tmp_path / "in.jsonl", text)) == [Row(0, "http://h/a"), Row(1, "http://h/b")]
 
 
 def test_text_line_that_is_not_utf8(tmp_path: Path) -> None:
@@ -1123,6 +1216,20 @@ _ONLY_GZIP = "only gzip is read as it is"
         (
             b"\xff\xfeh\x00t\x00t\x00p\x00\n\x00",
             "not valid UTF-8 (byte 0xff at column 1); it is UTF-16 text: save it as UTF-8",
+        ),
+        (  # UTF-32's byte order mark was taken for UTF-16's
+            "http://h/a\n".encode("utf-32"),
+            "not valid UTF-8 (byte 0xff at column 1); it is UTF-32 text: save it as UTF-8",
+        ),
+        (
+            "http://h/a\n".encode("utf-16-le"),
+            "not text (a NUL byte at column 2); "
+            "it looks like UTF-16 text without a byte order mark: save it as UTF-8",
+        ),
+        (
+            "http://h/a\n".encode("utf-16-be"),
+            "not text (a NUL byte at column 1); "
+            "it looks like UTF-16 text without a byte order mark: save it as UTF-8",
         ),
         (
             b"\n\n\xe9\xe8\xe0\xf9 caf\xe9\nhttp://h/b\n",  # mostly 8-bit: not a list

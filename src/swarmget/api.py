@@ -54,13 +54,15 @@ def listed_input_rows(urls: Iterable[str | Row] | None, sources: list[str] | Non
     refuse_single_url(urls)
     rows: Iterator[Row] = iter(())
     if sources:
-        from swarmget.sources.reader import STDIN, read_rows
+        from swarmget.sources.reader import STDIN, is_pipe, read_rows
 
         stdin = private_stdin() if STDIN in sources else None
         rows = read_rows(sources, stdin=stdin)
-        if stdin is not None:
+        if stdin is not None or any(map(is_pipe, sources)):
             # A pipe or a terminal: its writer may be slow, and the run must
-            # not wait for a batch of lines to start (sources/background.py).
+            # not wait for a batch of lines to start (sources/background.py);
+            # nor may the rows of a file before a named pipe (`a.txt
+            # <(crawler)`, a FIFO nobody has opened yet) wait for its lines.
             rows = BackgroundRows(rows, owned=stdin)
     if urls is not None:
         in_memory = isinstance(urls, Collection)  # a list, a tuple, an array: read at once

@@ -20,7 +20,7 @@ from urllib.parse import quote, unquote, unquote_to_bytes, urlsplit
 
 from swarmget.errors import ErrorCode, TransferError
 from swarmget.net.address import bare_host
-from swarmget.sources.rows import hide_password, strip_url
+from swarmget.sources.rows import MAX_URL, hide_password, strip_url
 
 Origin = tuple[str, str, int]  # (scheme, host, port): the key of a connection pool
 
@@ -55,9 +55,6 @@ class Location:
 
 
 ORIGINS_CACHED: Final = 4096  # scheme://authority prefixes a UrlSplitter remembers
-# The longest URL we send: nginx and Apache answer 414 past 8 KB of request
-# line, so a longer one is no URL of a file anyone serves.
-MAX_URL: Final = 1 << 16
 
 
 class UrlSplitter:

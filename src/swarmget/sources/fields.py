@@ -6,7 +6,10 @@ applies the same rules to both:
 
 * ``url`` must be present and non-empty.  It is *not* checked as a URL: a
   syntactically bad URL (``ftp://x``, ``not a url``) is one row that fails with
-  ``bad_url`` later, not a reason to stop a run of millions.
+  ``bad_url`` later, not a reason to stop a run of millions.  Only one longer
+  than :data:`~swarmget.sources.rows.MAX_URL` (or a ``path`` that long) fails
+  here: no server takes it, and carried on whole it cost its size several
+  times over in memory.
 * ``path``, ``sha256``, ``md5`` and ``size`` are optional; an empty string or
   JSON ``null`` means absent, because spreadsheets and ``jq`` emit those for
   "no value".
@@ -32,7 +35,7 @@ import re
 from collections.abc import Mapping
 from typing import Final
 
-from swarmget.sources.rows import Row, strip_url
+from swarmget.sources.rows import MAX_URL, Row, strip_url
 
 COLUMNS = ("url", "path", "sha256", "md5", "size")
 
@@ -56,6 +59,8 @@ def build_row(index: int, fields: Mapping[str, object]) -> Row:
         raise FieldError("missing or empty 'url' field")
     if not is_text(url):
         raise FieldError(_not_text("url", url))
+    if len(url) > MAX_URL:
+        raise FieldError(too_long("url", url))
     return Row(
         index,
         url,
@@ -74,7 +79,7 @@ def usable_url(fields: Mapping[str, object]) -> str | None:
     url = fields.get("url")
     if isinstance(url, str):
         url = strip_url(url)
-        if url and is_text(url):
+        if url and is_text(url) and len(url) <= MAX_URL:
             return url
     return None
 
@@ -88,6 +93,13 @@ def is_text(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def too_long(column: str, value: str) -> str:
+    """What is wrong with a url or path longer than :data:`MAX_URL`: no server
+    takes such a URL, no file system such a path (PATH_MAX is 4096 bytes)."""
+    shown = printable(_clip(value))
+    return f"{column!r} is {len(value):,} characters long (at most {MAX_URL:,}): '{shown}'"
 
 
 def why_not_text(text: str) -> str:
@@ -125,6 +137,8 @@ def _optional_text(value: object, column: str) -> str | None:
         raise FieldError(f"{column!r} must be a string, got {_json_type(value)}")
     if not is_text(value):
         raise FieldError(_not_text(column, value))
+    if len(value) > MAX_URL:
+        raise FieldError(too_long(column, value))
     # Surrounding blanks are almost always an artefact of ", " separators or
     # hand-edited files; a file name that really starts with a space is not
     # worth the confusion.

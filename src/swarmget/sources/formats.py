@@ -16,8 +16,10 @@ URL when one could be read (a JSONL object with a good ``url`` and a bad
 ``sha256``), else the line itself, stripped and clipped to 200 characters.
 The engine fails such a row with ``bad_row``.  Per format:
 
-* text: a line that is not valid UTF-8.  (Every other line is a URL, however
-  wrong; blank lines and ``#`` comments are skipped and take no index.)
+* text: a line that is not valid UTF-8, or longer than any URL a server
+  takes (:data:`~swarmget.sources.rows.MAX_URL`).  (Every other line is a
+  URL, however wrong; blank lines and ``#`` comments are skipped and take
+  no index.)
 * JSONL: a line that is not JSON, or not a JSON object; a column that is
   invalid (:mod:`~swarmget.sources.fields`).  Blank lines are skipped.
 * CSV/TSV: bad quoting; more non-empty fields than the header has (most
@@ -66,10 +68,11 @@ from swarmget.sources.fields import (
     build_row,
     is_text,
     printable,
+    too_long,
     usable_url,
     why_not_text,
 )
-from swarmget.sources.rows import Row, strip_url
+from swarmget.sources.rows import MAX_URL, Row, strip_url
 
 RAW_LIMIT = 200  # characters of a bad line kept as its row's url
 
@@ -104,11 +107,13 @@ def parse_text(
         lineno += 1  # noqa: SIM113 -- compiled, a native int; enumerate() boxes one per line
         url = strip_url(line)
         if url and url[0] != "#" and not url.isspace():  # a line of other spaces: blank
-            if errors.count == byte_errors or is_text(url):
-                yield Row(next(counter), url)
-            else:
+            if errors.count != byte_errors and not is_text(url):
                 problem = f"not valid UTF-8 ({why_not_text(line)})"
                 yield bad_row(next(counter), name, lineno, problem, None, url)
+            elif len(url) > MAX_URL:
+                yield bad_row(next(counter), name, lineno, too_long("url", url), None, url)
+            else:
+                yield Row(next(counter), url)
 
 
 class _Objects:
@@ -145,17 +150,17 @@ def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iter
     # line), and its own: inputs may be read on two threads at once.
     objects = _Objects()
     decoder = json.JSONDecoder(object_pairs_hook=objects.make)
+    # For a line with an integer of more digits than int() reads (4,300): it is
+    # read as the float it is, as 1e400 is (a column swarmget does not read may
+    # hold it; a size fails as no whole number).  The line failed, or the whole
+    # input on its first line, saying to call sys.set_int_max_str_digits().
+    long_ints = json.JSONDecoder(object_pairs_hook=objects.make, parse_int=_long_int)
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        value: object = None
-        problem = ""
-        try:
-            value = decoder.decode(line)
-        except ValueError as exc:  # JSONDecodeError, or an int too long for int()
-            problem = _json_problem(exc, line)
-        except RecursionError:
-            problem = "not valid JSON: nested too deeply"
+        value, problem = _decoded(line, decoder)
+        if problem == _LONG_INT:
+            value, problem = _decoded(line, long_ints)
         if not problem and not isinstance(value, dict):
             kind = "an array" if isinstance(value, list) else type(value).__name__
             problem = f"expected a JSON object, got {kind}"
@@ -178,6 +183,29 @@ def parse_jsonl(lines: Iterable[str], name: str, counter: Iterator[int]) -> Iter
             url = usable_url(known) if known is not None else None
             row = bad_row(index, name, lineno, str(bad_field), url, line)
         yield row
+
+
+# What _decoded says of a line with an integer too long for int().
+_LONG_INT: Final = "not valid JSON: an integer too long"
+
+
+def _decoded(line: str, decoder: json.JSONDecoder) -> tuple[object, str]:
+    """The JSON value of ``line``, or what is wrong with it."""
+    try:
+        return decoder.decode(line), ""
+    except json.JSONDecodeError as exc:
+        return None, _json_problem(exc, line)
+    except ValueError:  # an int too long for int()
+        return None, _LONG_INT
+    except RecursionError:
+        return None, "not valid JSON: nested too deeply"
+
+
+def _long_int(digits: str) -> int | float:
+    try:
+        return int(digits)
+    except ValueError:
+        return float(digits)
 
 
 def _lower_keys(fields: dict[str, object], twice: list[str]) -> dict[str, object]:
@@ -208,12 +236,10 @@ _JSONL_HINT = (
 )
 
 
-def _json_problem(exc: ValueError, line: str) -> str:
-    if isinstance(exc, json.JSONDecodeError):
-        # exc.colno counts the line ending as a line of its own.
-        column = min(exc.pos, len(line.rstrip("\r\n"))) + 1
-        return f"not valid JSON: {exc.msg} (column {column})"
-    return f"not valid JSON: {exc}"
+def _json_problem(exc: json.JSONDecodeError, line: str) -> str:
+    # exc.colno counts the line ending as a line of its own.
+    column = min(exc.pos, len(line.rstrip("\r\n"))) + 1
+    return f"not valid JSON: {exc.msg} (column {column})"
 
 
 class _Lines:

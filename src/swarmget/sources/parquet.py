@@ -133,5 +133,5 @@ def _row(index: int, fields: dict[str, object], name: str, number: int) -> Row:
         return build_row(index, fields)
     except FieldError as exc:
         raw = fields.get("url")
-        url = usable_url(fields) or ("" if raw is None else printable(str(raw))[:200])
+        url = usable_url(fields) or ("" if raw is None else printable(str(raw)[:200])[:200])
         return Row(index, url, problem=printable(f"input {name!r}, row {number}: {exc}"))

@@ -119,6 +119,9 @@ codecs.register_error(_ERRORS, _count_and_escape)
 
 # What a first line that is not text most likely is, by its first bytes.
 _NOT_TEXT_HINTS = (
+    # UTF-32's byte order marks first: the little-endian one starts as UTF-16's.
+    (b"\xff\xfe\x00\x00", "it is UTF-32 text: save it as UTF-8"),
+    (b"\x00\x00\xfe\xff", "it is UTF-32 text: save it as UTF-8"),
     (b"\xff\xfe", "it is UTF-16 text: save it as UTF-8"),
     (b"\xfe\xff", "it is UTF-16 text: save it as UTF-8"),
     (b"PK\x03\x04", "it is a zip archive: an Excel workbook? save it as CSV"),
@@ -219,6 +222,19 @@ def _cells(line: str, delimiter: str) -> list[str]:
 def is_url(source: object) -> TypeGuard[str]:
     """Is ``source`` a URL given directly (anything containing ``://``), not a path?"""
     return isinstance(source, str) and "://" in source
+
+
+def is_pipe(source: str | os.PathLike[str]) -> bool:
+    """Is ``source`` a path to something other than a file or a directory (a
+    FIFO, ``<(command)``'s ``/dev/fd/63``, a terminal, a socket), whose writer
+    may be slow or not there yet?  Reading one blocks until its writer writes."""
+    if is_url(source) or (isinstance(source, str) and source == STDIN):
+        return False
+    try:
+        mode = os.stat(source).st_mode
+    except (OSError, ValueError):
+        return False  # reading it fails with its own message
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def input_files(
@@ -421,16 +437,17 @@ def _parse(
     byte_errors: int,
 ) -> Iterator[Row]:
     head, rest = _head(_bounded(lines, name), past_comments=fmt is None)
+    lineno, first = head[-1] if head else (0, "")
     if head:
-        _check_text(head[-1], len(head), name)
+        _check_text(first, lineno, name)
     if fmt is None:
-        fmt = sniff(head[-1]) if head else Format.TEXT
+        fmt = sniff(first) if head else Format.TEXT
         if fmt is not Format.TEXT:
             _check_no_comment(head, name, fmt)
-    lines = itertools.chain(head, rest)
+    lines = _again(head, rest)
     if fmt is Format.TEXT:
         if head:
-            _check_not_tabbed(head[-1], len(head), name)
+            _check_not_tabbed(first, lineno, name)
         return parse_text(lines, name, counter, byte_errors)
     if fmt is Format.JSONL:
         return parse_jsonl(lines, name, counter)
@@ -470,40 +487,62 @@ def _lines_of(lines: Iterable[str], name: str) -> Iterator[str]:
         yield line
 
 
-# Comment lines looked past for the line a sniffed input is known by.
+# Comment lines looked past for the line a sniffed input is known by, and
+# their characters (a comment line may be 16 Mi of them).
 _HEAD_COMMENTS: Final = 1000
+_HEAD_COMMENT_CHARS: Final = 1 << 20
 
 
-def _head(lines: Iterator[str], past_comments: bool) -> tuple[list[str], Iterator[str]]:
-    """The lines up to the first non-blank one (the one that is sniffed and
-    checked), and the rest; all of it if every line is blank.
+def _head(lines: Iterator[str], past_comments: bool) -> tuple[list[tuple[int, str]], Iterator[str]]:
+    """The non-blank lines up to the first non-blank one (the one that is
+    sniffed and checked), each with its line number, and the rest.
 
     ``past_comments``: up to the first line that is not a ``#`` comment either
     (at most :data:`_HEAD_COMMENTS` of them).  A sniffed input that opened with
     a comment was taken for a plain list whatever came next: a CSV header after
     it became a bad_url row, and every row went out as a URL with ``,path``
-    glued on."""
-    head: list[str] = []
-    comments = 0
-    for line in lines:
-        head.append(line)
+    glued on.
+
+    Blank lines are counted, not kept (:func:`_again` gives them back): an
+    input opening with a billion of them (a gzip bomb of newlines) held every
+    one in memory, 750 MB for 20 MB of ``\r\n``."""
+    head: list[tuple[int, str]] = []
+    looked = 0  # characters of comments looked past
+    for lineno, line in enumerate(lines, 1):
         text = line.strip()
-        if text and not (past_comments and text[0] == "#" and comments < _HEAD_COMMENTS):
+        if not text:
+            continue
+        head.append((lineno, line))
+        comment = past_comments and text[0] == "#"
+        if not comment or len(head) > _HEAD_COMMENTS or looked > _HEAD_COMMENT_CHARS:
             break
-        if text:
-            comments += 1  # a comment: blank lines are not counted
+        looked += len(line)
     return head, lines
 
 
-def _check_no_comment(head: list[str], name: str, fmt: Format) -> None:
+def _again(head: list[tuple[int, str]], rest: Iterator[str]) -> Iterator[str]:
+    """The lines :func:`_head` took, then the rest: each blank one it counted
+    as an empty line (what it holds is nothing to a parser; that it is a line
+    is, for the line numbers)."""
+    number = 0
+    for lineno, line in head:
+        while number < lineno - 1:
+            number += 1
+            yield "\n"
+        number = lineno
+        yield line
+    yield from rest
+
+
+def _check_no_comment(head: list[tuple[int, str]], name: str, fmt: Format) -> None:
     """A table or JSONL input sniffed past a comment: refused, saying where.
     Comments are a plain list's alone (a CSV's ``#`` line is a row)."""
-    for lineno, line in enumerate(head, 1):
+    for lineno, line in head:
         if line.strip()[:1] == "#":
             kind = "JSON Lines" if fmt is Format.JSONL else f"a {fmt.name} list"
             raise UsageError(
                 f"input {name!r}, line {lineno}: a '#' comment, but the input is {kind} "
-                f"(line {len(head)}), and only a plain list of URLs may have comments: "
+                f"(line {head[-1][0]}), and only a plain list of URLs may have comments: "
                 "remove the comment lines"
             )
 
@@ -519,6 +558,8 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     except UnicodeEncodeError:  # a lone surrogate that was not a byte: a text stdin=
         raw = b""
     hint = next((text for magic, text in _NOT_TEXT_HINTS if raw.startswith(magic)), _NOT_TEXT_HINT)
+    if hint == _NOT_TEXT_HINT and _utf16_without_bom(raw):
+        hint = "it looks like UTF-16 text without a byte order mark: save it as UTF-8"
     if not is_text(line):
         problem = f"not valid UTF-8 ({why_not_text(line)})"
     elif "\x00" in line:
@@ -527,6 +568,17 @@ def _check_text(line: str, lineno: int, name: str) -> None:
     else:
         problem = "not text (an archive's first bytes)"
     raise UsageError(f"input {name!r}, line {lineno}: {problem}; {hint}")
+
+
+def _utf16_without_bom(raw: bytes) -> bool:
+    """Do ``raw``'s first characters have every other byte NUL (``h\\0t\\0``
+    or ``\\0h\\0t``), as ASCII text in UTF-16 has?  Such a file said only "a NUL
+    byte at column 2"."""
+    if len(raw) < 4:
+        return False
+    little = raw[1] == 0 == raw[3] and raw[0] != 0 and raw[2] != 0
+    big = raw[0] == 0 == raw[2] and raw[1] != 0 and raw[3] != 0
+    return little or big
 
 
 def _check_not_tabbed(line: str, lineno: int, name: str) -> None:

@@ -27,6 +27,13 @@ def hide_password(source: str) -> str:
     return source[: colon + 1] + "***" + source[at:]
 
 
+# The longest URL swarmget sends (engine/urls.py): nginx and Apache answer 414
+# past 8 KB of request line, so a longer one is no URL of a file anyone serves.
+# The reader refuses longer ones as it reads them (sources/fields.py), and so
+# longer paths: carried on, a list of 15 MB URLs held 4.5 GB in the driver.
+MAX_URL: Final = 1 << 16
+
+
 # init=False and an __init__ of our own: mypyc compiles a hand-written
 # __init__, while the one dataclasses generates runs as interpreted Python,
 # and a Row is made per input line: on a plain list that was half the time.
