@@ -1234,6 +1234,40 @@ def test_a_damaged_journal_removed_as_its_message_says_keeps_every_file(
     assert {p.name: p.stat().st_ino for p in out_dir.glob("*.bin")} == inodes
 
 
+PLANNED_THEN_KILLED = """
+import os, sys
+from swarmget.options import Options
+from swarmget.sinks.plan import FilePlanner
+from swarmget.sources.rows import Row
+planner = FilePlanner(sys.argv[1], Options())
+planner.plan([Row(i, url) for i, url in enumerate(sys.argv[2:])])
+os._exit(9)  # killed with its rows planned: the plan log holds their claims
+"""
+
+
+def test_a_journal_lost_after_a_killed_run_is_made_good_from_the_manifest(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A run killed (its claims left in the plan log), then the journal lost
+    # (or removed, as the message of a damaged one says): the log's claims
+    # were folded into the empty table, so the journal no longer looked lost.
+    # Every file of the earlier runs failed `exists`, and the manifest was
+    # rewritten with those failures: the records recovery reads, gone.
+    urls = [server.file_url(f"k{i}.bin", size=2000 + i) for i in range(4)]
+    assert run(urls[:3], out_dir).ok == 3
+    killed = [sys.executable, "-c", PLANNED_THEN_KILLED, str(out_dir), *urls]
+    assert subprocess.run(killed, env=child_env(), check=False).returncode == 9
+    state = out_dir / ".swarmget"
+    for name in ("journal.sqlite3", "journal.sqlite3-wal", "journal.sqlite3-shm"):
+        (state / name).unlink(missing_ok=True)
+    inodes = {p.name: p.stat().st_ino for p in out_dir.glob("*.bin")}
+    seen = len(server.requests)
+    again = run(urls, out_dir)
+    assert (again.ok, again.failed) == (4, 0), again.error_counts()
+    assert len(server.requests) == seen + 1  # only the row the first run never had
+    assert {p.name: p.stat().st_ino for p in out_dir.glob("*.bin") if p.name in inodes} == inodes
+
+
 def test_the_manifest_keeps_an_earlier_lists_files_not_its_failures(
     server: TestServer, out_dir: Path
 ) -> None:

@@ -224,6 +224,10 @@ class Journal:
                 True,
             )
         self._plan_log_path = os.path.join(state, PLAN_LOG_NAME)
+        with self._guard("open"):
+            # Before the fold: a killed run's claims in an otherwise empty table
+            # still mean its rows' outcomes were lost (see FilePlanner).
+            self.no_outcomes_at_start = db.execute("SELECT 1 FROM rows LIMIT 1").fetchone() is None
         self._fold_plan_log()
         with self._guard("open"):
             self.empty_at_start = db.execute("SELECT 1 FROM rows LIMIT 1").fetchone() is None

@@ -288,9 +288,11 @@ class FilePlanner:
         remove_stale(manifest)
         # A journal that starts empty beside a manifest was lost (deleted, or a
         # disk put back without it): what the manifest lists as done is kept
-        # for the rows that find their file there (_recovered).
+        # for the rows that find their file there (_recovered).  Empty but for
+        # the claims a killed run left in the plan log, too: those are folded
+        # in as the journal opens, and it was lost all the same.
         self._recovering = (
-            self.journal.empty_at_start
+            self.journal.no_outcomes_at_start
             and not self.fresh
             and self.journal.recover(_done_records(manifest)) > 0
         )
