@@ -231,6 +231,7 @@ def test_a_damaged_plan_log_gives_up_only_its_damaged_lines(tmp_path: Path) -> N
         b'[[1, 0, "u", {"not": "a path"}, true]]',
         json.dumps([[1 << 70, 0, "u", "big.jpg", True]]).encode(),  # beyond SQLite's ints
         b'[[1, 0, "u"',  # torn by a kill
+        b"[" * 100_000,  # nested deeper than json reads: a traceback (RecursionError)
     ]
     (state / "plans.log").write_bytes(b"\n".join([*junk, good]) + b"\n")
     (tmp_path / "a.jpg").write_bytes(b"partial")

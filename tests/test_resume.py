@@ -1268,6 +1268,25 @@ def test_a_journal_lost_after_a_killed_run_is_made_good_from_the_manifest(
     assert {p.name: p.stat().st_ino for p in out_dir.glob("*.bin") if p.name in inodes} == inodes
 
 
+def test_a_lost_journals_manifest_with_damaged_lines_still_vouches_for_the_rest(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A line nested deeper than json reads stopped the run with a traceback
+    # (RecursionError) as the lost journal was made good, and read_manifest
+    # raised it too, not the ValueError naming the line that other bad lines give.
+    urls = [server.file_url(f"m{i}.bin", size=1500 + i) for i in range(3)]
+    assert run(urls, out_dir).ok == 3
+    state = out_dir / ".swarmget"
+    with open(state / "manifest.jsonl", "ab") as manifest:
+        manifest.write(b"[" * 100_000 + b"\n")
+    (state / "journal.sqlite3").unlink()
+    with pytest.raises(ValueError, match=r"line 4: not a JSON record"):
+        swarmget.read_manifest(out_dir)
+    seen = len(server.requests)
+    again = run(urls, out_dir)
+    assert (again.ok, again.failed, len(server.requests)) == (3, 0, seen)
+
+
 def test_the_manifest_keeps_an_earlier_lists_files_not_its_failures(
     server: TestServer, out_dir: Path
 ) -> None:

@@ -98,6 +98,9 @@ def iter_manifest(out_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
                 except ValueError as exc:  # not JSON, or not UTF-8
                     raise ValueError(f"{path}, line {number}: not a JSON record ({exc})") from None
+                except RecursionError:  # nested deeper than json reads
+                    message = f"{path}, line {number}: not a JSON record (nested too deeply)"
+                    raise ValueError(message) from None
 
 
 def manifest_table(out_dir: str | os.PathLike[str]) -> Any:

@@ -869,6 +869,8 @@ def _logged_plans(line: bytes) -> list[tuple[int, int, str | None, bool]] | None
         plans = [(k, i, p, bool(m)) for k, i, _url, p, m in entries]
     except (ValueError, TypeError):  # UnicodeDecodeError is a ValueError
         return None
+    except RecursionError:  # nested deeper than json reads: not a line we wrote
+        return None
     for key, index, path, _mine in plans:
         if type(key) is not int or type(index) is not int or not _INT64 > key >= -_INT64:
             return None

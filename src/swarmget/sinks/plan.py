@@ -1189,7 +1189,7 @@ def _done_records(manifest: str) -> Iterator[tuple[str, str, str]]:
                 try:
                     text = line.decode().strip()  # the manifest's own text of the record
                     record = json.loads(text)
-                except ValueError:  # not UTF-8, or not JSON
+                except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deeply
                     continue
                 if not isinstance(record, dict) or record.get("status") != "ok":
                     continue
