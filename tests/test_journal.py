@@ -490,6 +490,55 @@ def test_a_damaged_journal_says_what_to_do(tmp_path: Path) -> None:
         FilePlanner(str(tmp_path), Options())
 
 
+def test_a_database_of_another_program_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    # It was taken for a journal: swarmget's tables were added to it, its
+    # journal mode turned to WAL, and the run went on as if the journal were lost.
+    state = tmp_path / ".swarmget"
+    state.mkdir()
+    journal = state / "journal.sqlite3"
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        db.executescript("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT);")
+    with pytest.raises(OutputError, match=r"not a swarmget journal \(its tables: users\); move"):
+        FilePlanner(str(tmp_path), Options())
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        assert db.execute("SELECT name FROM sqlite_master").fetchall() == [("users",)]
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+
+
+@pytest.mark.parametrize("schema", [1, 99])
+def test_a_journal_without_the_columns_we_write_names_its_version(
+    tmp_path: Path, schema: int
+) -> None:
+    # Schema 1 (and a future layout) has no `record` column: the run began,
+    # and stopped at its first outcome ("table rows has no column named
+    # record"), or at the plan log's fold ("NOT NULL constraint failed").
+    planner = FilePlanner(str(tmp_path), Options())
+    planner.finish(interrupted=False)
+    journal = tmp_path / ".swarmget" / "journal.sqlite3"
+    with contextlib.closing(sqlite3.connect(journal)) as db:
+        db.executescript(
+            f"UPDATE meta SET value={schema} WHERE name='schema'; DROP TABLE rows;"
+            "CREATE TABLE rows (key BLOB NOT NULL UNIQUE, run INTEGER NOT NULL, "
+            "idx INTEGER NOT NULL, url TEXT NOT NULL, path TEXT, mine INTEGER NOT NULL, "
+            "status INTEGER NOT NULL, bytes INTEGER NOT NULL DEFAULT 0, validator TEXT);"
+        )
+    wanted = rf"lack the columns record: another version of swarmget wrote it \(schema {schema};"
+    with pytest.raises(OutputError, match=wanted):
+        FilePlanner(str(tmp_path), Options())
+
+
+def test_a_directory_in_place_of_the_journal_says_so_and_lets_the_output_dir_go(
+    tmp_path: Path,
+) -> None:
+    # SQLite said "unable to open database file"; and the lock on the output
+    # dir stayed held, so the next try in the same program was told another
+    # swarmget run was using it.
+    (tmp_path / ".swarmget" / "journal.sqlite3").mkdir(parents=True)
+    for _ in range(2):
+        with pytest.raises(OutputError, match=r"journal.sqlite3 is not a file, so it cannot be"):
+            FilePlanner(str(tmp_path), Options())
+
+
 def test_a_name_earlier_runs_took_many_times_is_found_free_in_log_lookups(
     tmp_path: Path,
 ) -> None:

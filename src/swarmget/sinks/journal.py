@@ -47,6 +47,7 @@ import json
 import os
 import resource
 import sqlite3
+import stat
 from collections.abc import Iterable, Iterator
 from typing import Any, Final
 
@@ -162,23 +163,17 @@ class Journal:
 
     def __init__(self, root: str) -> None:
         state = state_dir(root)
-        try:
-            self._lock = _lock(os.path.join(state, LOCK_NAME))
-            # SQLite makes a new database 0o644, whatever the umask allows;
-            # one made here has FILE_MODE, and SQLite gives its WAL the same.
-            _make_database(os.path.join(state, JOURNAL_NAME))
-            self._db = sqlite3.connect(
-                os.path.join(state, JOURNAL_NAME), isolation_level=None, check_same_thread=False
-            )
-        except OSError as exc:
-            raise OutputError(f"cannot open the journal in {state}: {exc.strerror}", True) from None
-        except sqlite3.Error as exc:
-            message = f"cannot open the journal in {state}: {exc}"
-            raise OutputError(
-                _with_path_limit_hint(_with_full_disk_hint(message, exc, state), state), True
-            ) from None
         self._state = state
         self.path = os.path.join(state, JOURNAL_NAME)
+        try:
+            self._lock = _lock(os.path.join(state, LOCK_NAME))
+        except OSError as exc:
+            raise OutputError(f"cannot open the journal in {state}: {exc.strerror}", True) from None
+        try:
+            self._db = self._connect(state)
+        except BaseException:
+            os.close(self._lock)  # the output dir is free again (a program may try again)
+            raise
         # This transaction's writes, (sql, parameters, many), until it commits.
         self._uncommitted: list[tuple[str, Any, bool]] = []
         # A write or a commit met the full disk and went through on the room
@@ -193,10 +188,30 @@ class Journal:
             os.close(self._lock)
             raise
 
+    def _connect(self, state: str) -> sqlite3.Connection:
+        try:
+            # SQLite makes a new database 0o644, whatever the umask allows;
+            # one made here has FILE_MODE, and SQLite gives its WAL the same.
+            _make_database(self.path)
+            return sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        except OSError as exc:
+            raise OutputError(f"cannot open the journal in {state}: {exc.strerror}", True) from None
+        except sqlite3.Error as exc:
+            message = f"cannot open the journal in {state}: {exc}"
+            raise OutputError(
+                _with_path_limit_hint(_with_full_disk_hint(message, exc, state), state), True
+            ) from None
+
     def _open(self, state: str) -> None:
         reserved = self._reserve.size > 0
         with self._guard("open"):
             db = self._db
+            # Before anything is written to it (WAL mode, our tables): a
+            # database of another program, or of a swarmget that keeps rows
+            # otherwise, is refused, not altered, nor failed at its first row.
+            problem = _not_ours(db)
+            if problem:
+                raise OutputError(f"cannot open the journal {self.path}: {problem}", True)
             # A new journal gets 16 KiB pages (an existing one keeps its own): a
             # row's upsert lands on a random leaf of the key index (keys are hashes), and bigger
             # pages split less often.  Measured: 3.8 -> 3.2 us an upsert in
@@ -780,6 +795,52 @@ class Journal:
 
 _INT64 = 1 << 63  # SQLite's integers
 
+# The columns of ``rows`` every statement here may name (``total`` is added
+# to a journal without it: _add_total_column).
+_ROW_COLUMNS: Final = (
+    "key",
+    "run",
+    "idx",
+    "path",
+    "mine",
+    "status",
+    "bytes",
+    "validator",
+    "record",
+)
+
+
+def _not_ours(db: sqlite3.Connection) -> str:
+    """Why the database ``db`` is no journal this swarmget can keep, else ``""``
+    (a new, empty database is one)."""
+    tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    if not tables:
+        return ""
+    columns = {column[1] for column in db.execute("PRAGMA table_info(rows)")}
+    if "key" not in columns:  # every swarmget journal had rows(key)
+        return (
+            f"it is not a swarmget journal (its tables: {', '.join(sorted(tables)[:10])}); "
+            f"{_MOVE_ASIDE_HINT}"
+        )
+    if "meta" not in tables:
+        return f"it is damaged: its table meta is missing; {_MOVE_ASIDE_HINT}"
+    missing = [name for name in _ROW_COLUMNS if name not in columns]
+    if not missing:
+        return ""
+    found = db.execute("SELECT value FROM meta WHERE name='schema'").fetchone()
+    schema = f"schema {found[0]}" if found else "no schema version"
+    return (
+        f"its rows lack the columns {', '.join(missing)}: another version of swarmget wrote "
+        f"it ({schema}; this one writes schema {SCHEMA_VERSION}); run that version, or "
+        f"{_MOVE_ASIDE_HINT}"
+    )
+
+
+_MOVE_ASIDE_HINT = (
+    "move it out of the .swarmget folder (with its -wal and -shm files) and run again: the "
+    "files the manifest lists as done are then known as ours and kept"
+)
+
 # What a user can do about a journal SQLite cannot read (not a full disk).
 _DAMAGED_HINT = (
     "the journal is damaged: remove it (with its -wal and -shm files) and run again: "
@@ -951,9 +1012,19 @@ def _open_append(path: str, truncate: bool = False) -> int:
 
 
 def _make_database(path: str) -> None:
-    """An empty file at ``path`` unless there is one, created with FILE_MODE."""
+    """An empty file at ``path`` unless there is one, created with FILE_MODE.
+    Something else there (a directory) is refused: SQLite says only "unable to
+    open database file"."""
     with contextlib.suppress(FileExistsError):
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE))
+        return
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        raise OutputError(
+            f"{path} is not a file, so it cannot be swarmget's journal: move it out of the "
+            ".swarmget folder and run again: the files the manifest lists as done are then "
+            "known as ours and kept",
+            True,
+        )
 
 
 def _lock(path: str) -> int:
