@@ -104,6 +104,78 @@ def test_dedupe_lends_no_symlink_put_in_place_of_an_earlier_runs_file(
     assert outside.read_bytes() == b"SECRET"
 
 
+def _claims(out: Path) -> dict[str, tuple[int, int, int]]:
+    """The journal's rows by path: (key, index, mine)."""
+    with contextlib.closing(sqlite3.connect(out / ".swarmget" / "journal.sqlite3")) as db:
+        found = db.execute("SELECT path, key, idx, mine FROM rows").fetchall()
+    return {path: (key, index, mine) for path, key, index, mine in found}
+
+
+def test_a_file_put_where_a_failed_row_would_go_is_left_to_its_owner(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A row failed (404); its file was fetched another way and put where the
+    # row's file goes.  The rerun took the failed row's claim for a file of
+    # its own, removed the file and asked again (404 again: the file lost).
+    url = server.file_url("missing.bin", size=10, status=404)
+    assert run([url], out_dir).failed == 1
+    (out_dir / "missing.bin").write_bytes(b"the user's")
+    (failure,) = run([url], out_dir).failures
+    assert failure.error == "exists"
+    assert (out_dir / "missing.bin").read_bytes() == b"the user's"
+
+
+def test_a_failed_overwrite_of_a_foreign_file_leaves_it_foreign(
+    server: TestServer, out_dir: Path
+) -> None:
+    # --overwrite over a file swarmget did not write, and the download fails:
+    # the file is still there, still not ours.  Its record said ours, and the
+    # next run (without --overwrite) removed it.
+    url = server.file_url("theirs.bin", size=10, status=404)
+    (out_dir / "theirs.bin").write_bytes(b"theirs")
+    assert run([url], out_dir, overwrite=True).failed == 1
+    (failure,) = run([url], out_dir).failures
+    assert failure.error == "exists"
+    assert (out_dir / "theirs.bin").read_bytes() == b"theirs"
+
+
+def test_a_failed_overwrite_of_our_own_file_leaves_it_ours(
+    server: TestServer, out_dir: Path
+) -> None:
+    answers = [200]
+
+    def answer(head: bytes, conn: ScriptedConnection) -> None:
+        status = b"200 OK" if answers[0] == 200 else b"404 Not Found"
+        conn.send(b"HTTP/1.1 " + status + b"\r\nContent-Length: 4\r\n\r\nmine")
+
+    with server.routed("/redone.bin", answer) as url:
+        assert run([url], out_dir).ok == 1
+        answers[0] = 404
+        assert run([url], out_dir, overwrite=True).failed == 1
+        assert (out_dir / "redone.bin").read_bytes() == b"mine"  # verified or absent: kept
+        answers[0] = 200
+        report = run([url], out_dir)
+    assert (report.ok, report.failed) == (1, 0)
+
+
+def test_a_failed_rows_file_published_before_a_kill_is_still_ours(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A row failed in one run; the next run downloaded it, published its file
+    # and was killed before recording it: the plan log's claim (ours) is all
+    # that says so.  (The kill is played by writing what it leaves.)
+    url = server.file_url("late.bin", size=10, status=404, times=1)
+    assert run([url], out_dir).failed == 1
+    key, index, mine = _claims(out_dir)["late.bin"]
+    assert mine == 0  # nothing of ours is at a failed row's path
+    (out_dir / "late.bin").write_bytes(expected_body("late.bin", 10))
+    with open(out_dir / ".swarmget" / "plans.log", "a") as log:
+        log.write(f'[[{key},{index},null,"late.bin",true]]\n')
+    report = run([url], out_dir)
+    assert (report.ok, report.failed) == (1, 0)
+    assert (out_dir / "late.bin").read_bytes() == expected_body("late.bin", 10)
+
+
 def test_rerun_redoes_failed_rows_and_missing_files(server: TestServer, out_dir: Path) -> None:
     urls = [server.file_url(f"f{i}.bin", size=500, status=503, times=1) for i in range(5)]
     urls += [server.file_url("gone.bin", size=700)]

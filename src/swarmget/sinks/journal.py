@@ -24,7 +24,11 @@ Crash safety comes from the order of events, not from fsync:
 2. The engine writes the body to a part and renames it into place when it is
    complete and verified; only then does it report the row.
 3. The outcome is recorded (batched, committed a few times a second).  A kill
-   between 2 and 3 costs a download again, never a wrong file.
+   between 2 and 3 costs a download again, never a wrong file.  A failed row
+   published nothing, so its record has ``mine`` 0 (unless an --overwrite redo
+   left our earlier file there): a file found at its path later is someone
+   else's, not removed.  Claimed again and killed, the plan log's claim
+   (folded in) makes the path ours again.
 
 ``synchronous=OFF`` with the WAL journal: a killed process loses nothing the
 OS has (every commit is in the page cache); only a power cut could, and then
@@ -93,7 +97,7 @@ CREATE TABLE IF NOT EXISTS rows (
     run INTEGER NOT NULL,       -- the run that last saw it
     idx INTEGER NOT NULL,       -- its position in that run's input
     path TEXT,                  -- the output path claimed for it
-    mine INTEGER NOT NULL,      -- 1: we may write at path; 0: someone else's file is there
+    mine INTEGER NOT NULL,      -- 1: we may write at path; 0: what is there is not ours
     status INTEGER NOT NULL,
     bytes INTEGER NOT NULL DEFAULT 0,
     validator TEXT,             -- ETag / Last-Modified of a kept part
@@ -752,10 +756,14 @@ class Journal:
                     plans = _logged_plans(line)
                     if plans is None:
                         continue  # torn by the kill: that batch was never dealt out
+                    # A row that had failed before is the claim's now: the killed
+                    # run may have published its file (a failed row's record
+                    # says nothing of ours is at its path: FilePlanner._flush).
                     db.executemany(
                         "INSERT INTO rows (key, run, idx, path, mine, status) "
                         f"VALUES (?, {self.run - 1}, ?, ?, ?, {PLANNED}) "
-                        "ON CONFLICT (key) DO NOTHING",
+                        "ON CONFLICT (key) DO UPDATE SET path=excluded.path, mine=excluded.mine "
+                        f"WHERE status={FAILED}",
                         plans,
                     )
             except OSError as exc:  # reading the log (SQLite's errors are the guard's)

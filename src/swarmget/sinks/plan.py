@@ -275,6 +275,10 @@ class FilePlanner:
         if self.journal.empty_at_start:
             self._names_store.use_filter(Bloom())
         self._foreign: dict[int, str] = {}  # `exists` rows not yet written: their claimed path
+        # Rows redone with --overwrite over a file of ours, which stays at the
+        # path until the download replaces it: should it fail, the file is
+        # still ours (see _flush).
+        self._kept: set[int] = set()
         # Rows that go on with an earlier row's part (_take_explicit): its validator.
         self._carried: dict[int, tuple[str, int | None]] = {}  # (validator, total)
         # Rows whose recorded validator outlived their part (see plan()).
@@ -389,10 +393,14 @@ class FilePlanner:
         # leave the claim saying it is (the next run, without --overwrite,
         # removed it as a file of ours whose record the stop had cut short).
         mine = ours or not overwrite or self.fresh or not self._occupied(path)
+        if ours and overwrite:
+            self._kept.add(key)
         plans.append((key, row.index, url, path, mine))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
-        resume_from, validator, total = self._resume_point(key, previous, ours and not overwrite)
+        # A failed row's part is its own (kept to resume), though not its path.
+        again = ours or (previous is not None and previous.path == path)
+        resume_from, validator, total = self._resume_point(key, previous, again and not overwrite)
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
             total,
@@ -1029,20 +1037,30 @@ class FilePlanner:
             self._lines.give_up()
         self._flushing = True
         results.sort(key=_key_of)
-        in_flight, foreign = self._in_flight, self._foreign
+        in_flight, foreign, kept = self._in_flight, self._foreign, self._kept
         entries: list[tuple[FileResult, str | None, bool]] = []
         for result in results:
             plan = in_flight.get(result.key)
-            if plan is not None:
-                # A file not ours that appeared at the path meanwhile is not ours now.
-                entries.append((result, plan[3], result.error != ErrorCode.EXISTS))
-            else:
+            if plan is None:
                 entries.append((result, foreign.get(result.key), False))
+            elif result.status == "ok":
+                entries.append((result, plan[3], True))
+            else:
+                # A failed row published nothing: the path keeps its claim (later
+                # rows are named around it), but whatever is found there later
+                # is not ours, unless it is the file of ours an --overwrite
+                # redo left in place.  Taken for ours, a file its owner put
+                # where the row had failed was removed by the rerun; and a
+                # foreign file a failed --overwrite left was, too.
+                ours = result.key in kept and result.error != ErrorCode.EXISTS
+                entries.append((result, plan[3], ours))
         recorded = self.journal.record(entries)
         names = self._names_store
         for result, path, _mine in entries:
             in_flight.pop(result.key, None)
             foreign.pop(result.key, None)
+            if kept:
+                kept.discard(result.key)
             if path is not None:
                 names.release(path)
         lines = self._lines
