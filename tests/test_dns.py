@@ -1181,3 +1181,75 @@ def test_a_connect_that_times_out_is_tried_twice_at_most(out_dir: Path) -> None:
     assert (failure.error, failure.attempts) == ("timeout", 2), failure
     assert failure.message.startswith("connect to 127.0.0.1:"), failure.message
     assert elapsed < 1.8
+
+
+# -- hostile and odd name servers ----------------------------------------------------
+
+
+def _answering(records: dict[str, list[str]]) -> Callable[[DNSRecord, bytes], bytes]:
+    """A RawNameServer answer: ``records`` maps an A/AAAA qtype to its addresses."""
+
+    def answer(query: DNSRecord, data: bytes) -> bytes:
+        reply = query.reply()
+        qtype = QTYPE[query.q.qtype]
+        for ip in records.get(qtype, []):
+            rdata = A(ip) if qtype == "A" else AAAA(ip)
+            reply.add_answer(RR(query.q.qname, query.q.qtype, rdata=rdata, ttl=60))
+        return bytes(reply.pack())
+
+    return answer
+
+
+def test_a_name_blocked_with_0_0_0_0_is_not_fetched_from_this_machine(
+    web: TestServer, out_dir: Path
+) -> None:
+    # Blocklists answer 0.0.0.0 (and ::), which Linux connects to as this
+    # machine: the blocked host's file came from whatever listened locally.
+    with RawNameServer(_answering({"A": ["0.0.0.0"], "AAAA": ["::"]}), delay=0.0) as server:
+        url = f"http://blocked.test:{web.port}/files/b.bin?size=10"
+        report = swarmget.download([url], out_dir, dns_servers=(server.address,), retries=0)
+    (failure,) = report.failures
+    assert failure.error == "dns"
+    assert failure.message == (
+        "cannot resolve 'blocked.test': it resolved only to addresses no server can have: "
+        "0.0.0.0 (the unspecified address, the answer for a blocked name); "
+        ":: (the unspecified address, the answer for a blocked name)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("qtype", "ip", "why"),
+    [
+        ("A", "224.0.0.1", "a multicast address"),
+        ("A", "255.255.255.255", "the broadcast address"),
+        ("A", "240.0.0.1", "a reserved address"),
+        ("AAAA", "ff02::1", "a multicast address"),
+        ("AAAA", "fe80::1", "a link-local address, which needs an interface named"),
+    ],
+)
+def test_an_answer_no_server_can_have_fails_with_dns_saying_why(
+    loop: EventLoop, qtype: str, ip: str, why: str
+) -> None:
+    # These failed at the connect, "Network is unreachable" or "Invalid
+    # argument", naming neither the address nor what was wrong with it.
+    with RawNameServer(_answering({qtype: [ip]}), delay=0.0) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+        try:
+            addresses, error = resolve(resolver, loop, "odd.test")
+        finally:
+            resolver.close()
+    assert addresses is None and error.code == "dns"
+    assert error.message.endswith(f"no server can have: {ip} ({why})")
+
+
+def test_the_usable_addresses_of_an_answer_are_kept(loop: EventLoop) -> None:
+    records = {"A": ["0.0.0.0", "127.0.0.1", "169.254.1.1", "127.0.0.2"], "AAAA": ["ff02::1"]}
+    with RawNameServer(_answering(records), delay=0.0) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+        try:
+            addresses, error = resolve(resolver, loop, "mixed.test")
+        finally:
+            resolver.close()
+    assert error is None
+    assert addresses is not None
+    assert sorted(addresses) == [(V4, (ip, 80)) for ip in ("127.0.0.1", "127.0.0.2", "169.254.1.1")]

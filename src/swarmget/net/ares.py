@@ -100,6 +100,8 @@ from swarmget.net.address import (
     literal_addresses,
     name_key,
     sockaddr,
+    unusable,
+    unusable_answer,
 )
 
 _BAD = pycares.ARES_SOCKET_BAD
@@ -402,7 +404,7 @@ class AresResolver:
         cached = host == self._v6_asking
         if not cached or status is not None or result is None or host not in self._waiting:
             return
-        bare, ttl = self._addresses(result)
+        bare, ttl, _ = self._addresses(result)
         if bare:
             self._v6_answered.add(host)
             self._loop.call_soon(self._done, host, bare, None, ttl)
@@ -435,28 +437,39 @@ class AresResolver:
             error = TransferError(ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {reason}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
-        bare, ttl = self._addresses(result)
+        bare, ttl, rejected = self._addresses(result)
         if not bare:
-            error = TransferError(
-                ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: no addresses"
+            error = (
+                unusable_answer(self._asked(host), rejected)
+                if rejected
+                else TransferError(
+                    ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: no addresses"
+                )
             )
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
         self._loop.call_soon(self._done, host, bare, None, ttl)
 
-    def _addresses(self, result: pycares.AddrInfoResult) -> tuple[list[BareAddress], float]:
-        """An answer's distinct addresses, and how long to keep them."""
+    def _addresses(
+        self, result: pycares.AddrInfoResult
+    ) -> tuple[list[BareAddress], float, list[tuple[str, str]]]:
+        """An answer's distinct usable addresses, how long to keep them, and the
+        addresses left out as no server's (ip, why: see ``unusable``)."""
         bare: list[BareAddress] = []
+        rejected: list[tuple[str, str]] = []
         ttl = self._max_ttl
         for node in result.nodes:
-            ip = node.addr[0]
-            entry = (node.family, ip.decode("ascii") if isinstance(ip, bytes) else ip)
-            if entry not in bare:
-                bare.append(entry)
+            raw = node.addr[0]
+            ip = raw.decode("ascii") if isinstance(raw, bytes) else raw
+            why = unusable(node.family, ip)
+            if why is not None:
+                rejected.append((ip, why))
+            elif (node.family, ip) not in bare:
+                bare.append((node.family, ip))
             ttl = min(ttl, node.ttl)
         for cname in result.cnames:
             ttl = min(ttl, cname.ttl)
-        return bare, max(self._min_ttl, ttl)
+        return bare, max(self._min_ttl, ttl), rejected
 
     def _no_data(self, host: str) -> None:
         if self._closed:
