@@ -1307,3 +1307,24 @@ def test_a_name_server_that_drops_what_it_cannot_take_gets_fewer_names_at_once(
     failed = [name for name, (addresses, _) in out.items() if addresses is None]
     assert failed == []
     assert 0 < server.dropped < 250
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("a" * 64 + ".test", "a label of 64 characters, where DNS allows 63"),
+        ("abcdefghi." * 26 + "test", "a name of 264 characters, where DNS allows 253"),
+    ],
+    ids=["label", "name"],
+)
+def test_a_name_too_long_for_dns_says_what_is_too_long(
+    loop: EventLoop, dns: NameServer, name: str, why: str
+) -> None:
+    # c-ares said only "Misformatted domain name".
+    resolver = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=1)
+    try:
+        addresses, error = resolve(resolver, loop, name)
+    finally:
+        resolver.close()
+    assert addresses is None and error.code == "dns"
+    assert error.message == f"cannot resolve {name!r}: {why}"

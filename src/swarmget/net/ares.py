@@ -539,6 +539,8 @@ class AresResolver:
         self._count_timeout(status == pycares.errno.ARES_ETIMEOUT and host not in self._v6_answered)
         if status is not None or result is None:
             reason = _strerror(status) if status is not None else "no answer"
+            if status == pycares.errno.ARES_EBADNAME:
+                reason = _bad_name(self._asked(host)) or reason
             error = TransferError(ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {reason}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
@@ -704,6 +706,17 @@ def _next_timeout(channel: _Channel) -> float:
     """Seconds until c-ares wants to look at ``channel``'s queries (at most _MAX_TIMER)."""
     delay: float = channel.cares.timeout(_MAX_TIMER)  # type: ignore[no-untyped-call]
     return delay
+
+
+def _bad_name(name: str) -> str | None:
+    """What DNS does not allow in ``name`` (c-ares says only "Misformatted domain name")."""
+    labels = name.removesuffix(".").split(".")
+    longest = max(labels, key=len)
+    if len(longest) > 63:
+        return f"a label of {len(longest)} characters, where DNS allows 63"
+    if len(name.removesuffix(".")) > 253:
+        return f"a name of {len(name.removesuffix('.'))} characters, where DNS allows 253"
+    return None
 
 
 def _strerror(status: int) -> str:
