@@ -937,11 +937,21 @@ def test_cli_takes_dns_servers(capsys: pytest.CaptureFixture[str]) -> None:
 
 class RawNameServer:
     """A UDP name server whose ``answer(query) -> bytes | None`` decides each reply
-    (None: none), each after ``delay`` s, on threads: queries overlap."""
+    (None: none), each after ``delay`` s, on threads: queries overlap.  With
+    ``capacity``, queries that come while that many wait for their reply are
+    dropped, as name servers that cap a client do."""
 
-    def __init__(self, answer: Callable[[DNSRecord, bytes], bytes | None], delay: float) -> None:
-        self.answer, self.delay = answer, delay
+    def __init__(
+        self,
+        answer: Callable[[DNSRecord, bytes], bytes | None],
+        delay: float,
+        capacity: int | None = None,
+    ) -> None:
+        self.answer, self.delay, self.capacity = answer, delay, capacity
         self.asked: collections.Counter[str] = collections.Counter()
+        self.dropped = 0
+        self._pending = 0
+        self._lock = threading.Lock()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.settimeout(0.1)
@@ -966,13 +976,22 @@ class RawNameServer:
                 continue
             query = DNSRecord.parse(data)
             self.asked[str(query.q.qname)] += 1
+            with self._lock:
+                if self.capacity is not None and self._pending >= self.capacity:
+                    self.dropped += 1
+                    continue
+                self._pending += 1
             threading.Timer(self.delay, self._reply, (query, data, peer)).start()
 
     def _reply(self, query: DNSRecord, data: bytes, peer: tuple[str, int]) -> None:
-        reply = self.answer(query, data)
-        if reply is not None and not self._stop.is_set():
-            with contextlib.suppress(OSError):
-                self.sock.sendto(reply, peer)
+        try:
+            reply = self.answer(query, data)
+            if reply is not None and not self._stop.is_set():
+                with contextlib.suppress(OSError):
+                    self.sock.sendto(reply, peer)
+        finally:
+            with self._lock:
+                self._pending -= 1
 
 
 def _answer_good_ones(query: DNSRecord, data: bytes) -> bytes | None:
@@ -1181,3 +1200,131 @@ def test_a_connect_that_times_out_is_tried_twice_at_most(out_dir: Path) -> None:
     assert (failure.error, failure.attempts) == ("timeout", 2), failure
     assert failure.message.startswith("connect to 127.0.0.1:"), failure.message
     assert elapsed < 1.8
+
+
+# -- hostile and odd name servers ----------------------------------------------------
+
+
+def _answering(records: dict[str, list[str]]) -> Callable[[DNSRecord, bytes], bytes]:
+    """A RawNameServer answer: ``records`` maps an A/AAAA qtype to its addresses."""
+
+    def answer(query: DNSRecord, data: bytes) -> bytes:
+        reply = query.reply()
+        qtype = QTYPE[query.q.qtype]
+        for ip in records.get(qtype, []):
+            rdata = A(ip) if qtype == "A" else AAAA(ip)
+            reply.add_answer(RR(query.q.qname, query.q.qtype, rdata=rdata, ttl=60))
+        return bytes(reply.pack())
+
+    return answer
+
+
+def test_a_name_blocked_with_0_0_0_0_is_not_fetched_from_this_machine(
+    web: TestServer, out_dir: Path
+) -> None:
+    # Blocklists answer 0.0.0.0 (and ::), which Linux connects to as this
+    # machine: the blocked host's file came from whatever listened locally.
+    with RawNameServer(_answering({"A": ["0.0.0.0"], "AAAA": ["::"]}), delay=0.0) as server:
+        url = f"http://blocked.test:{web.port}/files/b.bin?size=10"
+        report = swarmget.download([url], out_dir, dns_servers=(server.address,), retries=0)
+    (failure,) = report.failures
+    assert failure.error == "dns"
+    assert failure.message == (
+        "cannot resolve 'blocked.test': it resolved only to addresses no server can have: "
+        "0.0.0.0 (the unspecified address, the answer for a blocked name); "
+        ":: (the unspecified address, the answer for a blocked name)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("qtype", "ip", "why"),
+    [
+        ("A", "224.0.0.1", "a multicast address"),
+        ("A", "255.255.255.255", "the broadcast address"),
+        ("A", "240.0.0.1", "a reserved address"),
+        ("AAAA", "ff02::1", "a multicast address"),
+        ("AAAA", "fe80::1", "a link-local address, which needs an interface named"),
+    ],
+)
+def test_an_answer_no_server_can_have_fails_with_dns_saying_why(
+    loop: EventLoop, qtype: str, ip: str, why: str
+) -> None:
+    # These failed at the connect, "Network is unreachable" or "Invalid
+    # argument", naming neither the address nor what was wrong with it.
+    with RawNameServer(_answering({qtype: [ip]}), delay=0.0) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+        try:
+            addresses, error = resolve(resolver, loop, "odd.test")
+        finally:
+            resolver.close()
+    assert addresses is None and error.code == "dns"
+    assert error.message.endswith(f"no server can have: {ip} ({why})")
+
+
+def test_the_usable_addresses_of_an_answer_are_kept(loop: EventLoop) -> None:
+    records = {"A": ["0.0.0.0", "127.0.0.1", "169.254.1.1", "127.0.0.2"], "AAAA": ["ff02::1"]}
+    with RawNameServer(_answering(records), delay=0.0) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+        try:
+            addresses, error = resolve(resolver, loop, "mixed.test")
+        finally:
+            resolver.close()
+    assert error is None
+    assert addresses is not None
+    assert sorted(addresses) == [(V4, (ip, 80)) for ip in ("127.0.0.1", "127.0.0.2", "169.254.1.1")]
+
+
+def test_a_name_server_that_drops_what_it_cannot_take_gets_fewer_names_at_once(
+    loop: EventLoop,
+) -> None:
+    """The engine keeps up to 256 lookups going (as many as connections): a
+    name server that drops queries beyond its cap (dnsmasq: 150; here 12) lost
+    so many that names which resolve failed with ``dns`` (2,000 hosts against
+    a cap of 50: 40 to 130 of them).  Here the server dropped ~660 queries of
+    300 names; now the resolver starts with 16 names at once, and asks for half
+    as many when names sent later are answered while earlier ones wait past
+    the first wait (their queries were dropped), as TCP does: ~70."""
+    names = [f"n{i}.test" for i in range(300)]
+    with RawNameServer(_answering({"A": ["127.0.0.1"]}), delay=0.05, capacity=40) as server:
+        resolver = AresResolver(loop, servers=[server.address], timeout=0.2, tries=4)
+        out: dict[str, Outcome] = {}
+        queue = collections.deque(names)
+
+        def feed() -> None:  # as the scheduler does: 128 lookups going at most
+            while queue and len(names) - len(queue) - len(out) < 128:
+                name = queue.popleft()
+                resolver.resolve(name, 80, lambda a, e, name=name: answered(name, a, e))
+
+        def answered(name: str, addresses: Any, error: Any) -> None:
+            out[name] = (addresses, error)
+            feed()
+
+        try:
+            feed()
+            run_until(loop, lambda: len(out) == len(names), within=30.0)
+        finally:
+            resolver.close()
+    failed = [name for name, (addresses, _) in out.items() if addresses is None]
+    assert failed == []
+    assert 0 < server.dropped < 250
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("a" * 64 + ".test", "a label of 64 characters, where DNS allows 63"),
+        ("abcdefghi." * 26 + "test", "a name of 264 characters, where DNS allows 253"),
+    ],
+    ids=["label", "name"],
+)
+def test_a_name_too_long_for_dns_says_what_is_too_long(
+    loop: EventLoop, dns: NameServer, name: str, why: str
+) -> None:
+    # c-ares said only "Misformatted domain name".
+    resolver = AresResolver(loop, servers=[dns.address], timeout=0.3, tries=1)
+    try:
+        addresses, error = resolve(resolver, loop, name)
+    finally:
+        resolver.close()
+    assert addresses is None and error.code == "dns"
+    assert error.message == f"cannot resolve {name!r}: {why}"

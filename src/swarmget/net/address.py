@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Final, Generic, TypeVar
 
-from swarmget.errors import TransferError
+from swarmget.errors import ErrorCode, TransferError
 
 Address = tuple[int, tuple[object, ...]]  # (family, sockaddr)
 # How a resolver answers: (addresses, None) or (None, error), on the loop thread.
@@ -131,3 +131,54 @@ def scope_id(zone: str) -> int:
         return socket.if_nametoindex(zone)
     except OSError:
         return 0
+
+
+def unusable(family: int, ip: str) -> str | None:
+    """Why ``ip``, an address a name resolved to, cannot be a server's (None: it can be).
+
+    Name servers and hosts files that block a name answer 0.0.0.0 or ``::``,
+    which Linux connects to as this machine: a blocked host's files came from
+    whatever local server listened on the port.  Multicast, broadcast and
+    reserved IPv4 addresses, and IPv6 link-local ones (which need an interface
+    a DNS answer cannot name), fail at the connect with "Network is
+    unreachable" or "Invalid argument", naming neither the address nor why.
+    """
+    try:
+        packed = socket.inet_pton(family, ip)
+    except (OSError, ValueError):
+        return None
+    if family == socket.AF_INET6:
+        if packed[:12] == _V4_MAPPED:
+            return unusable(socket.AF_INET, socket.inet_ntop(socket.AF_INET, packed[12:]))
+        if not any(packed):
+            return "the unspecified address, the answer for a blocked name"
+        if packed[0] == 0xFF:
+            return "a multicast address"
+        if packed[0] == 0xFE and packed[1] & 0xC0 == 0x80:
+            return "a link-local address, which needs an interface named"
+        return None
+    first = packed[0]
+    if not any(packed):
+        return "the unspecified address, the answer for a blocked name"
+    if first == 0:
+        return "in 0.0.0.0/8, which is no host's"
+    if 224 <= first < 240:
+        return "a multicast address"
+    if packed == b"\xff\xff\xff\xff":
+        return "the broadcast address"
+    if first >= 240:
+        return "a reserved address"
+    return None
+
+
+_V4_MAPPED: Final = b"\x00" * 10 + b"\xff\xff"
+
+
+def unusable_answer(host: str, rejected: list[tuple[str, str]]) -> TransferError:
+    """The ``dns`` error of a name that resolved only to ``rejected`` (ip, why) addresses."""
+    shown = "; ".join(f"{ip} ({why})" for ip, why in rejected[:3])
+    more = f" and {len(rejected) - 3} more" if len(rejected) > 3 else ""
+    return TransferError(
+        ErrorCode.DNS,
+        f"cannot resolve {host!r}: it resolved only to addresses no server can have: {shown}{more}",
+    )

@@ -74,6 +74,20 @@ slow name server would leave a dual-stack name with its IPv6 addresses only.
 (That trip, one AAAA lookup more, its retransmissions included, is what a name
 still unanswered then costs.)
 
+**Names in flight.**  The engine keeps up to 256 lookups going (as many as
+connections), and name servers that cap a client (dnsmasq: 150 queries) drop
+what they cannot take: at a cap of 50, 2,000 names that resolve lost 40 to 130
+of them to ``dns`` timeouts.  So names are sent as TCP sends packets: 16 at
+first, one more an answer but at most twice as many a detection window (1.5
+first waits: slow start), then, after the first loss, one more a round of
+answers; and half as many as are in flight when more than a tenth of recent
+lookups were lost, at most once a first wait.  A lookup counts as lost when it
+is still unanswered after 1.5 first waits (c-ares sent it again) while a name
+sent after it was answered within the first wait: the server answers, and
+dropped ours.  A slow name, or a slow name server (every lookup seconds), is
+overtaken by nothing, or rarely, and cuts nothing.  The other names wait their
+turn in order, unsent.
+
 Callbacks never run inside :meth:`AresResolver.resolve`: c-ares answers from
 its hosts file or its own cache synchronously, so delivery goes through
 ``loop.call_soon``, as in the threaded resolver.
@@ -100,6 +114,8 @@ from swarmget.net.address import (
     literal_addresses,
     name_key,
     sockaddr,
+    unusable,
+    unusable_answer,
 )
 
 _BAD = pycares.ARES_SOCKET_BAD
@@ -123,6 +139,17 @@ FIRST_WAIT = 1.0  # seconds before c-ares first asks again (a lost UDP packet)
 # (~1.3 KB a record, two a name: ~2.7 MB), for a channel set up (resolv.conf
 # read, new sockets) every this many names.
 NAMES_PER_CHANNEL = 1024
+# Names asked at once, at most, and at first and at least (see the docstring):
+# the engine's own cap (MAX_RESOLVING, MIN_RESOLVING).  16 names are 32
+# queries, within what name servers that cap a client take.
+MAX_IN_FLIGHT = 256
+MIN_IN_FLIGHT = 16
+# When more than _CROWDED of recent lookups (an average over the last
+# ~1/_LATE_WEIGHT) were lost (see the docstring), the name server is dropping
+# queries; a few slow names are not that.
+_LATE_WEIGHT = 1 / 32
+_CROWDED = 0.1
+_V6_AFTER = 1.5  # first waits after which a name unanswered is asked for its IPv6 addresses
 
 BareAddress = tuple[int, str]  # (family, ip), before a port is attached
 _Answer = tuple[list[BareAddress] | None, TransferError | None]
@@ -228,6 +255,8 @@ class AresResolver:
         negative_ttl: float = 10.0,
         cached: int = ANSWERS_CACHED,
         names_per_channel: int = NAMES_PER_CHANNEL,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        min_in_flight: int = MIN_IN_FLIGHT,
     ) -> None:
         self._loop = loop
         self._min_ttl = min_ttl
@@ -245,6 +274,20 @@ class AresResolver:
         self._again: collections.deque[str] = collections.deque()  # ... waiting for it
         self._asking_again: str | None = None  # ... having it now
         self._timeouts = 0  # lookups timed out in a row, with no answer between
+        # Names asked at once (see the docstring): a limit cut when lookups time
+        # out while others are answered, grown back one a round of answers.
+        self._max_in_flight = max_in_flight
+        self._min_in_flight = min(min_in_flight, max_in_flight)
+        self._limit = float(self._min_in_flight)
+        self._in_flight = 0  # names sent whose lookups are not over
+        self._queued: collections.deque[str] = collections.deque()  # ... waiting to be sent
+        self._sent_at: dict[str, float] = {}  # loop time each name in flight was sent
+        self._prompt_sent = -math.inf  # ... the latest-sent name answered within the first wait
+        self._late = 0.0  # share of recent lookups overtaken (see _overtaken)
+        self._next_cut = 0.0  # loop time before which the limit is not cut again
+        self._doubling = True  # until the first cut: TCP's slow start
+        self._window_ends = 0.0  # loop time the limit may double again
+        self._window_cap = self._limit  # ... and the most it may grow to until then
         self._dead_until = 0.0  # loop time until which lookups fail at once
         self._poisoned_until = 0.0  # loop time until which "no data" may be a malformed reply's
         self._retired: list[_Channel] = []  # replaced, answering their last queries
@@ -303,7 +346,10 @@ class AresResolver:
             return
         self._waiting[key] = [(port, callback)]
         self._names[key] = host
-        self._query(key)
+        if self._in_flight < self._limit:
+            self._send(key)
+        else:
+            self._queued.append(key)  # its turn comes as lookups end
 
     def expires(self, host: str, port: int) -> float:
         """Loop time at which the cached answer for ``host`` goes stale (0.0: none)."""
@@ -323,6 +369,66 @@ class AresResolver:
         self._retired.clear()
         self._waiting.clear()
         self._names.clear()
+        self._queued.clear()
+
+    # -- names in flight (see the docstring) ----------------------------------------
+
+    def _send(self, host: str) -> None:
+        self._in_flight += 1
+        self._sent_at[host] = self._loop.now
+        self._query(host)
+
+    def _send_queued(self) -> None:
+        queued = self._queued
+        while queued and self._in_flight < self._limit and not self._closed:
+            host = queued.popleft()
+            if host in self._waiting:
+                self._send(host)
+
+    def _lookup_over(self, host: str) -> None:
+        """Count ``host``'s lookup out of those in flight, and grow their limit
+        unless it was overtaken."""
+        self._in_flight -= 1
+        sent = self._sent_at.pop(host, None)
+        if sent is None:
+            return  # overtaken (counted then)
+        if self._loop.now - sent <= self._budget[0]:
+            self._prompt_sent = max(self._prompt_sent, sent)
+            self._late -= self._late * _LATE_WEIGHT
+        self._grow()
+
+    def _overtaken(self, host: str) -> None:
+        """``host`` is still unanswered past c-ares's first wait (its query was
+        sent again): if a name sent after it was answered within it, the name
+        server answers, and dropped ours.  Names that are just slow overtake
+        none, and a slow name server's none at all: those cut nothing."""
+        sent = self._sent_at.get(host)
+        if sent is None or self._prompt_sent <= sent:
+            return
+        del self._sent_at[host]
+        self._late += (1.0 - self._late) * _LATE_WEIGHT
+        self._doubling = False  # as TCP's slow start ends at the first loss
+        now = self._loop.now
+        if self._late > _CROWDED and now >= self._next_cut:
+            # Fewer names at once, as TCP does; once a first wait: the lookups
+            # of one burst that were dropped are one signal.
+            self._limit = max(float(self._min_in_flight), self._in_flight / 2)
+            self._next_cut = now + self._budget[0]
+
+    def _grow(self) -> None:
+        """One name more an answer, at most twice the limit a detection window
+        (TCP's slow start, its rounds as long as a drop takes to show), until
+        the first cut; then one more a round of answers."""
+        limit = self._limit
+        if self._doubling:
+            now = self._loop.now
+            if now >= self._window_ends:
+                self._window_cap = 2 * limit
+                self._window_ends = now + _V6_AFTER * self._budget[0]
+            limit = min(limit + 1, self._window_cap)
+        else:
+            limit += 1 / limit
+        self._limit = min(float(self._max_in_flight), limit)
 
     # -- c-ares plumbing ------------------------------------------------------------
 
@@ -336,7 +442,7 @@ class AresResolver:
             error = TransferError(ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {exc}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
-        self._v6_due.append((self._loop.now + 1.5 * self._budget[0], host))
+        self._v6_due.append((self._loop.now + _V6_AFTER * self._budget[0], host))
         self._arm_timer()
 
     def _ask_v6_alone(self) -> None:
@@ -345,6 +451,7 @@ class AresResolver:
         while due and due[0][0] <= now:
             host = due.popleft()[1]
             if host in self._waiting and host not in self._v6_answered:
+                self._overtaken(host)  # now, not when it ends: the limit acts sooner
                 self._ask_v6(host)
 
     def _ask_v6(self, host: str) -> None:
@@ -402,7 +509,7 @@ class AresResolver:
         cached = host == self._v6_asking
         if not cached or status is not None or result is None or host not in self._waiting:
             return
-        bare, ttl = self._addresses(result)
+        bare, ttl, _ = self._addresses(result)
         if bare:
             self._v6_answered.add(host)
             self._loop.call_soon(self._done, host, bare, None, ttl)
@@ -432,31 +539,44 @@ class AresResolver:
         self._count_timeout(status == pycares.errno.ARES_ETIMEOUT and host not in self._v6_answered)
         if status is not None or result is None:
             reason = _strerror(status) if status is not None else "no answer"
+            if status == pycares.errno.ARES_EBADNAME:
+                reason = _bad_name(self._asked(host)) or reason
             error = TransferError(ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: {reason}")
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
-        bare, ttl = self._addresses(result)
+        bare, ttl, rejected = self._addresses(result)
         if not bare:
-            error = TransferError(
-                ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: no addresses"
+            error = (
+                unusable_answer(self._asked(host), rejected)
+                if rejected
+                else TransferError(
+                    ErrorCode.DNS, f"cannot resolve {self._asked(host)!r}: no addresses"
+                )
             )
             self._loop.call_soon(self._done, host, None, error, self._negative_ttl)
             return
         self._loop.call_soon(self._done, host, bare, None, ttl)
 
-    def _addresses(self, result: pycares.AddrInfoResult) -> tuple[list[BareAddress], float]:
-        """An answer's distinct addresses, and how long to keep them."""
+    def _addresses(
+        self, result: pycares.AddrInfoResult
+    ) -> tuple[list[BareAddress], float, list[tuple[str, str]]]:
+        """An answer's distinct usable addresses, how long to keep them, and the
+        addresses left out as no server's (ip, why: see ``unusable``)."""
         bare: list[BareAddress] = []
+        rejected: list[tuple[str, str]] = []
         ttl = self._max_ttl
         for node in result.nodes:
-            ip = node.addr[0]
-            entry = (node.family, ip.decode("ascii") if isinstance(ip, bytes) else ip)
-            if entry not in bare:
-                bare.append(entry)
+            raw = node.addr[0]
+            ip = raw.decode("ascii") if isinstance(raw, bytes) else raw
+            why = unusable(node.family, ip)
+            if why is not None:
+                rejected.append((ip, why))
+            elif (node.family, ip) not in bare:
+                bare.append((node.family, ip))
             ttl = min(ttl, node.ttl)
         for cname in result.cnames:
             ttl = min(ttl, cname.ttl)
-        return bare, max(self._min_ttl, ttl)
+        return bare, max(self._min_ttl, ttl), rejected
 
     def _no_data(self, host: str) -> None:
         if self._closed:
@@ -514,8 +634,13 @@ class AresResolver:
             self._names.pop(host, None)
         # The waiters get this answer, not the cache's: it may be forgotten by
         # the time they ask (another answer pushed it out).
-        for port, callback in self._waiting.pop(host, ()):
+        waiters = self._waiting.pop(host, None)
+        if waiters is None:
+            return
+        self._lookup_over(host)
+        for port, callback in waiters:
             callback(_with_port(bare, port), error)
+        self._send_queued()
 
     # -- channels: a fresh one every names_per_channel names (see the docstring) ------
 
@@ -581,6 +706,17 @@ def _next_timeout(channel: _Channel) -> float:
     """Seconds until c-ares wants to look at ``channel``'s queries (at most _MAX_TIMER)."""
     delay: float = channel.cares.timeout(_MAX_TIMER)  # type: ignore[no-untyped-call]
     return delay
+
+
+def _bad_name(name: str) -> str | None:
+    """What DNS does not allow in ``name`` (c-ares says only "Misformatted domain name")."""
+    labels = name.removesuffix(".").split(".")
+    longest = max(labels, key=len)
+    if len(longest) > 63:
+        return f"a label of {len(longest)} characters, where DNS allows 63"
+    if len(name.removesuffix(".")) > 253:
+        return f"a name of {len(name.removesuffix('.'))} characters, where DNS allows 253"
+    return None
 
 
 def _strerror(status: int) -> str:

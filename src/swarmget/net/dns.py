@@ -30,6 +30,8 @@ from swarmget.net.address import (
     ip_literal,
     literal_addresses,
     name_key,
+    unusable,
+    unusable_answer,
 )
 
 if TYPE_CHECKING:
@@ -162,10 +164,18 @@ class ThreadedResolver:
             return
         seen: set[tuple[object, ...]] = set()
         addresses: list[Address] = []
+        rejected: list[tuple[str, str]] = []
         for family, _type, _proto, _canon, sockaddr in infos:
-            if sockaddr not in seen:
+            why = unusable(family, str(sockaddr[0]))
+            if why is not None:
+                rejected.append((str(sockaddr[0]), why))
+            elif sockaddr not in seen:
                 seen.add(sockaddr)
                 addresses.append((family, tuple(sockaddr)))
+        if not addresses and rejected:
+            error = unusable_answer(host, rejected)
+            self._loop.call_soon_threadsafe(self._done, key, None, error)
+            return
         self._loop.call_soon_threadsafe(self._done, key, addresses, None)
 
     def _done(
