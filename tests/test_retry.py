@@ -191,6 +191,38 @@ def test_a_host_letting_two_requests_a_second_through_is_paced_not_hammered(
     assert answers.count(429) <= 25, answers.count(429)
 
 
+def test_a_host_that_bans_for_a_while_without_retry_after_is_waited_out(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A ban (Cloudflare style): every request refused with a bare 429 for
+    # 3.25 s.  Each pause lasted the backoff's ceiling for the attempts of
+    # the row refused, and each row refused twice goes behind the others, so
+    # the probes alternated a first attempt and a second: 0.5 s, 1 s, 0.5 s,
+    # 1 s; the third row's refusal, 3 s into the ban, gave the host up
+    # (--host-failures 3) and every row failed http_429.  The pauses grow
+    # with the host's rows refused in a row too (0.5, 1, 1, 1 s): the third
+    # row goes at 3.5 s, after the ban.
+    ban: list[float] = []
+    answers: list[int] = []
+
+    def banned(head: bytes, conn: ScriptedConnection) -> None:
+        now = time.monotonic()
+        ban[:] = ban or [now + 3.25]
+        answers.append(429 if now < ban[0] else 200)
+        if now < ban[0]:
+            conn.send(b"HTTP/1.1 429 Too Many Requests\r\nContent-Length: 0\r\n\r\n")
+        else:
+            conn.send(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    paths = [f"/banned/{i}" for i in range(6)]
+    with routed(server, banned, paths) as urls:
+        report = swarmget.download(
+            urls, out_dir, workers=1, concurrency=1, per_host=1, host_failures=3
+        )
+    assert report.ok == 6, report.error_counts()
+    assert answers.count(429) <= 4, answers
+
+
 def test_the_refused_row_goes_first_when_the_pause_is_over(
     server: TestServer, out_dir: Path
 ) -> None:

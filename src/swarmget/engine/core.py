@@ -160,6 +160,14 @@ def _why_not_retried(error: TransferError, pool: HostPool | None, wait: str) -> 
     return TransferError(error.code, f"{error.message}; not retried: {wait} is past --deadline")
 
 
+def _refusals(transfer: Transfer, pool: HostPool, error: TransferError) -> int:
+    """What a 429's pause grows with (RetryPolicy.push_back): the refused row's
+    attempts, or the host's rows in a row refused at their first request, this
+    one included (Scheduler.pushed_back counts them), whichever is more."""
+    first = transfer.retry.count(error.code) == 1
+    return max(transfer.retry.attempts, pool.push_backs + first)
+
+
 def _asked_wait(retry_after: float | None, wait: float) -> str:
     """The wait before a retry, for a message: the server's own Retry-After
     (not the cap we would have waited at most), or our backoff."""
@@ -885,7 +893,7 @@ class Engine(ConnectionOwner):
         push_back: list[Action] = []
         said = False  # the message already says why the row is not retried
         if status and pool is not None:
-            pause = self.policy.push_back(status, transfer.retry.attempts, retry_after)
+            pause = self.policy.push_back(status, _refusals(transfer, pool, error), retry_after)
         if pause is not None and pause >= self._first_deadline:
             # No row may wait that long (--deadline): waiting would only delay
             # every queued row's failure.  The host is given up at once.

@@ -136,7 +136,7 @@ class HostPool:
         self.unsent: TransferError | None = None
         self.paused_until = 0.0  # push-back: nothing new goes out before (Scheduler.pushed_back)
         self.pause_began = -1.0  # loop time the latest pause began
-        self.push_backs = 0  # pauses in a row with no other answer between them
+        self.push_backs = 0  # rows in a row refused at their first request, no other answer between
         self.probing = False  # after a pause: one request, until it is answered
         self.probe_out = False  # that one request has gone out
         # Politeness (AIMD, see the scheduler's docstring): requests allowed under way

@@ -30,7 +30,8 @@ cost a run:
 :meth:`RetryPolicy.push_back` answers the question for the host rather than
 the row: a 429 says the client as a whole is too fast, so the scheduler sends
 that host nothing new for as long (its ``Retry-After``, else the backoff's
-ceiling), and the rows queued meanwhile spend no attempt on the refusal.
+ceiling, growing with the host's rows refused in a row), and the rows queued
+meanwhile spend no attempt on the refusal.
 """
 
 from __future__ import annotations
@@ -141,17 +142,24 @@ class RetryPolicy:
             and error.code != _TOO_MANY
         )
 
-    def push_back(self, status: int, attempts: int, retry_after: float | None) -> float | None:
+    def push_back(self, status: int, refusals: int, retry_after: float | None) -> float | None:
         """How long the whole host should be sent nothing new after this reply,
         None if it concerns only its own row.  A 429 (too many requests) speaks
         of the client's rate, so of every row to the host: its Retry-After
-        (capped), else the backoff's ceiling.  A 503 may be one URL's trouble
-        (one file's backend down): only its row waits, the others go on."""
+        (capped), else the backoff's ceiling for ``refusals``: the refused
+        row's attempts, or the host's rows in a row refused at their first
+        request if more (engine/core.py).  The row's alone stayed at 0.5 s or
+        1 s when each probe was another row, and a 10 s ban (no Retry-After)
+        gave the host up (--host-failures) within 6 s, every row failing
+        http_429.  (Grown with every pause in a row, rows refused again
+        included, it took minutes to give up a host refusing everything.)
+        A 503 may be one URL's trouble (one file's backend down): only its
+        row waits, the others go on."""
         if status != 429:
             return None
         if retry_after is not None:
-            return self.delay(attempts, retry_after)
-        return self.ceiling(attempts)
+            return self.delay(refusals, retry_after)
+        return self.ceiling(refusals)
 
     def wait(
         self, state: RetryState, error: TransferError, retry_after: float | None = None

@@ -39,7 +39,12 @@ The rules:
   lookup slot in order; a background refresh waits for a free one.
 * Push-back: a host that answers 429 (too many requests) is paused
   (:meth:`Scheduler.pushed_back`): nothing new goes to it until the wait is
-  over, when a :class:`WakeAt` brings the scheduler back to it.  Requests
+  over, when a :class:`WakeAt` brings the scheduler back to it: its
+  Retry-After, else the backoff's ceiling for the refused row's attempts or
+  for the host's rows refused at their first in a row (``push_backs``),
+  whichever is more (RetryPolicy.push_back): each probe may be another row
+  at its first, and a host refusing everything for 10 s was paused 0.5 s
+  or 1 s each time and given up within 6 s.  Requests
   already sent finish; the queued rows wait without spending an attempt.
   Pausing only the row that was told (as curl, aria2c and our round 1 do)
   sent every other queued row into the same refusal, each spending an
