@@ -280,10 +280,12 @@ def test_a_host_refusing_its_load_with_503_is_sent_less_too(
 def test_one_url_answering_503_does_not_slow_its_host(server: TestServer, out_dir: Path) -> None:
     # The other side of the rule above: one file's backend down (a 503 on every
     # try of one URL, 200s between) pauses only its row.
+    # retries=2: the run lasts as long as the broken row's backoffs (up to 0.5 +
+    # 1 s; with the default 3, up to 3.5 s, and the bound below failed now and then).
     broken = server.file_url("down.bin", size=10, status=503)
     good = [server.file_url(f"up{i}.bin", size=10, latency=0.05) for i in range(60)]
     started = time.monotonic()
-    report = swarmget.download([broken, *good], out_dir, workers=1, per_host=4)
+    report = swarmget.download([broken, *good], out_dir, workers=1, per_host=4, retries=2)
     assert report.ok == 60 and report.error_counts() == {"http_503": 1}
     assert time.monotonic() - started < 3  # 60 x 50 ms over 4 connections: 0.75 s
 
