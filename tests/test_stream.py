@@ -502,6 +502,47 @@ def test_bodies_beyond_the_budget_spill_and_their_files_go(
     assert list(spill.iterdir()) == []
 
 
+# Bodies cut and asked for again: resumed with Range, restarted from zero when
+# the server ignores Range (norange=2 says "bytes" and sends 200), chunked ones
+# cut before their last chunk.  Large ones spill (the budget is small), small
+# ones stay in memory: either way each row is one item, its bytes exactly once.
+_CUT_AND_RETRIED = [
+    {"fault": "reset", "times": 2},
+    {"fault": "truncate", "times": 2},
+    {"fault": "stall", "times": 1},
+    {"fault": "chunk_cut", "times": 2, "chunk": 100_000},
+    {"fault": "reset", "times": 2, "norange": 1},
+    {"fault": "reset", "times": 2, "norange": 2},
+    {"fault": "truncate", "times": 1, "norange": 2},
+    {"fault": "cl_and_chunked"},
+]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bodies_cut_and_retried_come_once_with_exactly_the_served_bytes(
+    server: TestServer, tmp_path: Path, workers: int
+) -> None:
+    sizes = [3_000_000, 200_000]
+    specs = [(size, fault) for size in sizes for fault in _CUT_AND_RETRIED]
+    name = f"cut{workers}-{{}}.bin".format
+    urls = [server.file_url(name(i), size=size, **fault) for i, (size, fault) in enumerate(specs)]
+    spill = tmp_path / "spill"
+    with swarmget.stream(
+        urls, workers=workers, ordered=True, max_buffer_bytes=64 << 10, spill_dir=spill,
+        timeout=2, retries=3,
+    ) as items:  # fmt: skip
+        seen, spilled = [], 0
+        for item in items:
+            assert item.ok, (specs[item.index], item.error, item.message)
+            assert item.read() == expected_body(name(item.index), specs[item.index][0])
+            seen.append(item.index)
+            spilled += item.path is not None
+            item.close()
+    assert seen == list(range(len(specs)))
+    assert spilled  # the resumed and restarted bodies in spill files were checked too
+    assert list(spill.iterdir()) == []
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_spilled_item_keeps_its_file_until_it_is_dropped(
     server: TestServer, tmp_path: Path, workers: int
