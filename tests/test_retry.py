@@ -592,6 +592,24 @@ def test_urls_a_host_always_refuses_do_not_cost_the_ones_it_serves(
         assert (out_dir / f"once-{i}").read_bytes() == expected_body(f"once-{i}", 10)
 
 
+def test_a_503_read_as_push_back_that_asks_for_tomorrow_does_not_hold_its_host(
+    server: TestServer, out_dir: Path
+) -> None:
+    # A 503 right after another row's 503 is read as the host refusing its
+    # load, and paused the host for our 120 s cap, while its own row, asking
+    # for more than we wait, failed at once: the other rows waited 2 minutes
+    # for a pause nobody would take.
+    urls = [
+        server.file_url("soon.bin", size=10, status=503, retry_after=1, times=1),
+        server.file_url("tomorrow.bin", size=10, status=503, retry_after=9999),
+        server.file_url("fine.bin", size=10),
+    ]
+    started = time.monotonic()
+    report = swarmget.download(urls, out_dir, workers=1, per_host=1)
+    assert time.monotonic() - started < 10
+    assert report.ok == 2 and report.error_counts() == {"http_503": 1}
+
+
 @pytest.mark.parametrize(
     ("retry_after", "why"),
     [(1000, "is more than the 120 s we wait"), (86400, "is past --deadline")],

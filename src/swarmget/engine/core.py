@@ -888,12 +888,10 @@ class Engine(ConnectionOwner):
         job = transfer.job
         transfer.retry = transfer.retry.failed(error)
         pool = self.pools.get(job.origin)
-        pause = None
+        pause = self._host_pause(transfer, pool, error, status, retry_after)
         front = True  # a retry goes before the rows that have not been tried yet
         push_back: list[Action] = []
         said = False  # the message already says why the row is not retried
-        if status and pool is not None:
-            pause = self.policy.push_back(status, _refusals(transfer, pool, error), retry_after)
         if pause is not None and pause >= self._first_deadline:
             # No row may wait that long (--deadline): waiting would only delay
             # every queued row's failure.  The host is given up at once.
@@ -935,6 +933,22 @@ class Engine(ConnectionOwner):
                 error = self._too_long_asked(error, transfer, retry_after, time_left, pool)
         self._execute(push_back)
         self._record(job, error, status, transfer)
+
+    def _host_pause(
+        self,
+        transfer: Transfer,
+        pool: HostPool | None,
+        error: TransferError,
+        status: int,
+        retry_after: float | None,
+    ) -> float | None:
+        """How long ``transfer``'s failure pauses its whole host (None: only its row
+        waits; see RetryPolicy.push_back).  Not at all for a 503 read as push-back
+        that asks for more than we wait: its row fails at once, and the host
+        paused for our cap held every other row two minutes for a wait nobody took."""
+        if not status or pool is None or self.policy.asks_too_long(error, retry_after):
+            return None
+        return self.policy.push_back(status, _refusals(transfer, pool, error), retry_after)
 
     def _forgive_burst(self, transfer: Transfer, pool: HostPool, started: float) -> None:
         """A 429 to a request under way when its host had said stop (the
