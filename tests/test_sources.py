@@ -740,6 +740,16 @@ def test_blank_lines_before_the_first_row_are_counted_not_held(
     blanks = 300_000
     source = tmp_path / f"blank{suffix}"
     source.write_bytes(b"\r\n" * blanks + rows_text)
+    got, peak = _rows_and_peak(source)
+    assert peak < 4 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    assert [row.problem is None for row in got] == [True, False]
+    assert got[0].url == "http://h/a"
+    last = blanks + rows_text.count(b"\n")
+    assert got[1].problem is not None and f"line {last}:" in got[1].problem
+
+
+def _rows_and_peak(source: Path) -> tuple[list[Row], int]:
+    """The rows read from ``source``, and the most memory Python held meanwhile."""
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
@@ -747,11 +757,7 @@ def test_blank_lines_before_the_first_row_are_counted_not_held(
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 4 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
-    assert [row.problem is None for row in got] == [True, False]
-    assert got[0].url == "http://h/a"
-    last = blanks + rows_text.count(b"\n")
-    assert got[1].problem is not None and f"line {last}:" in got[1].problem
+    return got, peak
 
 
 def test_comments_looked_past_for_the_first_row_are_bounded_in_characters(
@@ -762,13 +768,7 @@ def test_comments_looked_past_for_the_first_row_are_bounded_in_characters(
     # them, the list is a plain one (as past 1,000 lines).
     source = tmp_path / "comments.txt"
     source.write_text(("#" + "c" * (1 << 20) + "\n") * 24 + "http://h/a\n")
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        got = list(read_rows([str(source)]))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    got, peak = _rows_and_peak(source)
     assert got == [Row(0, "http://h/a")]
     assert peak < 12 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
 
