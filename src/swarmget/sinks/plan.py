@@ -398,8 +398,9 @@ class FilePlanner:
         plans.append((key, row.index, url, path, mine))
         if self.options.dedupe and not _checked(row) and self._follows(row, key, url, path, batch):
             return
-        # A failed row's part is its own (kept to resume), though not its path.
-        again = ours or (previous is not None and previous.path == path)
+        # The row's own part, kept to resume, ours or not its path is (a failed
+        # row's is not: _flush).
+        again = previous is not None and previous.path == path
         resume_from, validator, total = self._resume_point(key, previous, again and not overwrite)
         assignment = Assignment(
             row.index, key, row.url, path, row.sha256, row.md5, row.size, resume_from, validator,
@@ -1043,7 +1044,7 @@ class FilePlanner:
             plan = in_flight.get(result.key)
             if plan is None:
                 entries.append((result, foreign.get(result.key), False))
-            elif result.status == "ok":
+            elif result.ok:
                 entries.append((result, plan[3], True))
             else:
                 # A failed row published nothing: the path keeps its claim (later
