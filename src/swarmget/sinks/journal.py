@@ -844,16 +844,18 @@ def _not_ours(db: sqlite3.Connection) -> str:
     )
 
 
+# What moving a journal aside is worth: said wherever we ask for it.
+_AND_RUN_AGAIN = (
+    "and run again: the files the manifest lists as done are then known as ours and kept"
+)
 _MOVE_ASIDE_HINT = (
-    "move it out of the .swarmget folder (with its -wal and -shm files) and run again: the "
-    "files the manifest lists as done are then known as ours and kept"
+    f"move it out of the .swarmget folder (with its -wal and -shm files) {_AND_RUN_AGAIN}"
 )
 
 # What a user can do about a journal SQLite cannot read (not a full disk).
 _DAMAGED_HINT = (
-    "the journal is damaged: remove it (with its -wal and -shm files) and run again: "
-    "the files the manifest lists as done are then known as ours and kept; without a "
-    "manifest, move the .swarmget folder aside and add --overwrite"
+    f"the journal is damaged: remove it (with its -wal and -shm files) {_AND_RUN_AGAIN}; "
+    "without a manifest, move the .swarmget folder aside and add --overwrite"
 )
 
 
@@ -1029,8 +1031,7 @@ def _make_database(path: str) -> None:
     if not stat.S_ISREG(os.lstat(path).st_mode):
         raise OutputError(
             f"{path} is not a file, so it cannot be swarmget's journal: move it out of the "
-            ".swarmget folder and run again: the files the manifest lists as done are then "
-            "known as ours and kept",
+            f".swarmget folder {_AND_RUN_AGAIN}",
             True,
         )
 
