@@ -174,6 +174,23 @@ def rate_limiter(
     return limited
 
 
+def behind_limiter(
+    server: TestServer,
+    out_dir: Path,
+    rows: int,
+    per_second: int,
+    refusal: bytes = b"429 Too Many Requests\r\nRetry-After: 1",
+) -> tuple[swarmget.Report, list[int]]:
+    """``rows`` files from a host letting ``per_second`` requests a second through
+    (see rate_limiter), downloaded in one process: the report, and the status
+    of every request the host answered, in order."""
+    answers: list[int] = []
+    paths = [f"/{per_second}-a-second-{refusal[:3].decode()}/{i}" for i in range(rows)]
+    with routed(server, rate_limiter(per_second, answers, refusal), paths) as urls:
+        report = swarmget.download(urls, out_dir, workers=1)
+    return report, answers
+
+
 def test_a_host_letting_two_requests_a_second_through_is_paced_not_hammered(
     server: TestServer, out_dir: Path
 ) -> None:
@@ -183,10 +200,7 @@ def test_a_host_letting_two_requests_a_second_through_is_paced_not_hammered(
     # a row ran out of attempts (http_429).  Now the host's requests are
     # spaced at the pace it let them through: the first burst's refusals (14,
     # nothing known yet) and a few more (20-23 in all).
-    answers: list[int] = []
-    paths = [f"/two-a-second/{i}" for i in range(16)]
-    with routed(server, rate_limiter(2, answers, b"429 Too Many Requests"), paths) as urls:
-        report = swarmget.download(urls, out_dir, workers=1)
+    report, answers = behind_limiter(server, out_dir, 16, 2, b"429 Too Many Requests")
     assert report.ok == 16, report.error_counts()
     assert answers.count(429) <= 25, answers.count(429)
 
@@ -248,11 +262,8 @@ def test_a_rate_limited_host_is_sent_less_after_it_pushes_back(
     # http_429 after some 60 refusals.  Now the host is allowed half what it
     # had under way, growing back from one request (AIMD), and a refusal of a
     # request already under way when the host said so costs no attempt.
-    answers: list[int] = []
-    paths = [f"/five-a-second/{i}" for i in range(30)]
     started = time.monotonic()
-    with routed(server, rate_limiter(5, answers), paths) as urls:
-        report = swarmget.download(urls, out_dir, workers=1)
+    report, answers = behind_limiter(server, out_dir, 30, 5)
     assert report.ok == 30, report.error_counts()
     # 25 of the first burst (nothing known yet), then a few per second: 35-41
     # measured (60-70 before, with the rows that failed no longer asking).
@@ -269,10 +280,7 @@ def test_a_host_refusing_its_load_with_503_is_sent_less_too(
     # four attempts each (nginx limit_conn 8: 682 of 2,000).  A 503 to a second
     # row in a row, no other answer between, is the host refusing the load:
     # it is slowed down as after a 429.
-    answers: list[int] = []
-    paths = [f"/five-a-second-503/{i}" for i in range(30)]
-    with routed(server, rate_limiter(5, answers, b"503 Service Unavailable"), paths) as urls:
-        report = swarmget.download(urls, out_dir, workers=1)
+    report, answers = behind_limiter(server, out_dir, 30, 5, b"503 Service Unavailable")
     assert report.ok == 30, report.error_counts()
     assert answers.count(503) <= 50, answers.count(503)
 
