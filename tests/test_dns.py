@@ -145,6 +145,15 @@ def resolve(
     return out[0]
 
 
+def resolve_once(loop: EventLoop, server: RawNameServer, host: str) -> Outcome:
+    """``host`` looked up once (one try, 1 s) by a c-ares resolver asking ``server``."""
+    resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
+    try:
+        return resolve(resolver, loop, host)
+    finally:
+        resolver.close()
+
+
 def run_until(loop: EventLoop, done: Callable[[], bool], within: float) -> None:
     deadline = time.monotonic() + within
     while not done():
@@ -1076,11 +1085,7 @@ def test_a_name_without_records_is_asked_once(loop: EventLoop) -> None:
         return bytes(query.reply().pack())
 
     with RawNameServer(nothing, delay=0.0) as server:
-        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
-        try:
-            addresses, error = resolve(resolver, loop, "empty.test")
-        finally:
-            resolver.close()
+        addresses, error = resolve_once(loop, server, "empty.test")
     assert addresses is None and error.code == "dns"
     assert server.asked["empty.test."] == 2  # A and AAAA, once each
 
@@ -1252,11 +1257,7 @@ def test_an_answer_no_server_can_have_fails_with_dns_saying_why(
     # These failed at the connect, "Network is unreachable" or "Invalid
     # argument", naming neither the address nor what was wrong with it.
     with RawNameServer(_answering({qtype: [ip]}), delay=0.0) as server:
-        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
-        try:
-            addresses, error = resolve(resolver, loop, "odd.test")
-        finally:
-            resolver.close()
+        addresses, error = resolve_once(loop, server, "odd.test")
     assert addresses is None and error.code == "dns"
     assert error.message.endswith(f"no server can have: {ip} ({why})")
 
@@ -1264,11 +1265,7 @@ def test_an_answer_no_server_can_have_fails_with_dns_saying_why(
 def test_the_usable_addresses_of_an_answer_are_kept(loop: EventLoop) -> None:
     records = {"A": ["0.0.0.0", "127.0.0.1", "169.254.1.1", "127.0.0.2"], "AAAA": ["ff02::1"]}
     with RawNameServer(_answering(records), delay=0.0) as server:
-        resolver = AresResolver(loop, servers=[server.address], timeout=1.0, tries=1)
-        try:
-            addresses, error = resolve(resolver, loop, "mixed.test")
-        finally:
-            resolver.close()
+        addresses, error = resolve_once(loop, server, "mixed.test")
     assert error is None
     assert addresses is not None
     assert sorted(addresses) == [(V4, (ip, 80)) for ip in ("127.0.0.1", "127.0.0.2", "169.254.1.1")]
